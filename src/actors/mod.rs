@@ -1,0 +1,1 @@
+//! Actors: lookup planner, reservation manager, loaders, saver, stats reporter (issue 3).

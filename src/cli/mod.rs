@@ -1,0 +1,1 @@
+//! The `kv-connector` subcommands.

@@ -1,0 +1,1 @@
+//! Pool eviction model (placeholder, filled by the pool work).

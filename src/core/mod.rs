@@ -1,0 +1,12 @@
+//! Pure, synchronous logic: no actix, tokio or cudarc in here (STYLE G2).
+//!
+//! Everything in this module is deterministic for its inputs, so it is tested with unit
+//! tests and property tests at the bottom of each file.
+
+#![deny(missing_docs)]
+
+pub mod eviction;
+pub mod hash;
+pub mod keys;
+pub mod layout;
+pub mod object;

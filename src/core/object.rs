@@ -1,0 +1,1 @@
+//! Object format (R5).

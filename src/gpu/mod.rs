@@ -1,0 +1,1 @@
+//! Device memory: page pools, staging pools, copy streams (host backend).

@@ -1,0 +1,35 @@
+//! # kv-connector
+//!
+//! A runtime that an LLM serving process embeds to share prompt KV cache between serving
+//! instances through a distributed KV pool (Mooncake Store, or the embedded memory pool).
+//! It saves the KV pages of prompts under chained block hashes, finds the longest reusable
+//! prefix of a new prompt, and loads it back while the engine keeps computing other
+//! requests. `../shared/DESIGN.md` (copied into `docs/DESIGN.md` rules by number) is the
+//! reference for behaviour; rules are cited as `R1`..`R27`.
+//!
+//! ## Layout
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | [`core`] | pure, synchronous logic: hash chain (R1, R2), pool keys (R3, R4), layout (R6, R7), object header (R5), pool eviction model |
+//! | [`pool`] | the pool trait (exists / put / get / touch, batched, per-key results) and the embedded memory pool |
+//! | [`gpu`] | device page pools, staging pools, copy streams and events; the host-memory backend (the only module allowed `unsafe`) |
+//! | [`config`] | the typed configuration tree: defaults < TOML < environment < command line |
+//! | [`actors`] | the actor system: lookup planner, reservation manager, loaders, saver, stats reporter |
+//! | [`messages`] | typed messages, one file per receiving actor |
+//! | [`cli`] | the `kv-connector` subcommands; `main.rs` only dispatches to them |
+//! | [`error`] | the crate error that aggregates each layer's typed error |
+
+#![deny(unsafe_code)]
+
+pub mod actors;
+pub mod cli;
+pub mod config;
+pub mod core;
+pub mod error;
+#[allow(unsafe_code, reason = "device memory and copies need FFI; every block has a SAFETY note")]
+pub mod gpu;
+pub mod messages;
+pub mod pool;
+
+pub use error::{Error, Result};

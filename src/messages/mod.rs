@@ -1,0 +1,1 @@
+//! Typed messages, one file per receiving actor (issue 3).

@@ -1,0 +1,1 @@
+//! The pool trait and the embedded memory pool.
