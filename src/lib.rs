@@ -27,7 +27,10 @@ pub mod cli;
 pub mod config;
 pub mod core;
 pub mod error;
-#[allow(unsafe_code, reason = "device memory and copies need FFI; every block has a SAFETY note")]
+#[allow(
+    unsafe_code,
+    reason = "device memory and copies need FFI; every block has a SAFETY note"
+)]
 pub mod gpu;
 pub mod messages;
 pub mod pool;

@@ -1,1 +1,0 @@
-//! Object format (R5).
