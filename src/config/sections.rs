@@ -1,0 +1,302 @@
+//! The sections of the configuration tree and their built-in defaults.
+//!
+//! Each struct is one `[section]` of the TOML file. Every field name carries its unit
+//! (`_bytes`, `_ms`, `_s`, `_tokens`, `_ratio`) so a reader never has to guess it, and every
+//! field's doc says why the setting exists. Defaults live in the explicit `impl Default`s
+//! below; `config/default.toml` repeats them and a test keeps the two equal.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One mebibyte, in bytes.
+pub const MIB: u64 = 1 << 20;
+/// One gibibyte, in bytes.
+pub const GIB: u64 = 1 << 30;
+
+/// `[model]`: which KV layout the connector serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Name of a built-in layout preset (`llama-3.1-8b`, `gpt-oss-120b`, `gemma-3-27b`,
+    /// `tiny-hybrid`). The layout decides page sizes and window groups (R6), so it must match
+    /// the engine; the layout code validates the name, this tree only carries it.
+    pub preset: String,
+    /// A layout file that replaces the preset, for models no preset describes. Empty means
+    /// "use `preset`".
+    pub layout_file: PathBuf,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            preset: "tiny-hybrid".to_owned(),
+            layout_file: PathBuf::new(),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// The layout file to read, or `None` when the preset is used (`layout_file` empty).
+    pub fn layout_file(&self) -> Option<&Path> {
+        (!self.layout_file.as_os_str().is_empty()).then_some(self.layout_file.as_path())
+    }
+}
+
+/// `[keys]`: the first two segments of every pool key (R3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeysConfig {
+    /// First key segment. Deployments that share one pool but must never share KV (test and
+    /// production, two tenants without salts) use different namespaces. No `/`: it would
+    /// shift every later key segment.
+    pub namespace: String,
+    /// Second key segment, naming the model. Empty means "derive it from the preset name";
+    /// set it when two presets must share KV or one preset name covers two checkpoints
+    /// (R4). No `/`, for the same reason as `namespace`.
+    pub model_key: String,
+}
+
+impl Default for KeysConfig {
+    fn default() -> Self {
+        Self {
+            namespace: "kvc".to_owned(),
+            model_key: String::new(),
+        }
+    }
+}
+
+/// Which pool implementation stores the KV objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolBackend {
+    /// The embedded in-process pool: no external service, one process only.
+    Memory,
+    /// Mooncake Store (`mooncake_master` plus the transfer-engine client), shared by many
+    /// processes and machines.
+    Mooncake,
+}
+
+impl PoolBackend {
+    /// The spellings accepted in TOML, the environment and on the command line.
+    pub const NAMES: &'static [&'static str] = &["memory", "mooncake"];
+}
+
+/// `[pool]`: the shared object store and its eviction model (DESIGN section 10).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// The embedded pool needs nothing outside the process, so it is the default; Mooncake
+    /// is what a real multi-instance deployment uses.
+    pub backend: PoolBackend,
+    /// Bytes of pool memory this process contributes (the whole pool for `memory`, this
+    /// node's segment for `mooncake`). Larger keeps more prefixes reusable; it counts
+    /// against `node.memory_budget_bytes` (R9).
+    pub capacity_bytes: u64,
+    /// Eviction starts when usage exceeds this share of capacity. Mooncake's default (0.95)
+    /// leaves headroom so a burst of puts does not fail before eviction catches up.
+    pub eviction_high_watermark_ratio: f64,
+    /// Share of capacity freed per eviction pass (Mooncake's default 0.05): large enough
+    /// that passes are rare, small enough that hot prefixes survive.
+    pub eviction_ratio: f64,
+    /// A probe or get leases the object for this long so it is not evicted between the
+    /// lookup and the load (R14). Mooncake's default is 5000 ms.
+    pub kv_lease_ttl_ms: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            backend: PoolBackend::Memory,
+            capacity_bytes: 8 * GIB,
+            eviction_high_watermark_ratio: 0.95,
+            eviction_ratio: 0.05,
+            kv_lease_ttl_ms: 5000,
+        }
+    }
+}
+
+/// `[planner]`: the lookup planner (R10-R14).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlannerConfig {
+    /// Keys per concurrent existence probe (R10). Larger chunks mean fewer round trips but
+    /// more keys leased (R14) past the first missing block.
+    pub probe_chunk: usize,
+    /// When no window near the prompt end is complete, probe further back for an earlier
+    /// complete one (R13) instead of offering nothing.
+    pub window_fallback: bool,
+    /// `R`: how far before a prompt end a later request may resume and still find window
+    /// KV (R12, R17). Larger saves more window pages per prompt and finds more resumes.
+    pub swa_endpoint_rewind_tokens: u64,
+    /// Bounded mailbox of the planner actor (G4): lookups beyond it are refused as
+    /// overloaded instead of queueing without limit.
+    pub mailbox_capacity: usize,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            probe_chunk: 4096,
+            window_fallback: true,
+            swa_endpoint_rewind_tokens: 1024,
+            mailbox_capacity: 256,
+        }
+    }
+}
+
+/// `[reservations]`: the reservation manager (G6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReservationsConfig {
+    /// Bounded mailbox of the reservation manager (G4). Releases arrive from `Drop`, so it
+    /// is larger than the planner's to absorb bursts of finished requests.
+    pub mailbox_capacity: usize,
+    /// Reserve pages for a pool prefix at admission. Window loads need it, so a layout with
+    /// window groups is refused while this is off (R7).
+    pub prefix_aware_scheduling: bool,
+}
+
+impl Default for ReservationsConfig {
+    fn default() -> Self {
+        Self {
+            mailbox_capacity: 1024,
+            prefix_aware_scheduling: true,
+        }
+    }
+}
+
+/// `[loaders]`: the loader actors that move pool objects into device pages (R23-R26).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadersConfig {
+    /// Number of loaders, each with its own stream and staging pool (G9). More overlap
+    /// more loads, at `staging_bytes_per_loader` each.
+    pub load_threads: usize,
+    /// Load inside the engine step instead of in the background (R23): slower, but the old
+    /// behaviour, kept for debugging and comparison.
+    pub sync_load: bool,
+    /// Pinned host memory each loader stages pool objects in; bounds the bytes one loader
+    /// has in flight. Counts against `node.memory_budget_bytes` (R9).
+    pub staging_bytes_per_loader: u64,
+    /// Bounded mailbox of each loader (G4).
+    pub mailbox_capacity: usize,
+    /// A load not finished after this long is failed, so the engine computes the prefix
+    /// itself rather than waiting forever (R25).
+    pub load_timeout_ms: u64,
+}
+
+impl Default for LoadersConfig {
+    fn default() -> Self {
+        Self {
+            load_threads: 2,
+            sync_load: false,
+            staging_bytes_per_loader: 256 * MIB,
+            mailbox_capacity: 64,
+            load_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// `[saver]`: the save queue and its actor (R16-R22).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SaverConfig {
+    /// Queue window pages ahead of full-attention blocks (R21): a prompt end is only
+    /// reusable once its window is stored, and window pages are few.
+    pub window_first: bool,
+    /// Re-save threshold in computed tokens (R20); 0 turns re-save off. Long prompts
+    /// re-list their blocks so an evicted head block cannot orphan the chain.
+    pub resave_min_tokens: u64,
+    /// Most pages the save queue holds before it sheds the lowest priority, oldest first
+    /// (R22). Bounds the pages held back from the engine.
+    pub queue_capacity_pages: usize,
+    /// Pinned host memory the saver stages device pages in before the pool put. Counts
+    /// against `node.memory_budget_bytes` (R9).
+    pub staging_bytes: u64,
+    /// Bounded mailbox of the saver actor (G4, G5).
+    pub mailbox_capacity: usize,
+}
+
+impl Default for SaverConfig {
+    fn default() -> Self {
+        Self {
+            window_first: true,
+            resave_min_tokens: 0,
+            queue_capacity_pages: 65_536,
+            staging_bytes: 256 * MIB,
+            mailbox_capacity: 1024,
+        }
+    }
+}
+
+/// `[stats]`: the stats reporter (R27).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatsConfig {
+    /// Seconds between INFO reports: often enough to follow a run, rare enough not to flood
+    /// the log.
+    pub interval_s: u64,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        Self { interval_s: 30 }
+    }
+}
+
+/// Which device backend moves pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// CUDA when a device is present, host memory otherwise.
+    Auto,
+    /// CUDA only; start fails without a device.
+    Cuda,
+    /// Host memory only, even on a machine with a GPU (tests, replay without a GPU).
+    Host,
+}
+
+impl DeviceKind {
+    /// The spellings accepted in TOML, the environment and on the command line.
+    pub const NAMES: &'static [&'static str] = &["auto", "cuda", "host"];
+}
+
+/// `[device]`: where the KV pages live.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// Chosen explicitly rather than sniffed inside the code that allocates (A3), so the
+    /// choice shows up in the effective configuration.
+    pub kind: DeviceKind,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            kind: DeviceKind::Auto,
+        }
+    }
+}
+
+/// `[node]`: limits of the machine this process runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Host memory this process may spend on the pool segment and staging pools; start is
+    /// refused when they do not fit (R9), instead of failing later under load. 0 skips the
+    /// check.
+    pub memory_budget_bytes: u64,
+}
+
+#[expect(
+    clippy::derivable_impls,
+    reason = "every section spells out its defaults, so a reader finds them all in one place"
+)]
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            memory_budget_bytes: 0,
+        }
+    }
+}

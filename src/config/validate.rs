@@ -1,0 +1,403 @@
+//! `Config::validate`: refuses settings that parse but cannot work (G11, R9).
+//!
+//! Every refusal names the key (dotted path and env variable), the refused value and a
+//! value that works. Checks run in section order and the first failure is returned.
+
+use std::fmt::Display;
+
+use super::error::ConfigError;
+use super::keys::env_of;
+use super::sections::PoolBackend;
+use super::Config;
+
+/// Refuses `value` for `key` unless `ok`, with `hint` saying what works.
+fn require(
+    ok: bool,
+    key: &'static str,
+    value: &dyn Display,
+    hint: &str,
+) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            key,
+            env: env_of(key),
+            value: value.to_string(),
+            hint: hint.to_owned(),
+        })
+    }
+}
+
+/// Refuses a zero count or size.
+fn positive(value: u64, key: &'static str, example: &str) -> Result<(), ConfigError> {
+    require(
+        value > 0,
+        key,
+        &value,
+        &format!("must be at least 1, e.g. {example}"),
+    )
+}
+
+/// Refuses a ratio outside `(0, 1]` (NaN included).
+fn ratio(value: f64, key: &'static str, example: &str) -> Result<(), ConfigError> {
+    require(
+        value > 0.0 && value <= 1.0,
+        key,
+        &value,
+        &format!("must be in (0, 1], e.g. {example}"),
+    )
+}
+
+/// Refuses a key segment that is empty (when `allow_empty` is false) or contains `/`.
+fn key_segment(
+    value: &str,
+    key: &'static str,
+    allow_empty: bool,
+    example: &str,
+) -> Result<(), ConfigError> {
+    let ok = !value.contains('/') && (allow_empty || !value.is_empty());
+    let what = if allow_empty {
+        "must not contain '/'"
+    } else {
+        "must be non-empty and must not contain '/'"
+    };
+    require(
+        ok,
+        key,
+        &format_args!("{value:?}"),
+        &format!("{what}, e.g. {example:?}"),
+    )
+}
+
+fn usize_u64(value: usize) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+impl Config {
+    /// Checks ranges and the node memory budget.
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] naming the first key with a value that cannot work, or
+    /// [`ConfigError::Budget`] when `node.memory_budget_bytes` is nonzero and too small for
+    /// the pool segment plus staging pools (R9).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        key_segment(&self.keys.namespace, "keys.namespace", false, "kvc")?;
+        key_segment(&self.keys.model_key, "keys.model_key", true, "llama-3.1-8b")?;
+        positive(
+            self.pool.capacity_bytes,
+            "pool.capacity_bytes",
+            "8589934592 (8GiB)",
+        )?;
+        ratio(
+            self.pool.eviction_high_watermark_ratio,
+            "pool.eviction_high_watermark_ratio",
+            "0.95",
+        )?;
+        ratio(self.pool.eviction_ratio, "pool.eviction_ratio", "0.05")?;
+        positive(self.pool.kv_lease_ttl_ms, "pool.kv_lease_ttl_ms", "5000")?;
+        positive(
+            usize_u64(self.planner.probe_chunk),
+            "planner.probe_chunk",
+            "4096",
+        )?;
+        positive(
+            usize_u64(self.planner.mailbox_capacity),
+            "planner.mailbox_capacity",
+            "256",
+        )?;
+        positive(
+            usize_u64(self.reservations.mailbox_capacity),
+            "reservations.mailbox_capacity",
+            "1024",
+        )?;
+        positive(
+            usize_u64(self.loaders.load_threads),
+            "loaders.load_threads",
+            "2",
+        )?;
+        positive(
+            self.loaders.staging_bytes_per_loader,
+            "loaders.staging_bytes_per_loader",
+            "268435456 (256MiB)",
+        )?;
+        positive(
+            usize_u64(self.loaders.mailbox_capacity),
+            "loaders.mailbox_capacity",
+            "64",
+        )?;
+        positive(
+            self.loaders.load_timeout_ms,
+            "loaders.load_timeout_ms",
+            "30000",
+        )?;
+        positive(
+            usize_u64(self.saver.queue_capacity_pages),
+            "saver.queue_capacity_pages",
+            "65536",
+        )?;
+        positive(
+            self.saver.staging_bytes,
+            "saver.staging_bytes",
+            "268435456 (256MiB)",
+        )?;
+        positive(
+            usize_u64(self.saver.mailbox_capacity),
+            "saver.mailbox_capacity",
+            "1024",
+        )?;
+        positive(self.stats.interval_s, "stats.interval_s", "30")?;
+        self.check_budget()
+    }
+
+    /// R9: the budget covers this node's pool segment (the memory pool's capacity; a
+    /// Mooncake segment is sized outside this tree) plus every staging pool.
+    fn check_budget(&self) -> Result<(), ConfigError> {
+        let budget_bytes = self.node.memory_budget_bytes;
+        if budget_bytes == 0 {
+            return Ok(());
+        }
+        let pool_bytes = match self.pool.backend {
+            PoolBackend::Memory => self.pool.capacity_bytes,
+            PoolBackend::Mooncake => 0,
+        };
+        let loader_staging_bytes = usize_u64(self.loaders.load_threads)
+            .saturating_mul(self.loaders.staging_bytes_per_loader);
+        let saver_staging_bytes = self.saver.staging_bytes;
+        let staging_bytes = loader_staging_bytes.saturating_add(saver_staging_bytes);
+        let required_bytes = pool_bytes.saturating_add(staging_bytes);
+        if required_bytes <= budget_bytes {
+            return Ok(());
+        }
+        let max_pool_capacity_bytes = (self.pool.backend == PoolBackend::Memory
+            && staging_bytes < budget_bytes)
+            .then(|| budget_bytes - staging_bytes);
+        Err(ConfigError::Budget {
+            budget_bytes,
+            pool_bytes,
+            loader_staging_bytes,
+            saver_staging_bytes,
+            required_bytes,
+            max_pool_capacity_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GIB, MIB};
+
+    /// Applies `change` to the defaults and returns the refusal.
+    fn refusal(change: impl FnOnce(&mut Config)) -> ConfigError {
+        let mut config = Config::default();
+        change(&mut config);
+        match config.validate() {
+            Ok(()) => panic!("validate accepted {config:?}"),
+            Err(err) => err,
+        }
+    }
+
+    /// Asserts an `OutOfRange` for `key` whose message names the key, its env variable,
+    /// the bad value and `hint_part` (the value that works).
+    fn assert_out_of_range(err: &ConfigError, key: &str, value: &str, hint_part: &str) {
+        let message = err.to_string();
+        let ConfigError::OutOfRange {
+            key: got_key,
+            env,
+            value: got_value,
+            hint,
+        } = err
+        else {
+            panic!("expected out_of_range, got {err:?}");
+        };
+        assert_eq!(*got_key, key);
+        assert_eq!(got_value, value);
+        assert!(!env.is_empty() && message.contains(env), "{message}");
+        assert!(message.contains(key), "{message}");
+        assert!(hint.contains(hint_part), "{message}");
+    }
+
+    #[test]
+    fn defaults_pass() {
+        assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn zero_counts_and_sizes_are_refused_each_naming_a_working_value() {
+        type Change = fn(&mut Config);
+        let cases: [(&str, Change, &str); 15] = [
+            (
+                "pool.capacity_bytes",
+                |c| c.pool.capacity_bytes = 0,
+                "8589934592",
+            ),
+            (
+                "pool.kv_lease_ttl_ms",
+                |c| c.pool.kv_lease_ttl_ms = 0,
+                "5000",
+            ),
+            ("planner.probe_chunk", |c| c.planner.probe_chunk = 0, "4096"),
+            (
+                "planner.mailbox_capacity",
+                |c| c.planner.mailbox_capacity = 0,
+                "256",
+            ),
+            (
+                "reservations.mailbox_capacity",
+                |c| c.reservations.mailbox_capacity = 0,
+                "1024",
+            ),
+            ("loaders.load_threads", |c| c.loaders.load_threads = 0, "2"),
+            (
+                "loaders.staging_bytes_per_loader",
+                |c| c.loaders.staging_bytes_per_loader = 0,
+                "256MiB",
+            ),
+            (
+                "loaders.mailbox_capacity",
+                |c| c.loaders.mailbox_capacity = 0,
+                "64",
+            ),
+            (
+                "loaders.load_timeout_ms",
+                |c| c.loaders.load_timeout_ms = 0,
+                "30000",
+            ),
+            (
+                "saver.queue_capacity_pages",
+                |c| c.saver.queue_capacity_pages = 0,
+                "65536",
+            ),
+            (
+                "saver.staging_bytes",
+                |c| c.saver.staging_bytes = 0,
+                "256MiB",
+            ),
+            (
+                "saver.mailbox_capacity",
+                |c| c.saver.mailbox_capacity = 0,
+                "1024",
+            ),
+            ("stats.interval_s", |c| c.stats.interval_s = 0, "30"),
+            (
+                "pool.eviction_ratio",
+                |c| c.pool.eviction_ratio = 0.0,
+                "0.05",
+            ),
+            (
+                "pool.eviction_high_watermark_ratio",
+                |c| c.pool.eviction_high_watermark_ratio = 0.0,
+                "0.95",
+            ),
+        ];
+        for (key, change, example) in cases {
+            let err = refusal(change);
+            assert_out_of_range(&err, key, "0", example);
+            assert!(err.to_string().contains("at least 1") || err.to_string().contains("(0, 1]"));
+        }
+    }
+
+    #[test]
+    fn ratios_above_one_or_nan_are_refused() {
+        let err = refusal(|c| c.pool.eviction_high_watermark_ratio = 1.5);
+        assert_out_of_range(&err, "pool.eviction_high_watermark_ratio", "1.5", "(0, 1]");
+        let err = refusal(|c| c.pool.eviction_ratio = f64::NAN);
+        assert_out_of_range(&err, "pool.eviction_ratio", "NaN", "0.05");
+        let mut config = Config::default();
+        config.pool.eviction_ratio = 1.0;
+        assert!(config.validate().is_ok(), "1.0 is inside (0, 1]");
+    }
+
+    #[test]
+    fn key_segments_with_a_slash_are_refused() {
+        let err = refusal(|c| c.keys.namespace = "a/b".to_owned());
+        assert_out_of_range(&err, "keys.namespace", "\"a/b\"", "'/'");
+        assert!(err.to_string().contains("KVC_KEYS_NAMESPACE"));
+        let err = refusal(|c| c.keys.model_key = "llama/8b".to_owned());
+        assert_out_of_range(&err, "keys.model_key", "\"llama/8b\"", "'/'");
+    }
+
+    #[test]
+    fn empty_namespace_is_refused_but_empty_model_key_means_derived() {
+        let err = refusal(|c| c.keys.namespace.clear());
+        assert_out_of_range(&err, "keys.namespace", "\"\"", "\"kvc\"");
+        let mut config = Config::default();
+        config.keys.model_key.clear();
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn r9_budget_names_the_largest_affordable_pool_capacity() {
+        let err = refusal(|c| c.node.memory_budget_bytes = 4 * GIB);
+        let ConfigError::Budget {
+            required_bytes,
+            max_pool_capacity_bytes,
+            ..
+        } = &err
+        else {
+            panic!("expected budget, got {err:?}");
+        };
+        assert_eq!(*required_bytes, 8 * GIB + 768 * MIB);
+        assert_eq!(*max_pool_capacity_bytes, Some(4 * GIB - 768 * MIB));
+        let message = err.to_string();
+        assert!(message.contains("at most 3489660928"), "{message}");
+        assert!(
+            message.contains(&format!("at least {}", 8 * GIB + 768 * MIB)),
+            "{message}"
+        );
+        // The named capacity is indeed affordable.
+        let mut config = Config::default();
+        config.node.memory_budget_bytes = 4 * GIB;
+        config.pool.capacity_bytes = 4 * GIB - 768 * MIB;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn r9_budget_smaller_than_staging_asks_for_less_staging() {
+        let err = refusal(|c| c.node.memory_budget_bytes = 512 * MIB);
+        assert!(matches!(
+            err,
+            ConfigError::Budget {
+                max_pool_capacity_bytes: None,
+                ..
+            }
+        ));
+        assert!(
+            err.to_string().contains("loaders.staging_bytes_per_loader"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn r9_mooncake_segment_is_not_counted_against_the_budget() {
+        let mut config = Config::default();
+        config.pool.backend = PoolBackend::Mooncake;
+        config.node.memory_budget_bytes = GIB;
+        assert!(
+            config.validate().is_ok(),
+            "768 MiB of staging fits in 1 GiB"
+        );
+        config.loaders.load_threads = 8;
+        let err = config.validate().err();
+        assert!(
+            matches!(
+                err,
+                Some(ConfigError::Budget {
+                    pool_bytes: 0,
+                    max_pool_capacity_bytes: None,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn r9_zero_budget_skips_the_check() {
+        let mut config = Config::default();
+        config.pool.capacity_bytes = u64::MAX;
+        config.loaders.staging_bytes_per_loader = u64::MAX;
+        assert!(config.validate().is_ok());
+    }
+}
