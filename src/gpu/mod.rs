@@ -1,1 +1,92 @@
-//! Device memory: page pools, staging pools, copy streams (host backend).
+//! Device memory and copies: page pools per layer group, staging pools, copy streams and
+//! completion handles (DESIGN sections 2 and 7; STYLE G8, G9). This release has the
+//! host-memory backend; a CUDA backend (cudarc) comes later behind the same API.
+//!
+//! # The three-layer sandwich
+//!
+//! ```text
+//!  actors (loaders, saver) and the engine simulator
+//!      | see only: Device, StagingPool, CopyStream, InFlight, PageCopy, GpuError
+//!      v
+//!  safe RAII layer (device.rs, staging.rs, stream.rs, event.rs, copy.rs)
+//!      | owns memory, streams and events; frees them on Drop; validates every address;
+//!      | dispatches over a closed enum of backends (no trait objects, no downcasts)
+//!      v
+//!  bottom layer: host.rs today (memcpy under per-page locks, no unsafe);
+//!                cudarc `driver::result` for CUDA (one FFI call per `unsafe` block,
+//!                each with a `// SAFETY:` note)
+//! ```
+//!
+//! Only this module may contain `unsafe` (the crate root denies it elsewhere). Host-pinned
+//! staging memory ([`StagingPool`]) and device page memory (inside [`Device`]) are distinct
+//! types: staging is CPU-readable through slices, pages only through explicit copies.
+//!
+//! # Workflow
+//!
+//! 1. Start: `Device::open_host(&[PagePoolSpec { group, page_bytes, num_pages }, ..])`.
+//!    The handle is cloned into the engine simulator, every loader and the saver.
+//! 2. Each loader (and the saver) takes one [`StagingPool`] (`device.staging_pool`) and one
+//!    [`CopyStream`] (`device.stream`), and owns both by value.
+//! 3. A load: the pool transport fills staging slots, the loader verifies headers, then
+//!    `stream.scatter(staging, &copies)` returns an [`InFlight`]; the loader's completion
+//!    thread calls `wait()`, gets the staging pool back and reports the outcome (R24, R25).
+//! 4. A save: `stream.gather(staging, &copies)`, wait, then the saver puts the slots.
+//! 5. The engine reads and writes pages directly with `write_page` / `read_page`.
+//!
+//! # Ownership rules
+//!
+//! - [`Device`] is `Clone + Send + Sync` (an `Arc`); clones share the same pages.
+//! - [`StagingPool`] and [`CopyStream`] are not `Clone` and have one owner each: one loader
+//!   or the saver. No `Arc<Mutex<..>>` around them (STYLE G9).
+//! - Submitting a copy moves the staging pool into the [`InFlight`]; `wait` moves it back,
+//!   and a rejected submission returns it inside [`SubmitError`].
+//!
+//! # Invariants
+//!
+//! - I1. Every page access and every copy is bounds-checked against the device's
+//!   [`PageGeometry`] and the pool's [`StagingGeometry`] before any byte moves.
+//! - I2. Different pages may be read and written from any threads at once. On the host
+//!   backend each page has its own lock, so accesses to one page are serialized. On CUDA
+//!   the caller must not target one page from two places at once; the reservation protocol
+//!   (engine, loaders, saver) guarantees that.
+//! - I3. Nobody touches staging memory while a copy reads or writes it: the pool is owned by
+//!   the [`InFlight`] until `wait` returns it, and an `InFlight` dropped without waiting
+//!   finishes its copy before the memory is freed.
+//! - I4. A submission is validated as a whole; a rejected submission moves no bytes and
+//!   hands the staging pool back untouched.
+//! - I5. The destinations of one submission are disjoint, so its copies may be coalesced
+//!   and reordered ([`plan_copies`]) without changing the bytes moved.
+//! - I6. A copy that fails reports [`GpuError::CopyFailed`] from `wait`, and its destination
+//!   must be treated as not written. The host backend moves no byte of a failed copy (the
+//!   destination keeps its old contents); CUDA may leave it partly written. A loader reports
+//!   such a load as failed and never as computed (R25).
+//! - I7. [`Device::poison`] marks the device unusable after an unrecoverable error; from then
+//!   on every call that starts device work fails with [`GpuError::Poisoned`]. Poison is
+//!   never cleared (fjall's `PoisonDart`). The CUDA backend will poison on sticky driver
+//!   errors.
+//! - I8. `InFlight::wait` blocks; it runs on a loader's own completion thread or in
+//!   `spawn_blocking`, never on a shared arbiter.
+//!
+//! # Test aid
+//!
+//! [`Device::inject_copy_failures`] makes the next N submissions fail, on the host backend,
+//! so tests can show that a failed copy becomes a failed load.
+
+#![deny(missing_docs)]
+
+mod copy;
+mod device;
+mod error;
+mod event;
+mod host;
+mod pages;
+mod staging;
+mod stream;
+
+pub use copy::{coalesce, plan_copies, CopyDirection, CopyRun, PageCopy};
+pub use device::{Device, DeviceKind};
+pub use error::{GpuError, SubmitError};
+pub use event::InFlight;
+pub use pages::{PageGeometry, PagePoolSpec};
+pub use staging::{StagingGeometry, StagingPool};
+pub use stream::{CopyStream, StreamCounters, StreamId};

@@ -1,0 +1,349 @@
+//! The device handle: page memory per layer group, the factory for staging pools and copy
+//! streams, engine-side page access, and the poison flag.
+//!
+//! Workflow:
+//! 1. At start, `Device::open_host(specs)` (later `open_cuda`) allocates every group's
+//!    pages; the handle is cloned into the engine simulator, each loader and the saver.
+//! 2. Each loader and the saver asks for its own [`StagingPool`] and [`CopyStream`].
+//! 3. The engine writes and reads pages directly with [`Device::write_page`] /
+//!    [`Device::read_page`]; loaders and the saver move pages only through their stream.
+//!
+//! `Device` is a cheap `Clone` (an `Arc`); it is `Send + Sync`. Dispatch is a closed enum
+//! over backends, so adding CUDA adds a variant and a match arm, never a trait object
+//! (STYLE A5).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::core::layout::GroupId;
+
+use super::copy::{CopyDirection, CopyRun};
+use super::error::GpuError;
+use super::host::HostDevice;
+use super::pages::{PageGeometry, PagePoolSpec};
+use super::staging::{StagingGeometry, StagingPool};
+use super::stream::{CopyStream, StreamId};
+
+/// Which backend a device runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceKind {
+    /// Pages in host memory; copies are `memcpy` and complete at once.
+    Host,
+}
+
+impl DeviceKind {
+    /// A short, stable label for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The backend behind a device.
+enum Backend {
+    Host(HostDevice),
+}
+
+/// State shared by every clone of a [`Device`].
+struct Shared {
+    geometry: PageGeometry,
+    backend: Backend,
+    /// Set once by [`Device::poison`], never cleared (I7).
+    poisoned: AtomicBool,
+    /// Source of [`StreamId`]s, so log lines can tell streams apart.
+    next_stream: AtomicU32,
+}
+
+/// A handle to one device's page memory. Clones share the same memory.
+#[derive(Clone)]
+pub struct Device {
+    shared: Arc<Shared>,
+}
+
+impl Device {
+    /// Opens a host-memory device with one zeroed page pool per spec.
+    ///
+    /// # Errors
+    /// The spec errors of [`PageGeometry::new`]: no pools, a duplicate group, an empty pool,
+    /// or a pool too large to address.
+    pub fn open_host(specs: &[PagePoolSpec]) -> Result<Self, GpuError> {
+        let geometry = PageGeometry::new(specs)?;
+        let backend = Backend::Host(HostDevice::new(&geometry));
+        Ok(Self {
+            shared: Arc::new(Shared {
+                geometry,
+                backend,
+                poisoned: AtomicBool::new(false),
+                next_stream: AtomicU32::new(0),
+            }),
+        })
+    }
+
+    /// The backend this device runs on.
+    pub fn kind(&self) -> DeviceKind {
+        match self.shared.backend {
+            Backend::Host(_) => DeviceKind::Host,
+        }
+    }
+
+    /// The device's page pools.
+    pub fn geometry(&self) -> &PageGeometry {
+        &self.shared.geometry
+    }
+
+    /// The page pool of `group`.
+    ///
+    /// # Errors
+    /// [`GpuError::UnknownGroup`] if the device has no pool for `group`.
+    pub fn page_pool(&self, group: GroupId) -> Result<PagePoolSpec, GpuError> {
+        self.shared.geometry.pool(group)
+    }
+
+    /// Overwrites page `page` of `group` with `bytes` (engine side: the simulator computing
+    /// KV). On CUDA this will be a synchronous copy.
+    ///
+    /// # Errors
+    /// [`GpuError::Poisoned`], [`GpuError::UnknownGroup`], [`GpuError::PageOutOfRange`], or
+    /// [`GpuError::LengthMismatch`] unless `bytes` is exactly one page.
+    pub fn write_page(&self, group: GroupId, page: u32, bytes: &[u8]) -> Result<(), GpuError> {
+        let pool = self.check_page_buffer(group, page, bytes.len())?;
+        match &self.shared.backend {
+            Backend::Host(host) => host.write_page(pool, page, bytes),
+        }
+        Ok(())
+    }
+
+    /// Copies page `page` of `group` into `out` (engine side: the replay page check).
+    ///
+    /// # Errors
+    /// As [`write_page`](Self::write_page), with `out` as the buffer.
+    pub fn read_page(&self, group: GroupId, page: u32, out: &mut [u8]) -> Result<(), GpuError> {
+        let pool = self.check_page_buffer(group, page, out.len())?;
+        match &self.shared.backend {
+            Backend::Host(host) => host.read_page(pool, page, out),
+        }
+        Ok(())
+    }
+
+    /// Page `page` of `group` as a new vector.
+    ///
+    /// # Errors
+    /// [`GpuError::Poisoned`], [`GpuError::UnknownGroup`], [`GpuError::PageOutOfRange`].
+    pub fn read_page_to_vec(&self, group: GroupId, page: u32) -> Result<Vec<u8>, GpuError> {
+        let mut out = vec![0; self.page_pool(group)?.page_bytes];
+        self.read_page(group, page, &mut out)?;
+        Ok(out)
+    }
+
+    /// A new zeroed staging pool of `slots` slots of `slot_bytes` each, for one loader or
+    /// the saver (pinned host memory on CUDA).
+    ///
+    /// # Errors
+    /// [`GpuError::Poisoned`], [`GpuError::EmptyStagingPool`], [`GpuError::SizeOverflow`].
+    pub fn staging_pool(&self, slot_bytes: usize, slots: u32) -> Result<StagingPool, GpuError> {
+        self.ensure_usable()?;
+        let geometry = StagingGeometry::new(slot_bytes, slots)?;
+        Ok(match self.shared.backend {
+            Backend::Host(_) => StagingPool::new_host(geometry),
+        })
+    }
+
+    /// A new copy stream, for one loader or the saver.
+    ///
+    /// # Errors
+    /// [`GpuError::Poisoned`].
+    pub fn stream(&self) -> Result<CopyStream, GpuError> {
+        self.ensure_usable()?;
+        let id = StreamId(self.shared.next_stream.fetch_add(1, Ordering::Relaxed));
+        Ok(CopyStream::new(id, self.clone()))
+    }
+
+    /// Test aid: the next `copies` submissions (each `scatter` or `gather` call that passes
+    /// validation) fail, on any stream of this device. A failed submission moves no bytes,
+    /// and its `InFlight::wait` reports [`GpuError::CopyFailed`] (I6). Calls add up.
+    ///
+    /// Meant for tests that show a failed copy becomes a failed load (R25); production code
+    /// never calls it.
+    pub fn inject_copy_failures(&self, copies: u32) {
+        match &self.shared.backend {
+            Backend::Host(host) => host.inject_copy_failures(copies),
+        }
+    }
+
+    /// Marks the device unusable after an unrecoverable error (for CUDA, a sticky context
+    /// error). Every later call that starts device work fails with [`GpuError::Poisoned`]
+    /// (I7). Copies already issued still complete or fail on their own.
+    pub fn poison(&self) {
+        if !self.shared.poisoned.swap(true, Ordering::AcqRel) {
+            tracing::error!(device = %self.kind(), "device poisoned; all new device work is rejected");
+        }
+    }
+
+    /// Whether [`poison`](Self::poison) was called.
+    pub fn is_poisoned(&self) -> bool {
+        self.shared.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Fails with [`GpuError::Poisoned`] once the device is poisoned (I7).
+    pub(crate) fn ensure_usable(&self) -> Result<(), GpuError> {
+        if self.is_poisoned() {
+            return Err(GpuError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Consumes one injected failure, if any is pending (H3).
+    pub(crate) fn take_copy_failure(&self) -> bool {
+        match &self.shared.backend {
+            Backend::Host(host) => host.take_copy_failure(),
+        }
+    }
+
+    /// Moves the bytes of planned runs between device pages and `staging` (host backend:
+    /// synchronously). The runs come from `plan_copies` against this device (C1).
+    ///
+    /// # Errors
+    /// [`GpuError::UnknownGroup`] only if a run names a group of another device.
+    pub(crate) fn copy_runs(
+        &self,
+        direction: CopyDirection,
+        runs: &[CopyRun],
+        staging: &mut StagingPool,
+    ) -> Result<(), GpuError> {
+        match &self.shared.backend {
+            Backend::Host(host) => {
+                // Resolve every pool first, so an error cannot leave a copy half done.
+                let pools = runs
+                    .iter()
+                    .map(|run| self.shared.geometry.index_of(run.group))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let bytes = staging.bytes_mut();
+                for (run, pool) in runs.iter().zip(pools) {
+                    host.copy_run(direction, pool, run, bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks poison, the page address and the buffer length; returns the pool index.
+    fn check_page_buffer(&self, group: GroupId, page: u32, len: usize) -> Result<usize, GpuError> {
+        self.ensure_usable()?;
+        let (pool, spec) = self.shared.geometry.locate(group, page)?;
+        if len != spec.page_bytes {
+            return Err(GpuError::LengthMismatch {
+                group,
+                page,
+                expected: spec.page_bytes,
+                actual: len,
+            });
+        }
+        Ok(pool)
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("kind", &self.kind())
+            .field("pools", &self.shared.geometry.pools())
+            .field("poisoned", &self.is_poisoned())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device() -> Result<Device, GpuError> {
+        Device::open_host(&[
+            PagePoolSpec {
+                group: GroupId(0),
+                page_bytes: 4,
+                num_pages: 2,
+            },
+            PagePoolSpec {
+                group: GroupId(5),
+                page_bytes: 8,
+                num_pages: 1,
+            },
+        ])
+    }
+
+    #[test]
+    fn pages_start_zeroed_and_keep_what_was_written() -> Result<(), GpuError> {
+        let device = device()?;
+        assert_eq!(device.read_page_to_vec(GroupId(5), 0)?, vec![0; 8]);
+        device.write_page(GroupId(0), 1, &[1, 2, 3, 4])?;
+        let clone = device.clone();
+        assert_eq!(clone.read_page_to_vec(GroupId(0), 1)?, vec![1, 2, 3, 4]);
+        assert_eq!(clone.read_page_to_vec(GroupId(0), 0)?, vec![0; 4]);
+        Ok(())
+    }
+
+    #[test]
+    fn page_access_errors_are_typed() -> Result<(), GpuError> {
+        let device = device()?;
+        let mut four = [0_u8; 4];
+        assert!(matches!(
+            device.write_page(GroupId(1), 0, &four),
+            Err(GpuError::UnknownGroup { group: GroupId(1) })
+        ));
+        assert!(matches!(
+            device.read_page(GroupId(0), 2, &mut four),
+            Err(GpuError::PageOutOfRange {
+                page: 2,
+                num_pages: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            device.write_page(GroupId(5), 0, &four),
+            Err(GpuError::LengthMismatch {
+                expected: 8,
+                actual: 4,
+                ..
+            })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn i7_poisoned_device_rejects_new_work() -> Result<(), GpuError> {
+        let device = device()?;
+        let stream = device.stream()?;
+        device.clone().poison();
+        assert!(device.is_poisoned());
+        assert!(matches!(
+            device.write_page(GroupId(0), 0, &[0; 4]),
+            Err(GpuError::Poisoned)
+        ));
+        assert!(matches!(device.staging_pool(4, 1), Err(GpuError::Poisoned)));
+        assert!(matches!(device.stream(), Err(GpuError::Poisoned)));
+        assert_eq!(stream.id(), StreamId(0));
+        Ok(())
+    }
+
+    #[test]
+    fn streams_get_distinct_ids() -> Result<(), GpuError> {
+        let device = device()?;
+        let ids = [
+            device.stream()?.id(),
+            device.stream()?.id(),
+            device.clone().stream()?.id(),
+        ];
+        assert_eq!(ids, [StreamId(0), StreamId(1), StreamId(2)]);
+        assert_eq!(device.kind().as_str(), "host");
+        Ok(())
+    }
+}

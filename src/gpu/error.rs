@@ -1,0 +1,252 @@
+//! Errors of the device layer: [`GpuError`] for every failure, and [`SubmitError`], which
+//! hands the staging pool back when a copy submission is rejected.
+//!
+//! Workflow: validation errors (unknown group, page or slot out of range, bad lengths,
+//! overlapping destinations) are found before any byte moves and come back from
+//! `CopyStream::scatter` / `gather` as a [`SubmitError`] together with the untouched staging
+//! pool (invariant I4 of the module docs). Failures of a copy that was issued come back
+//! from `InFlight::wait` as [`GpuError::CopyFailed`]. Once a device is poisoned, every call
+//! fails with [`GpuError::Poisoned`] (I7).
+//!
+//! The CUDA backend will add a variant that wraps `cudarc::driver::DriverError` as its
+//! `#[source]` (STYLE G10); no variant here carries a `String` built from another error.
+
+use crate::core::layout::GroupId;
+
+use super::copy::CopyDirection;
+use super::staging::StagingPool;
+use super::stream::StreamId;
+
+/// Any failure of the device layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GpuError {
+    /// A device was opened without any page pool.
+    #[error("a device needs at least one page pool (one per layer group of the layout)")]
+    NoPagePools,
+
+    /// Two page pool specs name the same layer group.
+    #[error("layer group {group} has more than one page pool spec")]
+    DuplicateGroup {
+        /// The group named twice.
+        group: GroupId,
+    },
+
+    /// A page pool spec has zero pages or pages of zero bytes.
+    #[error(
+        "page pool of layer group {group} is empty (page_bytes = {page_bytes}, \
+         num_pages = {num_pages}); both must be at least 1"
+    )]
+    EmptyPagePool {
+        /// The group of the spec.
+        group: GroupId,
+        /// Bytes per page asked for.
+        page_bytes: usize,
+        /// Pages asked for.
+        num_pages: u32,
+    },
+
+    /// A staging pool was asked for with zero slots or slots of zero bytes.
+    #[error(
+        "staging pool is empty (slot_bytes = {slot_bytes}, slots = {slots}); \
+         both must be at least 1"
+    )]
+    EmptyStagingPool {
+        /// Bytes per slot asked for.
+        slot_bytes: usize,
+        /// Slots asked for.
+        slots: u32,
+    },
+
+    /// A pool's byte size (`count * unit_bytes`) does not fit in the address space.
+    #[error("{what} of {count} x {unit_bytes} bytes does not fit in the address space")]
+    SizeOverflow {
+        /// Which pool: `"page pool"` or `"staging pool"`.
+        what: &'static str,
+        /// Number of pages or slots.
+        count: u32,
+        /// Bytes per page or slot.
+        unit_bytes: usize,
+    },
+
+    /// A layer group that has no page pool on this device.
+    #[error("layer group {group} has no page pool on this device")]
+    UnknownGroup {
+        /// The group asked for.
+        group: GroupId,
+    },
+
+    /// A page index at or past the end of its group's pool.
+    #[error("page {page} of layer group {group} is out of range (the pool has {num_pages} pages)")]
+    PageOutOfRange {
+        /// The group addressed.
+        group: GroupId,
+        /// The page index asked for.
+        page: u32,
+        /// Pages in that group's pool.
+        num_pages: u32,
+    },
+
+    /// A buffer handed to `write_page` / `read_page` is not exactly one page long.
+    #[error(
+        "buffer for page {page} of layer group {group} is {actual} bytes; \
+         a page of that group is {expected} bytes"
+    )]
+    LengthMismatch {
+        /// The group addressed.
+        group: GroupId,
+        /// The page addressed.
+        page: u32,
+        /// The group's page size.
+        expected: usize,
+        /// The buffer's length.
+        actual: usize,
+    },
+
+    /// A copy of zero bytes or of more bytes than a page holds.
+    #[error(
+        "copy of {len} bytes for page {page} of layer group {group} is invalid; \
+         it must be 1..={page_bytes} bytes"
+    )]
+    CopyLengthInvalid {
+        /// The group addressed.
+        group: GroupId,
+        /// The page addressed.
+        page: u32,
+        /// The copy length asked for.
+        len: usize,
+        /// The group's page size.
+        page_bytes: usize,
+    },
+
+    /// A staging slot index at or past the end of the staging pool.
+    #[error("staging slot {slot} is out of range (the staging pool has {slots} slots)")]
+    StagingSlotOutOfRange {
+        /// The slot asked for.
+        slot: u32,
+        /// Slots in the staging pool.
+        slots: u32,
+    },
+
+    /// A byte range that does not fit inside its staging slot.
+    #[error(
+        "staging range {offset}..{offset}+{len} does not fit in slot {slot} \
+         of {slot_bytes} bytes"
+    )]
+    StagingRangeOutOfSlot {
+        /// The slot addressed.
+        slot: u32,
+        /// Offset inside the slot.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// Bytes per slot.
+        slot_bytes: usize,
+    },
+
+    /// Two copies of one submission write overlapping destination bytes, so the result
+    /// would depend on their order (invariant I5).
+    #[error("copies {first} and {second} of one submission write overlapping destination bytes")]
+    OverlappingCopies {
+        /// Index of one copy in the submitted list.
+        first: usize,
+        /// Index of the other copy in the submitted list.
+        second: usize,
+    },
+
+    /// An issued copy failed; its destination bytes must be treated as not written (I6).
+    #[error("{direction} copy of {bytes} bytes on stream {stream} failed")]
+    CopyFailed {
+        /// The stream the copy ran on.
+        stream: StreamId,
+        /// Which way the bytes were going.
+        direction: CopyDirection,
+        /// Bytes the submission would have moved.
+        bytes: usize,
+    },
+
+    /// The device met an unrecoverable error earlier and rejects all new work (I7).
+    #[error("device is poisoned by an earlier unrecoverable error and rejects new work")]
+    Poisoned,
+}
+
+impl GpuError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NoPagePools => "no_page_pools",
+            Self::DuplicateGroup { .. } => "duplicate_group",
+            Self::EmptyPagePool { .. } => "empty_page_pool",
+            Self::EmptyStagingPool { .. } => "empty_staging_pool",
+            Self::SizeOverflow { .. } => "size_overflow",
+            Self::UnknownGroup { .. } => "unknown_group",
+            Self::PageOutOfRange { .. } => "page_out_of_range",
+            Self::LengthMismatch { .. } => "length_mismatch",
+            Self::CopyLengthInvalid { .. } => "copy_length_invalid",
+            Self::StagingSlotOutOfRange { .. } => "staging_slot_out_of_range",
+            Self::StagingRangeOutOfSlot { .. } => "staging_range_out_of_slot",
+            Self::OverlappingCopies { .. } => "overlapping_copies",
+            Self::CopyFailed { .. } => "copy_failed",
+            Self::Poisoned => "poisoned",
+        }
+    }
+}
+
+/// A rejected copy submission: the reason, and the staging pool handed back untouched.
+///
+/// `scatter` and `gather` take the staging pool by value (invariant I3); a rejection must
+/// not lose it, so it travels back inside the error, the way `std::sync::mpsc::SendError`
+/// returns the value it could not send.
+#[derive(Debug, thiserror::Error)]
+#[error("copy submission rejected before any byte moved")]
+pub struct SubmitError {
+    /// The staging pool that was submitted, with its bytes unchanged.
+    pub staging: StagingPool,
+    /// Why the submission was rejected.
+    #[source]
+    pub error: GpuError,
+}
+
+impl SubmitError {
+    /// The label of the underlying [`GpuError`].
+    pub fn kind(&self) -> &'static str {
+        self.error.kind()
+    }
+
+    /// Splits the error into the staging pool and the reason.
+    pub fn into_parts(self) -> (StagingPool, GpuError) {
+        (self.staging, self.error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_lower_case_and_name_the_values() {
+        let err = GpuError::PageOutOfRange {
+            group: GroupId(3),
+            page: 9,
+            num_pages: 4,
+        };
+        let text = err.to_string();
+        assert!(text.starts_with("page 9 of layer group 3"), "{text}");
+        assert!(text.contains("4 pages"), "{text}");
+        assert_eq!(err.kind(), "page_out_of_range");
+    }
+
+    #[test]
+    fn copy_failed_names_stream_and_direction() {
+        let err = GpuError::CopyFailed {
+            stream: StreamId(2),
+            direction: CopyDirection::HostToDevice,
+            bytes: 64,
+        };
+        assert_eq!(
+            err.to_string(),
+            "host-to-device copy of 64 bytes on stream s2 failed"
+        );
+        assert_eq!(err.kind(), "copy_failed");
+    }
+}

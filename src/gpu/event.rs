@@ -1,0 +1,132 @@
+//! In-flight copies: the completion handle a loader's own thread waits on (STYLE G9).
+//!
+//! Workflow:
+//! 1. `CopyStream::scatter` / `gather` returns an [`InFlight`] that owns the staging pool.
+//! 2. The loader moves it to its completion thread (it is `Send`), which calls
+//!    [`InFlight::wait`]. On CUDA that blocks on an event recorded with blocking sync after
+//!    the copies; on the host backend the copy is already done and `wait` returns at once.
+//! 3. `wait` gives back the staging pool and the outcome; the loader replies with a message.
+//!
+//! Invariant I3 (module docs): the staging pool is reachable only through the `InFlight`
+//! until the copy is complete. Fields drop in declaration order, and `event` is declared
+//! before `staging`: the CUDA event's `Drop` will synchronize, so dropping an `InFlight`
+//! without waiting still never frees staging memory under a running copy.
+
+use super::copy::CopyDirection;
+use super::error::GpuError;
+use super::staging::StagingPool;
+use super::stream::StreamId;
+
+/// How completion is signalled, per backend.
+#[derive(Debug)]
+enum CopyEvent {
+    /// Host backend: the copy ran inside the submission; this is its outcome.
+    Done(Result<(), GpuError>),
+}
+
+/// A submitted copy that owns its staging pool until [`wait`](Self::wait) returns it.
+#[must_use = "an in-flight copy holds the staging pool; call wait() to get it back"]
+#[derive(Debug)]
+pub struct InFlight {
+    /// Declared first so it drops before `staging` (I3).
+    event: CopyEvent,
+    staging: StagingPool,
+    stream: StreamId,
+    direction: CopyDirection,
+    bytes: usize,
+}
+
+impl InFlight {
+    /// A copy that already finished with `outcome` (host backend).
+    pub(crate) fn completed(
+        staging: StagingPool,
+        stream: StreamId,
+        direction: CopyDirection,
+        bytes: usize,
+        outcome: Result<(), GpuError>,
+    ) -> Self {
+        Self {
+            event: CopyEvent::Done(outcome),
+            staging,
+            stream,
+            direction,
+            bytes,
+        }
+    }
+
+    /// Whether the copy has finished (successfully or not); never blocks.
+    pub fn is_complete(&self) -> bool {
+        match self.event {
+            CopyEvent::Done(_) => true,
+        }
+    }
+
+    /// Blocks until the copy finishes, then returns the staging pool and the outcome.
+    ///
+    /// Call it on the loader's own completion thread or in `spawn_blocking`, never on a
+    /// shared actix arbiter (STYLE G9). On failure the destination bytes must be treated as
+    /// not written (I6): the host backend leaves them unchanged; on CUDA they may be partly
+    /// written.
+    pub fn wait(self) -> (StagingPool, Result<(), GpuError>) {
+        // CUDA adds an arm here that synchronizes on the event first.
+        let CopyEvent::Done(outcome) = self.event;
+        (self.staging, outcome)
+    }
+
+    /// The stream the copy was issued on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Which way the copy moves bytes.
+    pub fn direction(&self) -> CopyDirection {
+        self.direction
+    }
+
+    /// Bytes the copy moves (after coalescing, the same total as the page copies named).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::staging::StagingGeometry;
+
+    #[test]
+    fn wait_returns_the_same_staging_pool_and_outcome() -> Result<(), GpuError> {
+        let mut staging = StagingPool::new_host(StagingGeometry::new(4, 2)?);
+        staging.slot_mut(1)?.copy_from_slice(&[1, 2, 3, 4]);
+        let failed = GpuError::CopyFailed {
+            stream: StreamId(1),
+            direction: CopyDirection::DeviceToHost,
+            bytes: 8,
+        };
+        let in_flight = InFlight::completed(
+            staging,
+            StreamId(1),
+            CopyDirection::DeviceToHost,
+            8,
+            Err(failed),
+        );
+        assert!(in_flight.is_complete());
+        assert_eq!((in_flight.stream(), in_flight.bytes()), (StreamId(1), 8));
+        assert_eq!(in_flight.direction(), CopyDirection::DeviceToHost);
+        let (staging, outcome) = in_flight.wait();
+        assert_eq!(staging.slot(1)?, &[1, 2, 3, 4]);
+        assert_eq!(outcome.map_err(|e| e.kind()), Err("copy_failed"));
+        Ok(())
+    }
+
+    #[test]
+    fn in_flight_and_its_parts_can_move_to_a_completion_thread() {
+        fn assert_send<T: Send>() {}
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send::<InFlight>();
+        assert_send::<StagingPool>();
+        assert_send::<crate::gpu::CopyStream>();
+        assert_send_sync::<crate::gpu::Device>();
+        assert_send_sync::<GpuError>();
+    }
+}

@@ -1,0 +1,163 @@
+//! The host-memory backend: device pages in ordinary heap memory, copies as `memcpy`,
+//! completion at once. It is the CPU backend of STYLE G8 (what the style guide calls
+//! `fake.rs`), and what every actor test and the replay simulator run on.
+//!
+//! This is the bottom layer of the sandwich for the host backend; the CUDA backend's bottom
+//! layer will be cudarc `driver::result` calls instead. Callers above (`Device`,
+//! `CopyStream`) have already bounds-checked every access (I1, C1), so nothing here
+//! re-validates, and no `unsafe` is needed.
+//!
+//! Invariants:
+//! - H1. Each page has its own lock; concurrent work on different pages never contends,
+//!   and work on one page is serialized (I2).
+//! - H2. No code path holds two page locks at once, so the backend cannot deadlock.
+//! - H3. An injected copy failure is taken before any byte moves, so a failed copy leaves
+//!   its destination unchanged (I6).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::RwLock;
+
+use super::copy::{CopyDirection, CopyRun};
+use super::pages::PageGeometry;
+
+/// One group's pages. Pages are separate allocations so each gets its own lock (H1).
+struct HostPagePool {
+    page_bytes: usize,
+    pages: Vec<RwLock<Box<[u8]>>>,
+}
+
+/// Page memory of every group, plus the test aid that fails copies on demand.
+pub(crate) struct HostDevice {
+    /// In the order of [`PageGeometry::pools`], so a pool index from the geometry works here.
+    pools: Vec<HostPagePool>,
+    /// Submissions still to fail, set by `Device::inject_copy_failures` (H3).
+    pending_copy_failures: AtomicU32,
+}
+
+impl HostDevice {
+    /// Allocates zeroed pages for every pool of `geometry`.
+    pub(crate) fn new(geometry: &PageGeometry) -> Self {
+        let pools = geometry
+            .pools()
+            .iter()
+            .map(|spec| HostPagePool {
+                page_bytes: spec.page_bytes,
+                pages: (0..spec.num_pages)
+                    .map(|_| RwLock::new(vec![0; spec.page_bytes].into_boxed_slice()))
+                    .collect(),
+            })
+            .collect();
+        Self {
+            pools,
+            pending_copy_failures: AtomicU32::new(0),
+        }
+    }
+
+    /// Overwrites a whole page. `bytes.len()` is the page size (checked by the caller).
+    pub(crate) fn write_page(&self, pool: usize, page: u32, bytes: &[u8]) {
+        self.pools[pool].pages[page as usize]
+            .write()
+            .copy_from_slice(bytes);
+    }
+
+    /// Copies a whole page out. `out.len()` is the page size (checked by the caller).
+    pub(crate) fn read_page(&self, pool: usize, page: u32, out: &mut [u8]) {
+        out.copy_from_slice(&self.pools[pool].pages[page as usize].read());
+    }
+
+    /// Makes the next `copies` submissions fail (adds to any still pending).
+    pub(crate) fn inject_copy_failures(&self, copies: u32) {
+        self.pending_copy_failures
+            .fetch_add(copies, Ordering::Relaxed);
+    }
+
+    /// Consumes one pending injected failure, if any (H3).
+    pub(crate) fn take_copy_failure(&self) -> bool {
+        self.pending_copy_failures
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Moves one run's bytes, one page lock at a time (H2). `pool` is the run's group's
+    /// index; the run lies inside the region and the staging buffer (C1).
+    pub(crate) fn copy_run(
+        &self,
+        direction: CopyDirection,
+        pool: usize,
+        run: &CopyRun,
+        staging: &mut [u8],
+    ) {
+        let pool = &self.pools[pool];
+        let mut done = 0;
+        while done < run.len {
+            let device_offset = run.device_offset + done;
+            let page = device_offset / pool.page_bytes;
+            let in_page = device_offset % pool.page_bytes;
+            let len = (pool.page_bytes - in_page).min(run.len - done);
+            let in_staging = run.staging_offset + done;
+            let staging = &mut staging[in_staging..in_staging + len];
+            match direction {
+                CopyDirection::HostToDevice => {
+                    pool.pages[page].write()[in_page..in_page + len].copy_from_slice(staging);
+                }
+                CopyDirection::DeviceToHost => {
+                    staging.copy_from_slice(&pool.pages[page].read()[in_page..in_page + len]);
+                }
+            }
+            done += len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::layout::GroupId;
+    use crate::gpu::error::GpuError;
+    use crate::gpu::pages::PagePoolSpec;
+
+    fn device() -> Result<HostDevice, GpuError> {
+        let geometry = PageGeometry::new(&[PagePoolSpec {
+            group: GroupId(0),
+            page_bytes: 4,
+            num_pages: 3,
+        }])?;
+        Ok(HostDevice::new(&geometry))
+    }
+
+    #[test]
+    fn a_run_spanning_pages_is_split_at_page_edges() -> Result<(), GpuError> {
+        let host = device()?;
+        let mut staging: Vec<u8> = (1..=16).collect();
+        let run = CopyRun {
+            group: GroupId(0),
+            device_offset: 2,
+            staging_offset: 3,
+            len: 8,
+        };
+        host.copy_run(CopyDirection::HostToDevice, 0, &run, &mut staging);
+        let mut pages = [[0_u8; 4]; 3];
+        for (page, out) in (0..).zip(pages.iter_mut()) {
+            host.read_page(0, page, out);
+        }
+        assert_eq!(pages, [[0, 0, 4, 5], [6, 7, 8, 9], [10, 11, 0, 0]]);
+
+        let mut back = vec![0_u8; 16];
+        host.copy_run(CopyDirection::DeviceToHost, 0, &run, &mut back);
+        assert_eq!(back[3..11], staging[3..11]);
+        assert_eq!(back[..3], [0, 0, 0]);
+        Ok(())
+    }
+
+    #[test]
+    fn h3_injected_failures_are_counted_down() -> Result<(), GpuError> {
+        let host = device()?;
+        assert!(!host.take_copy_failure());
+        host.inject_copy_failures(2);
+        assert!(host.take_copy_failure());
+        assert!(host.take_copy_failure());
+        assert!(!host.take_copy_failure());
+        Ok(())
+    }
+}

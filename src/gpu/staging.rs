@@ -1,0 +1,259 @@
+//! Staging pools: CPU-accessible buffers of fixed-size slots between the pool transport and
+//! device pages (DESIGN R23, R24; STYLE G9).
+//!
+//! Workflow (a load):
+//! 1. A loader gets one pool from `Device::staging_pool` at start and owns it by value.
+//! 2. The pool transport fills slots (a batch get into registered memory: the transport
+//!    registers [`StagingPool::as_mut_ptr`] / [`StagingPool::len`] once).
+//! 3. The loader verifies each object header in [`StagingPool::slot`] (R5), then moves the
+//!    pool into `CopyStream::scatter`; `InFlight::wait` hands it back (invariant I3).
+//!
+//! A save runs the other way with the saver's own pool: `gather`, wait, then put slots.
+//!
+//! On the host backend the memory is an ordinary zeroed heap buffer; on CUDA it will be
+//! pinned (page-locked) host memory, so DMA can read and write it. Slot `i` covers bytes
+//! `i * slot_bytes .. (i + 1) * slot_bytes` of one contiguous buffer, which is what lets
+//! copies of neighbouring slots coalesce.
+//!
+//! Invariants:
+//! - S1. `slot_bytes >= 1`, `slots >= 1`, and `slot_bytes * slots` fits in `usize`.
+//! - S2. Only the owner can touch the bytes: the pool is not `Clone`, and shared access
+//!   goes through `&self` / `&mut self` like any owned buffer.
+
+use std::fmt;
+use std::ops::Range;
+use std::slice::ChunksExactMut;
+
+use super::error::GpuError;
+
+/// The shape of a staging pool: slot size and slot count (S1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StagingGeometry {
+    slot_bytes: usize,
+    slots: u32,
+}
+
+impl StagingGeometry {
+    /// Validates a staging shape.
+    ///
+    /// # Errors
+    /// [`GpuError::EmptyStagingPool`] when either number is zero, [`GpuError::SizeOverflow`]
+    /// when the total does not fit in `usize` (S1).
+    pub fn new(slot_bytes: usize, slots: u32) -> Result<Self, GpuError> {
+        if slot_bytes == 0 || slots == 0 {
+            return Err(GpuError::EmptyStagingPool { slot_bytes, slots });
+        }
+        if slot_bytes.checked_mul(slots as usize).is_none() {
+            return Err(GpuError::SizeOverflow {
+                what: "staging pool",
+                count: slots,
+                unit_bytes: slot_bytes,
+            });
+        }
+        Ok(Self { slot_bytes, slots })
+    }
+
+    /// Bytes of one slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Bytes of the whole pool (fits by S1).
+    pub fn total_bytes(&self) -> usize {
+        self.slot_bytes * self.slots as usize
+    }
+
+    /// The byte range of `slot` inside the pool's buffer.
+    ///
+    /// # Errors
+    /// [`GpuError::StagingSlotOutOfRange`] if `slot >= slots`.
+    pub fn slot_range(&self, slot: u32) -> Result<Range<usize>, GpuError> {
+        if slot >= self.slots {
+            return Err(GpuError::StagingSlotOutOfRange {
+                slot,
+                slots: self.slots,
+            });
+        }
+        let start = slot as usize * self.slot_bytes;
+        Ok(start..start + self.slot_bytes)
+    }
+}
+
+/// Where the bytes live. A closed enum over backends (STYLE A5): CUDA adds a pinned
+/// variant that frees itself with the driver on drop.
+enum StagingMemory {
+    /// An ordinary heap buffer (host backend).
+    Host(Box<[u8]>),
+}
+
+/// A CPU-accessible buffer of fixed-size slots, owned by value by one loader or the saver.
+///
+/// Made only by `Device::staging_pool`, so on CUDA every pool is pinned memory of the right
+/// context. Not `Clone` (S2); `Debug` prints the shape, not the bytes.
+pub struct StagingPool {
+    geometry: StagingGeometry,
+    memory: StagingMemory,
+}
+
+impl StagingPool {
+    /// A zeroed host-memory pool of the given shape.
+    pub(crate) fn new_host(geometry: StagingGeometry) -> Self {
+        Self {
+            geometry,
+            memory: StagingMemory::Host(vec![0; geometry.total_bytes()].into_boxed_slice()),
+        }
+    }
+
+    /// The pool's shape.
+    pub fn geometry(&self) -> StagingGeometry {
+        self.geometry
+    }
+
+    /// Bytes of one slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.geometry.slot_bytes
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.geometry.slots
+    }
+
+    /// Bytes of the whole buffer, for registering it with a pool transport.
+    pub fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// Always `false`: a pool has at least one slot of at least one byte (S1).
+    pub fn is_empty(&self) -> bool {
+        self.bytes().is_empty()
+    }
+
+    /// Start of the buffer, for registering it with a pool transport.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.bytes().as_ptr()
+    }
+
+    /// Start of the buffer for a transport that writes into it (a batch get into registered
+    /// memory). The pointer is valid for [`len`](Self::len) bytes while the pool lives and is
+    /// not moved into a copy.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.bytes_mut().as_mut_ptr()
+    }
+
+    /// The bytes of `slot`.
+    ///
+    /// # Errors
+    /// [`GpuError::StagingSlotOutOfRange`] if `slot >= slots`.
+    pub fn slot(&self, slot: u32) -> Result<&[u8], GpuError> {
+        let range = self.geometry.slot_range(slot)?;
+        Ok(&self.bytes()[range])
+    }
+
+    /// The bytes of `slot`, writable.
+    ///
+    /// # Errors
+    /// [`GpuError::StagingSlotOutOfRange`] if `slot >= slots`.
+    pub fn slot_mut(&mut self, slot: u32) -> Result<&mut [u8], GpuError> {
+        let range = self.geometry.slot_range(slot)?;
+        Ok(&mut self.bytes_mut()[range])
+    }
+
+    /// Every slot, writable at once (for a batch get that fills many slots in one call).
+    pub fn slots_mut(&mut self) -> ChunksExactMut<'_, u8> {
+        let slot_bytes = self.geometry.slot_bytes;
+        self.bytes_mut().chunks_exact_mut(slot_bytes)
+    }
+
+    /// The whole buffer.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &self.memory {
+            StagingMemory::Host(bytes) => bytes,
+        }
+    }
+
+    /// The whole buffer, writable.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.memory {
+            StagingMemory::Host(bytes) => bytes,
+        }
+    }
+}
+
+impl fmt::Debug for StagingPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let memory = match self.memory {
+            StagingMemory::Host(_) => "host",
+        };
+        f.debug_struct("StagingPool")
+            .field("slot_bytes", &self.geometry.slot_bytes)
+            .field("slots", &self.geometry.slots)
+            .field("memory", &memory)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s1_empty_and_overflowing_shapes_are_rejected() {
+        assert_eq!(
+            StagingGeometry::new(0, 4).unwrap_err().kind(),
+            "empty_staging_pool"
+        );
+        assert_eq!(
+            StagingGeometry::new(4, 0).unwrap_err().kind(),
+            "empty_staging_pool"
+        );
+        assert_eq!(
+            StagingGeometry::new(usize::MAX, 2).unwrap_err().kind(),
+            "size_overflow"
+        );
+    }
+
+    #[test]
+    fn slots_are_disjoint_consecutive_ranges() -> Result<(), GpuError> {
+        let mut pool = StagingPool::new_host(StagingGeometry::new(4, 3)?);
+        assert_eq!(pool.len(), 12);
+        assert!(!pool.is_empty());
+        pool.slot_mut(1)?.copy_from_slice(&[1, 2, 3, 4]);
+        for (index, slot) in pool.slots_mut().enumerate() {
+            if index == 2 {
+                slot.fill(9);
+            }
+        }
+        assert_eq!(pool.slot(0)?, &[0, 0, 0, 0]);
+        assert_eq!(pool.slot(1)?, &[1, 2, 3, 4]);
+        assert_eq!(pool.bytes(), &[0, 0, 0, 0, 1, 2, 3, 4, 9, 9, 9, 9]);
+        Ok(())
+    }
+
+    #[test]
+    fn slot_out_of_range_is_an_error() -> Result<(), GpuError> {
+        let mut pool = StagingPool::new_host(StagingGeometry::new(4, 3)?);
+        assert!(matches!(
+            pool.slot(3),
+            Err(GpuError::StagingSlotOutOfRange { slot: 3, slots: 3 })
+        ));
+        assert!(pool.slot_mut(u32::MAX).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn debug_prints_the_shape_not_the_bytes() -> Result<(), GpuError> {
+        let pool = StagingPool::new_host(StagingGeometry::new(2, 5)?);
+        let text = format!("{pool:?}");
+        assert_eq!(
+            text,
+            r#"StagingPool { slot_bytes: 2, slots: 5, memory: "host" }"#
+        );
+        Ok(())
+    }
+}
