@@ -1,1 +1,230 @@
-//! The pool trait and the embedded memory pool.
+//! The pool trait and the embedded in-process memory pool (DESIGN section 10).
+//!
+//! A pool is the shared object store the runtime saves KV pages to and loads them from:
+//! Mooncake Store, or [`MemoryPool`], the default, in this process. Both implement [`Pool`],
+//! which the lookup planner, the loaders and the saver share as `Arc<dyn Pool>`.
+//!
+//! # Contract
+//!
+//! Every call is batched and answers **per key**: one result per input key, in input order.
+//! A failure of the whole batch (a remote backend that is down, a batch whose keys and values
+//! differ in length) is the same error repeated for every key, never a panic or a shorter
+//! vector.
+//!
+//! - Objects are immutable: a put of a present key is [`PoolError::AlreadyExists`] and leaves
+//!   the object as it was (keys are content hashes, R3, so the bytes would be the same).
+//! - A probe (`exists`) or a `get_into` of a present object grants it a lease of
+//!   `kv_lease_ttl`, during which it is not evicted (R14). `touch` does too, and resets the
+//!   object's eviction age: it is the refresh that re-save uses (R20).
+//! - Eviction follows Mooncake's model (`crate::core::eviction`): above the high watermark or
+//!   when a put would not fit, the least recently accessed unleased objects go first.
+//! - A put too large for what eviction can free is [`PoolError::NoSpace`]; nothing is stored.
+//!
+//! # Workflow
+//!
+//! 1. Build a pool once (`MemoryPool::new` or the Mooncake backend) with a [`PoolClock`].
+//! 2. The planner probes with `exists`, the saver writes with `put` (after `exists`, R19) or
+//!    refreshes with `touch`, loaders read with `get_into` into staging memory.
+//! 3. The stats reporter reads `counters()` snapshots.
+
+pub mod clock;
+pub mod memory;
+
+pub use clock::{ManualClock, PoolClock, SystemClock};
+pub use memory::MemoryPool;
+
+use crate::core::eviction::{EvictionError, EvictionPolicyError};
+
+/// A shared object store with batched, per-key calls. Object safe; share as `Arc<dyn Pool>`.
+///
+/// Every method returns exactly one result per key, in the order of `keys` (module docs).
+pub trait Pool: Send + Sync {
+    /// Which objects are present. A present object gets a lease of `kv_lease_ttl` (R14).
+    fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>>;
+
+    /// Stores `values[i]` under `keys[i]`. A present key is [`PoolError::AlreadyExists`] and
+    /// its object is left alone; a value that eviction cannot make room for is
+    /// [`PoolError::NoSpace`]. Keys and values of different lengths give
+    /// [`PoolError::BatchShape`] for every key.
+    fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>>;
+
+    /// Copies each object into the front of its buffer and returns the bytes read.
+    /// Absent is [`PoolError::NotFound`]; a buffer shorter than the object is
+    /// [`PoolError::BufferTooSmall`] and is left unwritten. A present object gets a lease.
+    /// Keys and buffers of different lengths give [`PoolError::BatchShape`] for every key.
+    fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>>;
+
+    /// Resets each present object's eviction age (and grants a lease); returns whether it
+    /// was present. Re-save's refresh (R20).
+    fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>>;
+
+    /// A snapshot of the pool's counters.
+    fn counters(&self) -> PoolCounters;
+
+    /// A short name for logs: `"memory"`, `"mooncake"`.
+    fn name(&self) -> &'static str;
+}
+
+/// Counters of one pool since it was created, plus its current fill.
+///
+/// For the memory pool the snapshot is consistent (taken under one lock):
+/// `objects == puts - evicted_objects` and `used_bytes == bytes_written - evicted_bytes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolCounters {
+    /// Keys found by `exists` or `get_into`.
+    pub hits: u64,
+    /// Keys not found by `exists` or `get_into`.
+    pub misses: u64,
+    /// Objects stored by `put`.
+    pub puts: u64,
+    /// Puts refused for lack of space ([`PoolError::NoSpace`]).
+    pub put_rejected: u64,
+    /// Puts of a key already present ([`PoolError::AlreadyExists`]).
+    pub put_existing: u64,
+    /// Objects removed by eviction.
+    pub evicted_objects: u64,
+    /// Payload bytes removed by eviction.
+    pub evicted_bytes: u64,
+    /// Payload bytes stored by `put`.
+    pub bytes_written: u64,
+    /// Payload bytes copied out by `get_into`.
+    pub bytes_read: u64,
+    /// Payload bytes held now.
+    pub used_bytes: u64,
+    /// Payload bytes the pool may hold.
+    pub capacity_bytes: u64,
+    /// Objects held now.
+    pub objects: u64,
+}
+
+/// Why one key of a pool call failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PoolError {
+    /// No object under the key (never stored, or evicted).
+    #[error("object not found in the pool")]
+    NotFound,
+    /// A put of a key that is present; objects are immutable.
+    #[error("object already exists in the pool; objects are immutable")]
+    AlreadyExists,
+    /// A get into a buffer shorter than the object; nothing was written.
+    #[error("buffer of {capacity} bytes is too small for an object of {needed} bytes")]
+    BufferTooSmall {
+        /// The object's size.
+        needed: usize,
+        /// The buffer's length.
+        capacity: usize,
+    },
+    /// A put that eviction cannot make room for; nothing was stored or evicted.
+    #[error("pool has no space: {source}")]
+    NoSpace {
+        /// What the eviction model found.
+        #[source]
+        source: EvictionError,
+    },
+    /// Keys and values (or buffers) of different lengths; reported for every key.
+    #[error("batch has {keys} keys but {items} values or buffers; pass one per key")]
+    BatchShape {
+        /// Number of keys.
+        keys: usize,
+        /// Number of values or buffers.
+        items: usize,
+    },
+    /// A remote backend answered with an error code.
+    #[error("pool backend returned error code {code}")]
+    Backend {
+        /// The backend's own code (Mooncake's `ErrorCode`).
+        code: i32,
+    },
+    /// The remote backend cannot be reached (no master, lost connection).
+    #[error("pool backend is unavailable")]
+    Unavailable,
+    /// The remote backend did not answer in time.
+    #[error("pool backend did not answer within {after_ms} ms")]
+    Timeout {
+        /// How long the call waited.
+        after_ms: u64,
+    },
+    /// The pool could not be built: its eviction policy is invalid.
+    #[error("invalid pool eviction policy: {source}")]
+    InvalidPolicy {
+        /// What the policy check found.
+        #[from]
+        source: EvictionPolicyError,
+    },
+}
+
+impl PoolError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::AlreadyExists => "already_exists",
+            Self::BufferTooSmall { .. } => "buffer_too_small",
+            Self::NoSpace { .. } => "no_space",
+            Self::BatchShape { .. } => "batch_shape",
+            Self::Backend { .. } => "backend",
+            Self::Unavailable => "unavailable",
+            Self::Timeout { .. } => "timeout",
+            Self::InvalidPolicy { .. } => "invalid_policy",
+        }
+    }
+
+    /// This error once per key: how a whole-batch failure is reported.
+    pub fn for_every_key<T>(&self, keys: usize) -> Vec<Result<T, PoolError>> {
+        (0..keys).map(|_| Err(self.clone())).collect()
+    }
+}
+
+impl From<EvictionError> for PoolError {
+    fn from(source: EvictionError) -> Self {
+        Self::NoSpace { source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn for_every_key_repeats_the_error_once_per_key() {
+        let results: Vec<Result<bool, PoolError>> = PoolError::Unavailable.for_every_key(3);
+        assert_eq!(results.len(), 3);
+        assert!(results.iter().all(|r| r == &Err(PoolError::Unavailable)));
+    }
+
+    #[test]
+    fn kinds_are_distinct_labels() {
+        let errors = [
+            PoolError::NotFound,
+            PoolError::AlreadyExists,
+            PoolError::BufferTooSmall {
+                needed: 2,
+                capacity: 1,
+            },
+            PoolError::from(EvictionError::LargerThanCapacity {
+                needed_bytes: 2,
+                capacity_bytes: 1,
+            }),
+            PoolError::BatchShape { keys: 1, items: 2 },
+            PoolError::Backend { code: -1 },
+            PoolError::Unavailable,
+            PoolError::Timeout { after_ms: 5 },
+            PoolError::from(EvictionPolicyError::ZeroCapacity { working: 1 }),
+        ];
+        let mut kinds: Vec<&str> = errors.iter().map(PoolError::kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), errors.len());
+    }
+
+    #[test]
+    fn no_space_message_names_the_setting() {
+        let err = PoolError::from(EvictionError::LargerThanCapacity {
+            needed_bytes: 2048,
+            capacity_bytes: 1024,
+        });
+        let message = err.to_string();
+        assert!(message.contains("capacity_bytes"), "{message}");
+        assert!(message.contains("2048"), "{message}");
+    }
+}
