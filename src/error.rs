@@ -7,6 +7,8 @@
 use crate::config::ConfigError;
 use crate::core::layout::LayoutError;
 use crate::core::object::ObjectError;
+use crate::gpu::GpuError;
+use crate::pool::PoolError;
 
 /// Any error the crate returns to a caller outside one layer.
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +19,12 @@ pub enum Error {
     /// The KV layout is invalid or could not be read.
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// A device operation failed.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// A pool operation failed.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
     /// A stored object failed verification.
     #[error(transparent)]
     Object(#[from] ObjectError),
@@ -29,6 +37,8 @@ impl Error {
             Error::Config(_) => "config",
             Error::Layout(_) => "layout",
             Error::Object(_) => "object",
+            Error::Gpu(_) => "gpu",
+            Error::Pool(_) => "pool",
         }
     }
 }

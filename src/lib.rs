@@ -19,6 +19,7 @@
 //! | [`messages`] | typed messages, one file per receiving actor |
 //! | [`cli`] | the `kv-connector` subcommands; `main.rs` only dispatches to them |
 //! | [`error`] | the crate error that aggregates each layer's typed error |
+//! | [`stats`] | per-actor counters and latency histograms merged by the stats reporter (R27) |
 
 #![deny(unsafe_code)]
 
@@ -34,5 +35,6 @@ pub mod error;
 pub mod gpu;
 pub mod messages;
 pub mod pool;
+pub mod stats;
 
 pub use error::{Error, Result};

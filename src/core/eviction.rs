@@ -9,10 +9,11 @@
 //!
 //! From `mooncake-store` (`include/types.h`, `src/master_service.cpp`, kvcache-ai/Mooncake):
 //!
-//! - Defaults: `eviction_high_watermark_ratio = 0.90`, `eviction_ratio = 0.05`,
-//!   `default_kv_lease_ttl = 10000` ms (the constants [`MOONCAKE_EVICTION_HIGH_WATERMARK_RATIO`],
-//!   [`MOONCAKE_EVICTION_RATIO`], [`MOONCAKE_KV_LEASE_TTL_MS`]). Both ratios are checked to lie
-//!   in `[0, 1]` at start.
+//! - Defaults: `eviction_high_watermark_ratio = 0.95`, `eviction_ratio = 0.05`,
+//!   `default_kv_lease_ttl = 5000` ms (the constants [`MOONCAKE_EVICTION_HIGH_WATERMARK_RATIO`],
+//!   [`MOONCAKE_EVICTION_RATIO`], [`MOONCAKE_KV_LEASE_TTL_MS`]), as in the `types.h` of the
+//!   releases the wheel ships; newer sources moved to 0.90 and 10 s. Both ratios are checked
+//!   to lie in `[0, 1]` at start. `config/default.toml` uses the same values.
 //! - Leases: an existence check or a replica lookup (a get) sets the object's lease timeout to
 //!   `max(lease_timeout, now + ttl)`. A put grants no lease: a new object's lease timeout is
 //!   the clock's epoch. An object whose lease has not expired is never evicted.
@@ -70,11 +71,11 @@
 use std::cmp::Ordering;
 
 /// Mooncake's default `eviction_high_watermark_ratio` (`include/types.h`).
-pub const MOONCAKE_EVICTION_HIGH_WATERMARK_RATIO: f64 = 0.90;
+pub const MOONCAKE_EVICTION_HIGH_WATERMARK_RATIO: f64 = 0.95;
 /// Mooncake's default `eviction_ratio` (`include/types.h`).
 pub const MOONCAKE_EVICTION_RATIO: f64 = 0.05;
 /// Mooncake's default `default_kv_lease_ttl`, in milliseconds (`include/types.h`).
-pub const MOONCAKE_KV_LEASE_TTL_MS: u64 = 10_000;
+pub const MOONCAKE_KV_LEASE_TTL_MS: u64 = 5_000;
 
 /// A capacity that works as an example in error messages: 16 GiB.
 const WORKING_CAPACITY_BYTES: u64 = 16 << 30;
@@ -239,7 +240,7 @@ impl<K> EvictionPlan<K> {
 }
 
 impl EvictionPolicy {
-    /// Mooncake's defaults (0.90, 0.05, 10 s) with the given capacity.
+    /// Mooncake's defaults (0.95, 0.05, 5 s) with the given capacity.
     pub fn mooncake_defaults(capacity_bytes: u64) -> Self {
         Self {
             capacity_bytes,
@@ -442,16 +443,21 @@ mod tests {
         }
     }
 
+    /// The policy these tests are written against: watermark 0.90, ratio 0.05, 10 s.
     fn policy(capacity_bytes: u64) -> EvictionPolicy {
-        EvictionPolicy::mooncake_defaults(capacity_bytes)
+        EvictionPolicy {
+            high_watermark_ratio: 0.90,
+            lease_ttl_ms: 10_000,
+            ..EvictionPolicy::mooncake_defaults(capacity_bytes)
+        }
     }
 
     #[test]
     fn mooncake_defaults_are_the_documented_ones() {
-        let defaults = policy(1);
-        assert!((defaults.high_watermark_ratio - 0.90).abs() < f64::EPSILON);
+        let defaults = EvictionPolicy::mooncake_defaults(1);
+        assert!((defaults.high_watermark_ratio - 0.95).abs() < f64::EPSILON);
         assert!((defaults.eviction_ratio - 0.05).abs() < f64::EPSILON);
-        assert_eq!(defaults.lease_ttl_ms, 10_000);
+        assert_eq!(defaults.lease_ttl_ms, 5_000);
         assert_eq!(defaults.validate(), Ok(()));
     }
 
