@@ -34,5 +34,6 @@ pub mod error;
 pub mod gpu;
 pub mod messages;
 pub mod pool;
+pub mod replay;
 
 pub use error::{Error, Result};
