@@ -17,6 +17,7 @@
 //! | [`config`] | the typed configuration tree: defaults < TOML < environment < command line |
 //! | [`actors`] | the actor system: lookup planner, reservation manager, loaders, saver, stats reporter |
 //! | [`messages`] | typed messages, one file per receiving actor |
+//! | [`replay`] | the main job: workloads (Mooncake traces, long multi-turn sessions), the oracle, the engine simulator |
 //! | [`cli`] | the `kv-connector` subcommands; `main.rs` only dispatches to them |
 //! | [`error`] | the crate error that aggregates each layer's typed error |
 //! | [`stats`] | per-actor counters and latency histograms merged by the stats reporter (R27) |
@@ -35,6 +36,7 @@ pub mod error;
 pub mod gpu;
 pub mod messages;
 pub mod pool;
+pub mod replay;
 pub mod stats;
 
 pub use error::{Error, Result};
