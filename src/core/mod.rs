@@ -7,6 +7,9 @@
 
 pub mod eviction;
 pub mod hash;
+pub mod ids;
 pub mod keys;
 pub mod layout;
+pub mod ledger;
 pub mod object;
+pub mod save_order;
