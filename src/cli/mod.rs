@@ -1,1 +1,57 @@
 //! The `kv-connector` subcommands.
+//!
+//! `main.rs` parses a [`Cli`], sets up logging and calls [`run`]; each subcommand lives in
+//! its own file with its arguments (`clap::Args`), its typed error and a function that takes
+//! its input and output as `Read` / `Write`, so it is tested without a process.
+//!
+//! Adding a subcommand: add a module, a variant of [`Command`] holding its `Args`, a variant of
+//! [`CliError`] wrapping its error, and an arm in [`run`] and in [`CliError::kind`].
+
+pub mod keys;
+
+use std::io;
+
+/// The command line of the `kv-connector` binary.
+#[derive(Debug, clap::Parser)]
+#[command(name = "kv-connector", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Print the chain hash and the pool keys of every full block of a token list (R1, R3).
+    Keys(keys::KeysArgs),
+}
+
+/// Why a subcommand failed; one variant per subcommand.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// `kv-connector keys` failed.
+    #[error(transparent)]
+    Keys(#[from] keys::KeysError),
+}
+
+impl CliError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Keys(err) => err.kind(),
+        }
+    }
+}
+
+/// Runs the parsed command line against the process's stdin and stdout.
+///
+/// # Errors
+///
+/// The failed subcommand's error, wrapped in [`CliError`].
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Keys(args) => keys::run(&args, io::stdin().lock(), io::stdout().lock())?,
+    }
+    Ok(())
+}
