@@ -15,6 +15,7 @@
 //! | [`pool`] | the pool trait (exists / put / get / touch, batched, per-key results) and the embedded memory pool |
 //! | [`gpu`] | device page pools, staging pools, copy streams and events; the host-memory backend (the only module allowed `unsafe`) |
 //! | [`config`] | the typed configuration tree: defaults < TOML < environment < command line |
+//! | [`connector`] | the engine-facing hooks (`EngineConnector`) and the `NoConnector` baseline |
 //! | [`actors`] | the actor system: lookup planner, reservation manager, loaders, saver, stats reporter |
 //! | [`messages`] | typed messages, one file per receiving actor |
 //! | [`replay`] | the main job: workloads (Mooncake traces, long multi-turn sessions), the oracle, the engine simulator |
@@ -27,6 +28,7 @@
 pub mod actors;
 pub mod cli;
 pub mod config;
+pub mod connector;
 pub mod core;
 pub mod error;
 #[allow(
