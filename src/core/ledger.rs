@@ -274,15 +274,44 @@ impl Ledger {
                 end: tokens.end,
             });
         }
+        let needed = self.validate_pages(id, replaced, pages, tokens)?;
+        for (group, requested) in needed {
+            let returned = replaced.map_or(0, |old| self.pages_in_group(old, group));
+            let free = self.budgets.get(&group).map_or(0, |budget| budget.free);
+            let available = free + returned;
+            if requested > available {
+                return Err(LedgerError::BudgetExceeded {
+                    id,
+                    group,
+                    requested,
+                    available,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks each page (known group, inside `tokens`, listed once, not held by a live
+    /// reservation other than `replaced`) and returns how many pages each group needs.
+    fn validate_pages(
+        &self,
+        id: ReservationId,
+        replaced: Option<ReservationId>,
+        pages: &[ReservedPage],
+        tokens: &Range<u64>,
+    ) -> Result<BTreeMap<GroupId, usize>, LedgerError> {
         let mut blocks = HashSet::new();
         let mut slots = HashSet::new();
         let mut needed: BTreeMap<GroupId, usize> = BTreeMap::new();
-        for page in pages {
-            let group = page.group;
+        for &ReservedPage {
+            block_index,
+            group,
+            page,
+        } in pages
+        {
             if !self.budgets.contains_key(&group) {
                 return Err(LedgerError::UnknownGroup { id, group });
             }
-            let block_index = page.block_index;
             if !self.block_overlaps(block_index, std::slice::from_ref(tokens)) {
                 let (start, end) = (tokens.start, tokens.end);
                 return Err(LedgerError::BlockOutsideRange {
@@ -299,39 +328,23 @@ impl Ledger {
                     group,
                 });
             }
-            if !slots.insert((group, page.page)) {
-                return Err(LedgerError::PageListedTwice {
-                    id,
-                    group,
-                    page: page.page,
-                });
+            if !slots.insert((group, page)) {
+                return Err(LedgerError::PageListedTwice { id, group, page });
             }
-            if let Some(&holder) = self.page_holder.get(&(group, page.page)) {
-                if Some(holder) != replaced {
+            match self.page_holder.get(&(group, page)) {
+                Some(&holder) if Some(holder) != replaced => {
                     return Err(LedgerError::PageHeld {
                         id,
                         group,
-                        page: page.page,
+                        page,
                         holder,
                     });
                 }
+                _ => {}
             }
             *needed.entry(group).or_default() += 1;
         }
-        for (group, requested) in needed {
-            let returned = replaced.map_or(0, |old| self.pages_in_group(old, group));
-            let free = self.budgets.get(&group).map_or(0, |budget| budget.free);
-            let available = free + returned;
-            if requested > available {
-                return Err(LedgerError::BudgetExceeded {
-                    id,
-                    group,
-                    requested,
-                    available,
-                });
-            }
-        }
-        Ok(())
+        Ok(needed)
     }
 
     /// Hands reservation `id` to a loader: `Reserved -> Loading` (I6).
