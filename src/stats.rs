@@ -16,9 +16,15 @@ use serde::Serialize;
 pub struct Latency(Histogram<u64>);
 
 impl Default for Latency {
-    #[expect(clippy::expect_used, reason = "constant bounds that hdrhistogram accepts: 1 <= low, high >= 2 * low, 3 digits")]
+    #[expect(
+        clippy::expect_used,
+        reason = "constant bounds that hdrhistogram accepts: 1 <= low, high >= 2 * low, 3 digits"
+    )]
     fn default() -> Self {
-        Latency(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid constant histogram bounds"))
+        Latency(
+            Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("valid constant histogram bounds"),
+        )
     }
 }
 

@@ -92,10 +92,21 @@ pub trait EngineConnector {
 
     /// `reserve_prefix(req, num_computed, reservation_id)`: what the connector can load
     /// beyond `num_computed`. Starts no transfer.
-    fn reserve_prefix(&mut self, request: RequestId, num_computed: usize, reservation: ReservationId) -> ReserveAnswer;
+    fn reserve_prefix(
+        &mut self,
+        request: RequestId,
+        num_computed: usize,
+        reservation: ReservationId,
+    ) -> ReserveAnswer;
 
     /// The engine trims or gives up tokens `[start, end)` of a reservation.
-    fn release_prefix_reservation(&mut self, request: RequestId, reservation: ReservationId, start: usize, end: usize);
+    fn release_prefix_reservation(
+        &mut self,
+        request: RequestId,
+        reservation: ReservationId,
+        start: usize,
+        end: usize,
+    );
 
     /// Reservations whose loads ended since the last call.
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad>;
@@ -125,13 +136,34 @@ pub trait EngineConnector {
 pub struct NoConnector;
 
 impl EngineConnector for NoConnector {
-    fn lookup_prefix(&mut self, _request: RequestId, _prompt: Arc<[i64]>, _local_match_tokens: usize) {}
-
-    fn reserve_prefix(&mut self, _request: RequestId, _num_computed: usize, _reservation: ReservationId) -> ReserveAnswer {
-        ReserveAnswer::Offer { extra_tokens: 0, is_async: false }
+    fn lookup_prefix(
+        &mut self,
+        _request: RequestId,
+        _prompt: Arc<[i64]>,
+        _local_match_tokens: usize,
+    ) {
     }
 
-    fn release_prefix_reservation(&mut self, _request: RequestId, _reservation: ReservationId, _start: usize, _end: usize) {}
+    fn reserve_prefix(
+        &mut self,
+        _request: RequestId,
+        _num_computed: usize,
+        _reservation: ReservationId,
+    ) -> ReserveAnswer {
+        ReserveAnswer::Offer {
+            extra_tokens: 0,
+            is_async: false,
+        }
+    }
+
+    fn release_prefix_reservation(
+        &mut self,
+        _request: RequestId,
+        _reservation: ReservationId,
+        _start: usize,
+        _end: usize,
+    ) {
+    }
 
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
         Vec::new()
