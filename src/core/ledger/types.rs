@@ -47,6 +47,8 @@ pub enum LoadFailure {
     Timeout,
     /// The loader stopped before finishing.
     LoaderGone,
+    /// The staging -> device copy failed or was refused.
+    DeviceCopy,
 }
 
 impl LoadFailure {
@@ -58,6 +60,7 @@ impl LoadFailure {
             Self::Corrupt => "corrupt",
             Self::Timeout => "timeout",
             Self::LoaderGone => "loader_gone",
+            Self::DeviceCopy => "device_copy",
         }
     }
 }
