@@ -17,7 +17,7 @@
 //! items are known, which keeps the answer equal to the one R12/R13 give on full
 //! knowledge.
 //!
-//! Invariants (cited in `planner.md` and the tests):
+//! Invariants (cited in the code and the tests):
 //!
 //! - L-I1: an item goes `Unprobed -> InFlight -> Present | Absent`, never back, so it is
 //!   issued in at most one round (R14, P6).
@@ -462,7 +462,8 @@ mod tests {
         check_post_conditions, drive, drive_at_most, full, items, request, window, Presence,
     };
     use super::super::{
-        GroupLoad, Lookup, LookupOutcome, LookupRequest, PlanError, ProbeItem, RoundKind,
+        GroupLoad, Lookup, LookupOutcome, LookupRequest, PlanError, ProbeItem, ProbeRound,
+        RoundKind,
     };
     use crate::core::layout::GroupId;
 
@@ -769,7 +770,7 @@ mod tests {
         let trace = run(&request, &present)?;
         assert_eq!(trace.plan.outcome, LookupOutcome::Rewound);
         assert_eq!(trace.plan.resume_tokens, 16);
-        let kinds: Vec<RoundKind> = trace.rounds.iter().map(|round| round.kind()).collect();
+        let kinds: Vec<RoundKind> = trace.rounds.iter().map(ProbeRound::kind).collect();
         assert_eq!(kinds, vec![RoundKind::Initial, RoundKind::Walk]);
         // Initial: window blocks 5..8 (walk 32, 28). Walk from H = 5: ends 20, 16.
         let walk: Vec<usize> = trace.rounds[1]
@@ -815,6 +816,27 @@ mod tests {
         let trace = run(&request, &present)?;
         assert_eq!(trace.plan.outcome, LookupOutcome::Recovered);
         assert_eq!(trace.plan.resume_tokens, 12);
+        Ok(())
+    }
+
+    #[test]
+    fn long_conversation_turn_settles_in_two_rounds() -> TestResult {
+        // The previous turn ended at 120 000 tokens and saved its prefix and its window
+        // (R16, R17); the next turn extends it to 150 000 tokens.
+        let (t, end) = (32, 120_000 / 32);
+        let mut present = items(0..end, &[0]);
+        present.extend(items((120_000 - 4096 - 1024) / t..end, &[1]));
+        present.insert((0, GroupId(1)));
+        let request = LookupRequest {
+            rewind_tokens: 1024,
+            ..request(t, 150_000, 2048, vec![full(0), window(1, 4096, 4)])
+        };
+        let trace = run(&request, &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Full);
+        assert_eq!(trace.plan.resume_tokens, 120_000);
+        assert_eq!(trace.rounds.len(), 2, "initial + walk");
+        assert_eq!(trace.plan.loads[0].blocks.len(), end - 2048 / t);
+        assert_eq!(trace.plan.loads[1].blocks.len(), 4096 / t);
         Ok(())
     }
 
@@ -940,6 +962,41 @@ mod tests {
         let round = lookup.next_round().ok_or("no round")?;
         let sizes: Vec<usize> = round.chunks().map(<[ProbeItem]>::len).collect();
         assert_eq!(sizes, vec![3, 3, 3, 1]);
+        Ok(())
+    }
+
+    /// Counter-example from `test_proptest_prefix_monotone` run with fallback off (the
+    /// shrunk case had four groups; this is the hand-reduced one): a longer full hit moves
+    /// the walk past the only complete window. planner.md (P9) states monotonicity only
+    /// with fallback on, where the planner recovers the earlier window.
+    #[test]
+    fn test_reproduce_no_fallback_is_not_prefix_monotone() -> TestResult {
+        let request = LookupRequest {
+            window_fallback: false,
+            ..request(4, 17, 0, vec![full(0), window(1, 4, 0)])
+        };
+        let mut present = items([0, 1], &[0]);
+        present.insert((1, GroupId(1)));
+        let shorter = run(&request, &present)?;
+        assert_eq!(
+            (shorter.plan.outcome, shorter.plan.resume_tokens),
+            (LookupOutcome::Full, 8)
+        );
+        present.extend(items([2, 3], &[0]));
+        let longer = run(&request, &present)?;
+        assert_eq!(
+            (longer.plan.outcome, longer.plan.resume_tokens),
+            (LookupOutcome::WindowMiss, 0)
+        );
+        let request = LookupRequest {
+            window_fallback: true,
+            ..request
+        };
+        let recovered = run(&request, &present)?;
+        assert_eq!(
+            (recovered.plan.outcome, recovered.plan.resume_tokens),
+            (LookupOutcome::Recovered, 8)
+        );
         Ok(())
     }
 

@@ -28,8 +28,11 @@
 //! 3. **Fallback rounds** (R13, only with `window_fallback`): further back, at most
 //!    `probe_chunk_items` items per round, stopping at the first complete window.
 //!
-//! The numbered properties (P1..P11) the planner keeps are listed in `planner.md` next
-//! to this module; tests cite them by number.
+//! Window blocks are probed even below the local match (a complete window is a fact
+//! about the pool, and window pages are saved only at prompt ends, R17) but never loaded
+//! there (R15: the engine holds them). `src/core/planner.md` lists the decisions the
+//! rules leave open, the lease trade-off of the rounds, and the properties (P1..P12) the
+//! planner keeps; tests cite them by number.
 //!
 //! ## Vocabulary used in this module
 //!

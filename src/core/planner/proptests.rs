@@ -8,7 +8,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
 use super::testkit::{
-    check_post_conditions, drive, drive_at_most, full, reference, reference_loads, window, Presence,
+    check_post_conditions, drive, drive_at_most, full, reference, reference_loads, window,
+    Presence, Trace,
 };
 use super::{LookupRequest, PlannerGroup, PlannerGroupKind};
 use crate::core::layout::GroupId;
@@ -52,26 +53,21 @@ fn id_of(index: usize) -> u32 {
 
 /// Small requests: T in 1..=4, P in 0..=40, any aligned local match, R in 0..=12.
 fn requests() -> impl Strategy<Value = LookupRequest> {
-    (
-        1usize..=4,
-        0usize..=40,
-        0usize..=12,
-        groups(),
-        0usize..=12,
-        any::<bool>(),
-        1usize..=6,
+    // Mostly no local match and prompts of several blocks, so that most cases probe.
+    let prompt = prop_oneof![1 => 0usize..=8, 4 => 8usize..=40];
+    let local_blocks = prop_oneof![2 => Just(0usize), 1 => 0usize..=12];
+    let knobs = (groups(), 0usize..=12, any::<bool>(), 1usize..=6);
+    (1usize..=4, prompt, local_blocks, knobs).prop_map(
+        |(t, prompt, local_blocks, (groups, rewind, fallback, chunk))| LookupRequest {
+            tokens_per_block: t,
+            prompt_tokens: prompt,
+            local_match_tokens: local_blocks.min(prompt / t) * t,
+            groups,
+            rewind_tokens: rewind,
+            window_fallback: fallback,
+            probe_chunk_items: chunk,
+        },
     )
-        .prop_map(
-            |(t, prompt, local_blocks, groups, rewind, fallback, chunk)| LookupRequest {
-                tokens_per_block: t,
-                prompt_tokens: prompt,
-                local_match_tokens: local_blocks.min(prompt / t) * t,
-                groups,
-                rewind_tokens: rewind,
-                window_fallback: fallback,
-                probe_chunk_items: chunk,
-            },
-        )
 }
 
 /// A bit per `(group index, block)` of the universe.
@@ -151,13 +147,18 @@ fn saved(
 
 /// Presence shaped like saved prompts: prefixes and windows at prompt ends.
 fn saved_cases() -> impl Strategy<Value = (LookupRequest, Presence)> {
-    let ends = prop::collection::vec(1usize..=44, 0..=4);
+    let ends = prop::collection::vec(1usize..=44, 0..=5);
     (requests(), ends, 0usize..=12, bits(0.06), bits(0.02)).prop_map(
         |(request, ends, rewind, evicted, stray)| {
             let present = saved(&request, &ends, rewind, &evicted, &stray);
             (request, present)
         },
     )
+}
+
+/// Drives a lookup to the end, turning a planner error into a test failure.
+fn run(request: &LookupRequest, present: &Presence) -> Result<Trace, TestCaseError> {
+    drive(request.clone(), present).map_err(|e| TestCaseError::fail(e.to_string()))
 }
 
 fn any_case() -> impl Strategy<Value = (LookupRequest, Presence)> {
@@ -170,14 +171,14 @@ proptest! {
     /// P1-P8, P10 against uniform oracles.
     #[test]
     fn test_proptest_post_conditions_uniform((request, present) in uniform_cases()) {
-        let trace = drive(request.clone(), &present).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let trace = run(&request, &present)?;
         check_post_conditions(&request, &present, &trace).map_err(TestCaseError::fail)?;
     }
 
     /// P1-P8, P10 against oracles shaped like saved prompts.
     #[test]
     fn test_proptest_post_conditions_saved_prompts((request, present) in saved_cases()) {
-        let trace = drive(request.clone(), &present).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let trace = run(&request, &present)?;
         check_post_conditions(&request, &present, &trace).map_err(TestCaseError::fail)?;
     }
 
@@ -190,8 +191,8 @@ proptest! {
         let request = LookupRequest { window_fallback: true, ..request };
         let mut more = present.clone();
         more.extend(from_bits(&request, &extra));
-        let fewer = drive(request.clone(), &present).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let added = drive(request.clone(), &more).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let fewer = run(&request, &present)?;
+        let added = run(&request, &more)?;
         prop_assert!(added.plan.resume_tokens >= fewer.plan.resume_tokens,
             "e fell from {} to {}", fewer.plan.resume_tokens, added.plan.resume_tokens);
     }
@@ -200,10 +201,13 @@ proptest! {
     /// items seen present, so it never loads an unseen block.
     #[test]
     fn test_proptest_early_finish((request, present) in any_case(), max_rounds in 0usize..=4) {
-        let trace = drive_at_most(request.clone(), &present, max_rounds).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let trace = drive_at_most(request.clone(), &present, max_rounds)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let seen = trace.seen_present();
         let (outcome, e, hit_tokens) = reference(&request, &seen);
-        prop_assert_eq!((trace.plan.outcome, trace.plan.resume_tokens, trace.plan.full_hit_tokens), (outcome, e, hit_tokens));
+        let plan = &trace.plan;
+        let got = (plan.outcome, plan.resume_tokens, plan.full_hit_tokens);
+        prop_assert_eq!(got, (outcome, e, hit_tokens));
         if outcome.offers() {
             prop_assert_eq!(&trace.plan.loads, &reference_loads(&request, e));
         } else {
@@ -214,8 +218,8 @@ proptest! {
     /// P10: identical input and answers give identical rounds and plans.
     #[test]
     fn test_proptest_stable((request, present) in any_case()) {
-        let first = drive(request.clone(), &present).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let second = drive(request, &present).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let first = run(&request, &present)?;
+        let second = run(&request, &present)?;
         prop_assert_eq!(first, second);
     }
 }

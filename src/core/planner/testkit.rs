@@ -2,7 +2,7 @@
 //! brute-force reference of R10-R15 written independently of the planner (in tokens,
 //! straight from DESIGN section 5), and the post-condition checks of `planner.md`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     GroupLoad, Lookup, LookupOutcome, LookupPlan, LookupRequest, PlanError, PlannerGroup,
@@ -51,12 +51,11 @@ pub(super) fn request(
 }
 
 /// Every `(block, group)` with `block` in `blocks`, for each group in `groups`.
-pub(super) fn items(blocks: impl IntoIterator<Item = usize> + Clone, groups: &[u32]) -> Presence {
+pub(super) fn items(blocks: impl IntoIterator<Item = usize>, groups: &[u32]) -> Presence {
+    let blocks: Vec<usize> = blocks.into_iter().collect();
     let mut set = Presence::new();
     for &group in groups {
-        for block in blocks.clone() {
-            set.insert((block, GroupId(group)));
-        }
+        set.extend(blocks.iter().map(|&block| (block, GroupId(group))));
     }
     set
 }
@@ -251,7 +250,7 @@ pub(super) fn reference_loads(request: &LookupRequest, e: usize) -> Vec<GroupLoa
         .collect()
 }
 
-/// Checks P1-P8 and P10 of `planner.md` for one finished trace of `request` against
+/// Checks P1-P8 and P12 of `planner.md` for one finished trace of `request` against
 /// `present`. Returns a description of the first violation.
 pub(super) fn check_post_conditions(
     request: &LookupRequest,
@@ -388,5 +387,118 @@ fn check_probing(
     if plan.rounds != trace.rounds.len() || plan.probed_items != probed.len() {
         return Err("counters differ from the trace".into());
     }
+    check_no_needless_probe(request, trace, first, end)
+}
+
+/// P12: the initial round probes only full candidates and the windows of the walk from
+/// the candidate end; every later item belongs to the window of a resume point that,
+/// given the answers so far, could still win: in the walk range for a walk round, below
+/// it for a fallback round, not ruled out by an absent item, not yet known complete,
+/// and above every window already known complete.
+fn check_no_needless_probe(
+    request: &LookupRequest,
+    trace: &Trace,
+    first: usize,
+    end: usize,
+) -> Result<(), String> {
+    let scan = Scan {
+        request,
+        first,
+        end,
+        hit: trace.plan.full_hit_tokens / request.tokens_per_block,
+    };
+    let mut known = BTreeMap::new();
+    for (round, answers) in trace.rounds.iter().zip(&trace.answers) {
+        let allowed = scan.allowed(round.kind(), &known);
+        for item in round.items() {
+            if !allowed.contains(&(item.block, item.group)) {
+                return Err(format!(
+                    "P12: {:?} round {} probes block {} of group {} needlessly",
+                    round.kind(),
+                    round.id(),
+                    item.block,
+                    item.group
+                ));
+            }
+        }
+        for (item, &present) in round.items().iter().zip(answers) {
+            known.insert((item.block, item.group), present);
+        }
+    }
     Ok(())
+}
+
+/// The candidate range and final `H` of one lookup, for P12.
+struct Scan<'a> {
+    request: &'a LookupRequest,
+    first: usize,
+    end: usize,
+    hit: usize,
+}
+
+impl Scan<'_> {
+    /// The lowest end block of the walk from `hit`.
+    fn walk_low(&self, hit: usize) -> usize {
+        let rewind_blocks = self.request.rewind_tokens / self.request.tokens_per_block;
+        hit.saturating_sub(rewind_blocks).max(self.first + 1)
+    }
+
+    /// Every window item needed to resume at end block `k`.
+    fn needs(&self, k: usize) -> Vec<(usize, GroupId)> {
+        let t = self.request.tokens_per_block;
+        let mut needed = Vec::new();
+        for group in &self.request.groups {
+            if let PlannerGroupKind::Window {
+                window_tokens,
+                sink_tokens,
+            } = group.kind
+            {
+                needed.extend(
+                    (0..k)
+                        .filter(|&block| window_needs(t, k * t, window_tokens, sink_tokens, block))
+                        .map(|block| (block, group.id)),
+                );
+            }
+        }
+        needed
+    }
+
+    /// The items a round of `kind` may probe, given what is `known`.
+    fn allowed(&self, kind: RoundKind, known: &BTreeMap<(usize, GroupId), bool>) -> Presence {
+        let mut allowed = Presence::new();
+        if kind == RoundKind::Initial {
+            for group in &self.request.groups {
+                if group.kind == PlannerGroupKind::Full {
+                    allowed.extend((self.first..self.end).map(|block| (block, group.id)));
+                }
+            }
+            if self.end > self.first {
+                for k in self.walk_low(self.end)..=self.end {
+                    allowed.extend(self.needs(k));
+                }
+            }
+            return allowed;
+        }
+        // (absent item known, every item known present)
+        let status = |k: usize| {
+            let needed = self.needs(k);
+            let absent = needed.iter().any(|item| known.get(item) == Some(&false));
+            let complete = needed.iter().all(|item| known.get(item) == Some(&true));
+            (absent, complete)
+        };
+        let highest_complete = (self.first + 1..=self.hit)
+            .rev()
+            .find(|&k| status(k) == (false, true));
+        let range = if kind == RoundKind::Walk {
+            self.walk_low(self.hit)..self.hit + 1
+        } else {
+            self.first + 1..self.walk_low(self.hit)
+        };
+        for k in range {
+            if status(k) == (false, false) && highest_complete.is_none_or(|c| k > c) {
+                allowed.extend(self.needs(k));
+            }
+        }
+        allowed
+    }
 }
