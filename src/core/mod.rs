@@ -12,4 +12,5 @@ pub mod keys;
 pub mod layout;
 pub mod ledger;
 pub mod object;
+pub mod planner;
 pub mod save_order;
