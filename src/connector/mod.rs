@@ -28,7 +28,6 @@ use std::sync::Arc;
 
 pub mod transfer;
 
-
 use crate::core::ids::{RequestId, ReservationId};
 
 /// The connector's answer to `reserve_prefix`.

@@ -74,10 +74,15 @@ pub fn load_pages(
     mut staging: StagingPool,
     items: &[LoadItem],
 ) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
-    let batch_len = usize::try_from(staging.slots()).unwrap_or(usize::MAX).max(1);
+    let batch_len = usize::try_from(staging.slots())
+        .unwrap_or(usize::MAX)
+        .max(1);
     let mut moved = LoadMoved::default();
     for batch in items.chunks(batch_len) {
-        if let Some(too_big) = batch.iter().find(|item| object::object_len(item.payload_len) > staging.slot_bytes()) {
+        if let Some(too_big) = batch
+            .iter()
+            .find(|item| object::object_len(item.payload_len) > staging.slot_bytes())
+        {
             tracing::warn!(key = %too_big.key, slot_bytes = staging.slot_bytes(), "object larger than a staging slot");
             return (staging, Err(LoadFailure::DeviceCopy));
         }
@@ -89,13 +94,16 @@ pub fn load_pages(
             Ok(in_flight) => in_flight,
             Err(refused) => return (refused.staging, Err(LoadFailure::DeviceCopy)),
         };
-        let (returned, copied) = in_flight.wait();
+        let (returned, copy_result) = in_flight.wait();
         staging = returned;
-        if copied.is_err() {
+        if copy_result.is_err() {
             return (staging, Err(LoadFailure::DeviceCopy));
         }
         moved.pages += batch.len() as u64;
-        moved.bytes += batch.iter().map(|item| item.payload_len as u64).sum::<u64>();
+        moved.bytes += batch
+            .iter()
+            .map(|item| item.payload_len as u64)
+            .sum::<u64>();
     }
     (staging, Ok(moved))
 }
@@ -122,7 +130,8 @@ fn fetch_and_verify(
         if read != object::object_len(item.payload_len) {
             return Err(LoadFailure::Corrupt);
         }
-        object::open(&item.identity, &buffer[..read], item.payload_len).map_err(|_| LoadFailure::Corrupt)?;
+        object::open(&item.identity, &buffer[..read], item.payload_len)
+            .map_err(|_| LoadFailure::Corrupt)?;
         copies.push(PageCopy {
             group: item.identity.group,
             page: item.page,
@@ -141,7 +150,9 @@ pub fn save_pages(
     mut staging: StagingPool,
     items: &[SaveItem],
 ) -> (StagingPool, Vec<SaveResult>) {
-    let batch_len = usize::try_from(staging.slots()).unwrap_or(usize::MAX).max(1);
+    let batch_len = usize::try_from(staging.slots())
+        .unwrap_or(usize::MAX)
+        .max(1);
     let mut results = Vec::with_capacity(items.len());
     for batch in items.chunks(batch_len) {
         let (returned, batch_results) = save_batch(pool, stream, staging, batch);
@@ -161,7 +172,13 @@ fn save_batch(
     let mut results: Vec<SaveResult> = pool
         .exists(&keys)
         .into_iter()
-        .map(|present| if matches!(present, Ok(true)) { SaveResult::SkippedPresent } else { SaveResult::Stored })
+        .map(|present| {
+            if matches!(present, Ok(true)) {
+                SaveResult::SkippedPresent
+            } else {
+                SaveResult::Stored
+            }
+        })
         .collect();
     results.resize(batch.len(), SaveResult::Failed);
     let slot_bytes = staging.slot_bytes();
@@ -202,7 +219,12 @@ fn save_batch(
 }
 
 /// Seals the gathered slots and puts them; records each key's result.
-fn put_sealed(pool: &dyn Pool, staging: &mut StagingPool, absent: &[(usize, &SaveItem)], results: &mut [SaveResult]) {
+fn put_sealed(
+    pool: &dyn Pool,
+    staging: &mut StagingPool,
+    absent: &[(usize, &SaveItem)],
+    results: &mut [SaveResult],
+) {
     let mut keys = Vec::with_capacity(absent.len());
     let mut values: Vec<&[u8]> = Vec::with_capacity(absent.len());
     let mut sealed_indices = Vec::with_capacity(absent.len());

@@ -20,11 +20,25 @@ struct Rig {
 }
 
 fn rig(slots: u32) -> Rig {
-    let pool = MemoryPool::new(EvictionPolicy::mooncake_defaults(1 << 20), Arc::new(SystemClock::new())).unwrap();
-    let device = Device::open_host(&[PagePoolSpec { group: GroupId(0), page_bytes: PAGE, num_pages: 16 }]).unwrap();
+    let pool = MemoryPool::new(
+        EvictionPolicy::mooncake_defaults(1 << 20),
+        Arc::new(SystemClock::new()),
+    )
+    .unwrap();
+    let device = Device::open_host(&[PagePoolSpec {
+        group: GroupId(0),
+        page_bytes: PAGE,
+        num_pages: 16,
+    }])
+    .unwrap();
     let stream = device.stream().unwrap();
     let staging = device.staging_pool(HEADER_BYTES + PAGE, slots).unwrap();
-    Rig { pool, device, stream, staging: Some(staging) }
+    Rig {
+        pool,
+        device,
+        stream,
+        staging: Some(staging),
+    }
 }
 
 fn identity(block: u8) -> ObjectIdentity {
@@ -37,15 +51,32 @@ fn identity(block: u8) -> ObjectIdentity {
 }
 
 fn page_bytes(block: u8) -> Vec<u8> {
-    (0..PAGE).map(|i| (i as u8).wrapping_mul(31).wrapping_add(block)).collect()
+    (0..PAGE)
+        .map(|i| {
+            u8::try_from(i % 251)
+                .unwrap()
+                .wrapping_mul(31)
+                .wrapping_add(block)
+        })
+        .collect()
 }
 
 fn save_item(block: u8, page: u32) -> SaveItem {
-    SaveItem { key: format!("k{block}"), identity: identity(block), page, payload_len: PAGE }
+    SaveItem {
+        key: format!("k{block}"),
+        identity: identity(block),
+        page,
+        payload_len: PAGE,
+    }
 }
 
 fn load_item(block: u8, page: u32) -> LoadItem {
-    LoadItem { key: format!("k{block}"), identity: identity(block), page, payload_len: PAGE }
+    LoadItem {
+        key: format!("k{block}"),
+        identity: identity(block),
+        page,
+        payload_len: PAGE,
+    }
 }
 
 impl Rig {
@@ -69,14 +100,27 @@ impl Rig {
 fn save_then_load_is_byte_identical_r24() {
     let mut rig = rig(2);
     for block in 0..5_u8 {
-        rig.device.write_page(GroupId(0), u32::from(block), &page_bytes(block)).unwrap();
+        rig.device
+            .write_page(GroupId(0), u32::from(block), &page_bytes(block))
+            .unwrap();
     }
     let saves: Vec<_> = (0..5_u8).map(|b| save_item(b, u32::from(b))).collect();
     assert_eq!(rig.save(&saves), vec![SaveResult::Stored; 5]);
     let loads: Vec<_> = (0..5_u8).map(|b| load_item(b, 8 + u32::from(b))).collect();
-    assert_eq!(rig.load(&loads), Ok(LoadMoved { pages: 5, bytes: 5 * PAGE as u64 }));
+    assert_eq!(
+        rig.load(&loads),
+        Ok(LoadMoved {
+            pages: 5,
+            bytes: 5 * PAGE as u64
+        })
+    );
     for block in 0..5_u8 {
-        assert_eq!(rig.device.read_page_to_vec(GroupId(0), 8 + u32::from(block)).unwrap(), page_bytes(block));
+        assert_eq!(
+            rig.device
+                .read_page_to_vec(GroupId(0), 8 + u32::from(block))
+                .unwrap(),
+            page_bytes(block)
+        );
     }
 }
 
@@ -84,10 +128,15 @@ fn save_then_load_is_byte_identical_r24() {
 #[test]
 fn present_keys_are_skipped_r19() {
     let mut rig = rig(4);
-    rig.device.write_page(GroupId(0), 0, &page_bytes(1)).unwrap();
+    rig.device
+        .write_page(GroupId(0), 0, &page_bytes(1))
+        .unwrap();
     assert_eq!(rig.save(&[save_item(1, 0)]), vec![SaveResult::Stored]);
     let before = rig.pool.counters().puts;
-    assert_eq!(rig.save(&[save_item(1, 0), save_item(2, 0)]), vec![SaveResult::SkippedPresent, SaveResult::Stored]);
+    assert_eq!(
+        rig.save(&[save_item(1, 0), save_item(2, 0)]),
+        vec![SaveResult::SkippedPresent, SaveResult::Stored]
+    );
     assert_eq!(rig.pool.counters().puts, before + 1);
 }
 
@@ -95,16 +144,23 @@ fn present_keys_are_skipped_r19() {
 #[test]
 fn a_missing_object_fails_the_load_as_evicted_r25() {
     let mut rig = rig(4);
-    rig.device.write_page(GroupId(0), 0, &page_bytes(1)).unwrap();
+    rig.device
+        .write_page(GroupId(0), 0, &page_bytes(1))
+        .unwrap();
     rig.save(&[save_item(1, 0)]);
-    assert_eq!(rig.load(&[load_item(1, 3), load_item(9, 4)]), Err(LoadFailure::Evicted));
+    assert_eq!(
+        rig.load(&[load_item(1, 3), load_item(9, 4)]),
+        Err(LoadFailure::Evicted)
+    );
 }
 
 /// R5: an object whose header names another block, or whose payload changed, is corrupt.
 #[test]
 fn corrupt_objects_fail_the_load_r5() {
     let mut rig = rig(4);
-    rig.device.write_page(GroupId(0), 0, &page_bytes(1)).unwrap();
+    rig.device
+        .write_page(GroupId(0), 0, &page_bytes(1))
+        .unwrap();
     rig.save(&[save_item(1, 0)]);
     // Another block's key pointing at block 1's object: the hash in the header differs.
     let mut wrong = load_item(1, 3);
@@ -115,10 +171,16 @@ fn corrupt_objects_fail_the_load_r5() {
     object[HEADER_BYTES..].copy_from_slice(&page_bytes(3));
     object::seal(&identity(3), &mut object, PAGE).unwrap();
     object[HEADER_BYTES + 7] ^= 1;
-    rig.pool.put(&["k3"], &[&object]).into_iter().for_each(|r| r.unwrap());
+    rig.pool
+        .put(&["k3"], &[&object])
+        .into_iter()
+        .for_each(|r| r.unwrap());
     assert_eq!(rig.load(&[load_item(3, 3)]), Err(LoadFailure::Corrupt));
     // A short object.
-    rig.pool.put(&["k4"], &[&object[..HEADER_BYTES]]).into_iter().for_each(|r| r.unwrap());
+    rig.pool
+        .put(&["k4"], &[&object[..HEADER_BYTES]])
+        .into_iter()
+        .for_each(|r| r.unwrap());
     assert_eq!(rig.load(&[load_item(4, 3)]), Err(LoadFailure::Corrupt));
 }
 
@@ -126,11 +188,19 @@ fn corrupt_objects_fail_the_load_r5() {
 #[test]
 fn failed_copies_fail_loads_and_saves_r25() {
     let mut rig = rig(4);
-    rig.device.write_page(GroupId(0), 0, &page_bytes(1)).unwrap();
+    rig.device
+        .write_page(GroupId(0), 0, &page_bytes(1))
+        .unwrap();
     rig.device.inject_copy_failures(1);
     assert_eq!(rig.save(&[save_item(1, 0)]), vec![SaveResult::Failed]);
     assert_eq!(rig.save(&[save_item(1, 0)]), vec![SaveResult::Stored]);
     rig.device.inject_copy_failures(1);
     assert_eq!(rig.load(&[load_item(1, 3)]), Err(LoadFailure::DeviceCopy));
-    assert_eq!(rig.load(&[load_item(1, 3)]), Ok(LoadMoved { pages: 1, bytes: PAGE as u64 }));
+    assert_eq!(
+        rig.load(&[load_item(1, 3)]),
+        Ok(LoadMoved {
+            pages: 1,
+            bytes: PAGE as u64
+        })
+    );
 }
