@@ -78,3 +78,140 @@ pub struct LatencySummary {
     /// Largest value.
     pub max: u64,
 }
+
+/// Lookup counters of one interval (R27), kept by the lookup planner.
+#[derive(Clone, Debug, Default)]
+pub struct LookupStats {
+    /// Outcome `full`.
+    pub full: u64,
+    /// Outcome `rewound`.
+    pub rewound: u64,
+    /// Outcome `recovered`.
+    pub recovered: u64,
+    /// Outcome `window_miss`.
+    pub window_miss: u64,
+    /// Outcome `full_miss`.
+    pub full_miss: u64,
+    /// Lookups that failed (pool error, bad request): counted as offering nothing.
+    pub failed: u64,
+    /// Tokens offered to the engine.
+    pub tokens_offered: u64,
+    /// Keys probed.
+    pub keys_probed: u64,
+    /// Time spent probing per lookup.
+    pub probe_time: Latency,
+}
+
+impl LookupStats {
+    /// Adds another interval's counts.
+    pub fn merge(&mut self, other: &LookupStats) {
+        self.full += other.full;
+        self.rewound += other.rewound;
+        self.recovered += other.recovered;
+        self.window_miss += other.window_miss;
+        self.full_miss += other.full_miss;
+        self.failed += other.failed;
+        self.tokens_offered += other.tokens_offered;
+        self.keys_probed += other.keys_probed;
+        self.probe_time.merge(&other.probe_time);
+    }
+
+    /// Lookups that ended with an outcome.
+    pub fn lookups(&self) -> u64 {
+        self.full + self.rewound + self.recovered + self.window_miss + self.full_miss
+    }
+}
+
+/// Load counters of one interval, kept by the reservation manager (which sees every
+/// rank's report).
+#[derive(Clone, Debug, Default)]
+pub struct LoadStats {
+    /// Reservations whose load started.
+    pub loads_started: u64,
+    /// Reservations filled (every rank).
+    pub loads_done: u64,
+    /// Reservations failed (R25).
+    pub loads_failed: u64,
+    /// Failed by cause: an object missing since the probe.
+    pub failed_evicted: u64,
+    /// Failed by cause: an object that failed verification (R5).
+    pub failed_corrupt: u64,
+    /// Completions ignored as stale (R26).
+    pub stale_completions: u64,
+    /// Pages placed on devices (all ranks).
+    pub pages_loaded: u64,
+    /// Payload bytes placed on devices (all ranks).
+    pub bytes_loaded: u64,
+    /// Time from `StartLoad` to the last rank's report.
+    pub load_time: Latency,
+}
+
+impl LoadStats {
+    /// Adds another interval's counts.
+    pub fn merge(&mut self, other: &LoadStats) {
+        self.loads_started += other.loads_started;
+        self.loads_done += other.loads_done;
+        self.loads_failed += other.loads_failed;
+        self.failed_evicted += other.failed_evicted;
+        self.failed_corrupt += other.failed_corrupt;
+        self.stale_completions += other.stale_completions;
+        self.pages_loaded += other.pages_loaded;
+        self.bytes_loaded += other.bytes_loaded;
+        self.load_time.merge(&other.load_time);
+    }
+}
+
+/// Save counters of one interval, kept by each rank's saver.
+#[derive(Clone, Debug, Default)]
+pub struct SaveStats {
+    /// Pages enqueued.
+    pub saves_enqueued: u64,
+    /// Pages stored.
+    pub saves_done: u64,
+    /// Pages skipped because the key was present (R19).
+    pub saves_skipped_present: u64,
+    /// Pages shed by the bounded queue or refused by a full mailbox (R22).
+    pub saves_dropped: u64,
+    /// Pages that could not be stored.
+    pub saves_failed: u64,
+    /// Payload bytes stored.
+    pub bytes_saved: u64,
+    /// Largest queue depth seen.
+    pub max_queue_depth: u64,
+    /// Time from enqueue to settle.
+    pub queue_time: Latency,
+}
+
+impl SaveStats {
+    /// Adds another interval's counts.
+    pub fn merge(&mut self, other: &SaveStats) {
+        self.saves_enqueued += other.saves_enqueued;
+        self.saves_done += other.saves_done;
+        self.saves_skipped_present += other.saves_skipped_present;
+        self.saves_dropped += other.saves_dropped;
+        self.saves_failed += other.saves_failed;
+        self.bytes_saved += other.bytes_saved;
+        self.max_queue_depth = self.max_queue_depth.max(other.max_queue_depth);
+        self.queue_time.merge(&other.queue_time);
+    }
+}
+
+/// Everything the connector counted, merged over actors and ranks.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectorStats {
+    /// Lookups.
+    pub lookups: LookupStats,
+    /// Loads.
+    pub loads: LoadStats,
+    /// Saves (all ranks).
+    pub saves: SaveStats,
+}
+
+impl ConnectorStats {
+    /// Adds another collection's counts.
+    pub fn merge(&mut self, other: &ConnectorStats) {
+        self.lookups.merge(&other.lookups);
+        self.loads.merge(&other.loads);
+        self.saves.merge(&other.saves);
+    }
+}

@@ -26,7 +26,12 @@
 
 use std::sync::Arc;
 
+mod handle;
+mod start;
 pub mod transfer;
+
+pub use handle::ConnectorHandle;
+pub use start::{ConnectorParams, StartError};
 
 use crate::core::ids::{RequestId, ReservationId};
 

@@ -1,1 +1,51 @@
-//! Typed messages, one file per receiving actor (issue 3).
+//! Typed messages, one file per receiving actor (STYLE G3).
+//!
+//! Every message says who sends it, what the receiver guarantees, its reply, and what
+//! happens when the receiver is gone. Commands are imperative, events past tense.
+//! Replies that must reach the engine's (non-actix) thread travel over bounded flume
+//! channels, named in [`EngineInbox`]; everything between actors uses actix mailboxes.
+
+pub mod loader;
+pub mod lookup_planner;
+pub mod reservation_manager;
+pub mod saver_queue;
+pub mod stats_reporter;
+
+use crate::connector::FinishedLoad;
+use crate::core::hash::BlockHash;
+use crate::core::ids::RequestId;
+use crate::core::planner::LookupPlan;
+use std::sync::Arc;
+
+/// A lookup's result, sent by the lookup planner to the engine's handle.
+#[derive(Debug)]
+pub struct LookupCompleted {
+    /// The request looked up.
+    pub request: RequestId,
+    /// The plan (R10-R15); `None` when the lookup failed (the engine computes everything).
+    pub plan: Option<LookupPlan>,
+    /// Chain hashes of the prompt's full blocks (R1), reused for saves.
+    pub hashes: Arc<[BlockHash]>,
+}
+
+/// A rank's saver settled `pages` of a request's saves (stored, skipped, failed or dropped).
+#[derive(Clone, Copy, Debug)]
+pub struct SavesSettled {
+    /// The request.
+    pub request: RequestId,
+    /// Pages settled by this report.
+    pub pages: u64,
+}
+
+/// The senders the actors use to reach the engine's handle. Each channel is bounded;
+/// actors send with `send_async().await`, so a full channel applies backpressure to the
+/// actor, never drops a result; the handle drains every channel each step.
+#[derive(Clone, Debug)]
+pub struct EngineInbox {
+    /// Lookup results.
+    pub lookups: flume::Sender<LookupCompleted>,
+    /// Loads that ended (filled or failed).
+    pub loads: flume::Sender<FinishedLoad>,
+    /// Save settlements.
+    pub saves: flume::Sender<SavesSettled>,
+}

@@ -1,0 +1,288 @@
+//! The lookup planner actor: hashes a new prompt, probes the pool in concurrent chunks
+//! and sends the plan to the engine (R10-R15).
+//!
+//! The handler only starts the work: each lookup runs on tokio's blocking pool (pool
+//! probes block), several lookups at once; the pure state machine
+//! [`crate::core::planner::Lookup`] decides what to probe and what to offer.
+//! Mailbox: `planner.mailbox_capacity`; the engine's handle uses `try_send`, and a full
+//! mailbox means "nothing to offer" for that request.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+
+use super::keyspace::KeySpace;
+use crate::core::hash::{hash_blocks, BlockHash};
+use crate::core::planner::{Lookup, LookupOutcome, LookupPlan, LookupRequest, PlannerGroup};
+use crate::messages::lookup_planner::{CollectLookupStats, LookupPrefix};
+use crate::messages::{EngineInbox, LookupCompleted};
+use crate::pool::Pool;
+use crate::stats::LookupStats;
+
+/// What every lookup of this deployment shares.
+#[derive(Debug)]
+pub struct PlannerSettings {
+    /// `T`.
+    pub tokens_per_block: usize,
+    /// The layout's groups as the planner sees them.
+    pub groups: Vec<PlannerGroup>,
+    /// `R` (R12).
+    pub rewind_tokens: usize,
+    /// R13.
+    pub window_fallback: bool,
+    /// Keys per concurrent probe (R10).
+    pub probe_chunk_keys: usize,
+    /// Scope seed of the chain (R1).
+    pub seed: BlockHash,
+}
+
+/// The lookup planner actor.
+pub struct LookupPlanner {
+    pool: Arc<dyn Pool>,
+    keys: Arc<KeySpace>,
+    settings: Arc<PlannerSettings>,
+    inbox: EngineInbox,
+    mailbox_capacity: usize,
+    stats: LookupStats,
+}
+
+impl LookupPlanner {
+    /// Builds the planner.
+    pub fn new(
+        pool: Arc<dyn Pool>,
+        keys: Arc<KeySpace>,
+        settings: PlannerSettings,
+        inbox: EngineInbox,
+        mailbox_capacity: usize,
+    ) -> Self {
+        LookupPlanner {
+            pool,
+            keys,
+            settings: Arc::new(settings),
+            inbox,
+            mailbox_capacity,
+            stats: LookupStats::default(),
+        }
+    }
+
+    fn count(&mut self, result: &LookupResult) {
+        self.stats.keys_probed += result.keys_probed;
+        self.stats.probe_time.record(result.probe_time);
+        match &result.plan {
+            None => self.stats.failed += 1,
+            Some(plan) => {
+                self.stats.tokens_offered += plan.offered_tokens as u64;
+                match plan.outcome {
+                    LookupOutcome::Full => self.stats.full += 1,
+                    LookupOutcome::Rewound => self.stats.rewound += 1,
+                    LookupOutcome::Recovered => self.stats.recovered += 1,
+                    LookupOutcome::WindowMiss => self.stats.window_miss += 1,
+                    LookupOutcome::FullMiss => self.stats.full_miss += 1,
+                }
+            }
+        }
+    }
+}
+
+impl Actor for LookupPlanner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.mailbox_capacity);
+    }
+}
+
+/// Lookups interleave (`ResponseActFuture`-style spawn): state is touched only to count
+/// the finished lookup, which needs no ordering between lookups.
+impl Handler<LookupPrefix> for LookupPlanner {
+    type Result = ();
+
+    fn handle(&mut self, message: LookupPrefix, ctx: &mut Self::Context) {
+        let pool = Arc::clone(&self.pool);
+        let keys = Arc::clone(&self.keys);
+        let settings = Arc::clone(&self.settings);
+        let request = message.request;
+        let work = tokio::task::spawn_blocking(move || {
+            run_lookup(
+                pool.as_ref(),
+                &keys,
+                &settings,
+                &message.prompt,
+                message.local_match_tokens,
+            )
+        });
+        let inbox = self.inbox.clone();
+        ctx.spawn(work.into_actor(self).then(move |joined, actor, _| {
+            let result = joined.unwrap_or_else(|_| LookupResult::failed());
+            actor.count(&result);
+            let completed = LookupCompleted {
+                request,
+                plan: result.plan,
+                hashes: result.hashes,
+            };
+            async move {
+                if inbox.lookups.send_async(completed).await.is_err() {
+                    tracing::debug!(%request, "engine handle gone; lookup result dropped");
+                }
+            }
+            .into_actor(actor)
+        }));
+    }
+}
+
+impl Handler<CollectLookupStats> for LookupPlanner {
+    type Result = MessageResult<CollectLookupStats>;
+
+    fn handle(&mut self, _message: CollectLookupStats, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(std::mem::take(&mut self.stats))
+    }
+}
+
+/// What one lookup produced.
+#[derive(Debug)]
+pub struct LookupResult {
+    /// The plan, or `None` when the lookup failed.
+    pub plan: Option<LookupPlan>,
+    /// The prompt's chain hashes.
+    pub hashes: Arc<[BlockHash]>,
+    /// Keys probed.
+    pub keys_probed: u64,
+    /// Time spent probing.
+    pub probe_time: std::time::Duration,
+}
+
+impl LookupResult {
+    fn failed() -> Self {
+        LookupResult {
+            plan: None,
+            hashes: Arc::from(Vec::new()),
+            keys_probed: 0,
+            probe_time: std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// Hashes the prompt and runs the planner's probe rounds against the pool (blocking).
+pub fn run_lookup(
+    pool: &dyn Pool,
+    keys: &KeySpace,
+    settings: &PlannerSettings,
+    prompt: &[i64],
+    local_match_tokens: usize,
+) -> LookupResult {
+    let Ok(hashes) = hash_blocks(settings.seed, prompt, settings.tokens_per_block) else {
+        return LookupResult::failed();
+    };
+    let shard_keys = keys
+        .groups
+        .iter()
+        .map(super::keyspace::GroupKeys::shard_count)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let request = LookupRequest {
+        tokens_per_block: settings.tokens_per_block,
+        prompt_tokens: prompt.len(),
+        local_match_tokens,
+        groups: settings.groups.clone(),
+        rewind_tokens: settings.rewind_tokens,
+        window_fallback: settings.window_fallback,
+        probe_chunk_items: (settings.probe_chunk_keys / shard_keys).max(1),
+    };
+    let hashes: Arc<[BlockHash]> = Arc::from(hashes);
+    let Ok(mut lookup) = Lookup::new(request) else {
+        return LookupResult {
+            hashes,
+            ..LookupResult::failed()
+        };
+    };
+    let started = Instant::now();
+    let mut keys_probed = 0;
+    while let Some(round) = lookup.next_round() {
+        let (present, probed) = probe_round(
+            pool,
+            keys,
+            &hashes,
+            round.items(),
+            settings.probe_chunk_keys,
+        );
+        keys_probed += probed;
+        if lookup.record(&round, &present).is_err() {
+            return LookupResult {
+                hashes,
+                keys_probed,
+                probe_time: started.elapsed(),
+                plan: None,
+            };
+        }
+    }
+    LookupResult {
+        plan: Some(lookup.finish()),
+        hashes,
+        keys_probed,
+        probe_time: started.elapsed(),
+    }
+}
+
+/// Probes every shard key of every item, in concurrent chunks of `chunk_keys` keys (R10);
+/// an item is present only if all its shard keys are (R3).
+fn probe_round(
+    pool: &dyn Pool,
+    keys: &KeySpace,
+    hashes: &[BlockHash],
+    items: &[crate::core::planner::ProbeItem],
+    chunk_keys: usize,
+) -> (Vec<bool>, u64) {
+    let mut all_keys: Vec<String> = Vec::new();
+    let mut owner: Vec<usize> = Vec::new();
+    let mut present = vec![true; items.len()];
+    for (index, item) in items.iter().enumerate() {
+        let group = keys
+            .index_of(item.group)
+            .and_then(|position| keys.group(position));
+        match (group, hashes.get(item.block)) {
+            (Some(group), Some(hash)) => {
+                for key in group.all_shard_keys(hash) {
+                    all_keys.push(key);
+                    owner.push(index);
+                }
+            }
+            _ => present[index] = false,
+        }
+    }
+    let refs: Vec<&str> = all_keys.iter().map(String::as_str).collect();
+    let chunk_keys = chunk_keys.max(1);
+    let answers: Vec<bool> = if refs.len() <= chunk_keys {
+        present_flags(pool, &refs)
+    } else {
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = refs
+                .chunks(chunk_keys)
+                .map(|chunk| (chunk.len(), scope.spawn(move || present_flags(pool, chunk))))
+                .collect();
+            // A probe thread that panicked counts its keys as absent: a miss, never KV.
+            workers
+                .into_iter()
+                .flat_map(|(len, worker)| worker.join().unwrap_or_else(|_| vec![false; len]))
+                .collect()
+        })
+    };
+    for (position, index) in owner.iter().enumerate() {
+        if !answers.get(position).copied().unwrap_or(false) {
+            present[*index] = false;
+        }
+    }
+    (present, refs.len() as u64)
+}
+
+/// One `exists` batch as exactly one flag per key (a short answer counts as absent).
+fn present_flags(pool: &dyn Pool, keys: &[&str]) -> Vec<bool> {
+    let mut flags: Vec<bool> = pool
+        .exists(keys)
+        .into_iter()
+        .map(|answer| matches!(answer, Ok(true)))
+        .collect();
+    flags.resize(keys.len(), false);
+    flags
+}

@@ -1,0 +1,297 @@
+//! The reservation manager actor: keeps the reservation ledger, routes each load to a
+//! loader of every rank, joins the ranks' reports, and tells the engine which
+//! reservations are filled or failed (R23-R26).
+//!
+//! Decisions live in [`crate::core::ledger::Ledger`]; this shell translates messages.
+//! Mailbox: `reservations.mailbox_capacity`; the handle uses `try_send`, loaders `send`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+
+use super::keyspace::KeySpace;
+use super::loader::Loader;
+use crate::connector::transfer::LoadItem;
+use crate::connector::FinishedLoad;
+use crate::core::ids::{RequestId, ReservationId};
+use crate::core::ledger::{CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket};
+use crate::messages::loader::LoadBlocks;
+use crate::messages::reservation_manager::{
+    CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad,
+};
+use crate::messages::EngineInbox;
+use crate::stats::LoadStats;
+
+/// A load waiting for its ranks.
+#[derive(Debug)]
+struct PendingLoad {
+    request: RequestId,
+    ranks_left: usize,
+    result: LoadResult,
+    pages: u64,
+    bytes: u64,
+}
+
+/// The reservation manager.
+pub struct ReservationManager {
+    ledger: Ledger,
+    keys: Arc<KeySpace>,
+    /// Loaders per rank; a load goes round robin to one loader of every rank.
+    loaders: Vec<Vec<Addr<Loader>>>,
+    next_loader: usize,
+    pending: HashMap<(ReservationId, LoadTicket), PendingLoad>,
+    inbox: EngineInbox,
+    mailbox_capacity: usize,
+    stats: LoadStats,
+}
+
+impl ReservationManager {
+    /// Builds the manager; loaders are attached with [`AttachLoaders`] once started.
+    pub fn new(
+        ledger: Ledger,
+        keys: Arc<KeySpace>,
+        inbox: EngineInbox,
+        mailbox_capacity: usize,
+    ) -> Self {
+        ReservationManager {
+            ledger,
+            keys,
+            loaders: Vec::new(),
+            next_loader: 0,
+            pending: HashMap::new(),
+            inbox,
+            mailbox_capacity,
+            stats: LoadStats::default(),
+        }
+    }
+
+    fn report(&self, ctx: &mut Context<Self>, finished: FinishedLoad) {
+        let inbox = self.inbox.clone();
+        ctx.spawn(
+            async move {
+                if inbox.loads.send_async(finished).await.is_err() {
+                    tracing::debug!("engine handle gone; load result dropped");
+                }
+            }
+            .into_actor(self),
+        );
+    }
+
+    /// Hands finished reservations from the ledger to the engine.
+    fn hand_over(&mut self, ctx: &mut Context<Self>, request: RequestId) {
+        for (reservation, result) in self.ledger.take_finished() {
+            let filled = result == LoadResult::Filled;
+            self.report(
+                ctx,
+                FinishedLoad {
+                    reservation,
+                    request,
+                    filled,
+                },
+            );
+        }
+    }
+
+    fn fail_now(
+        &mut self,
+        ctx: &mut Context<Self>,
+        request: RequestId,
+        reservation: ReservationId,
+    ) {
+        self.stats.loads_failed += 1;
+        self.report(
+            ctx,
+            FinishedLoad {
+                reservation,
+                request,
+                filled: false,
+            },
+        );
+    }
+
+    /// Builds one rank's load items from the reserved pages.
+    fn items_for_rank(
+        &self,
+        rank: u32,
+        pages: &[(
+            crate::core::ledger::ReservedPage,
+            crate::core::hash::BlockHash,
+        )],
+    ) -> Vec<LoadItem> {
+        pages
+            .iter()
+            .filter_map(|(page, hash)| {
+                let group = self
+                    .keys
+                    .index_of(page.group)
+                    .and_then(|index| self.keys.group(index))?;
+                Some(LoadItem {
+                    key: group.key(rank, hash),
+                    identity: self.keys.identity(group, rank, *hash),
+                    page: page.page.0,
+                    payload_len: group.payload_len,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Actor for ReservationManager {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.mailbox_capacity);
+    }
+}
+
+/// Give the manager its loaders (sent once at start by the wiring code).
+///
+/// - Sender: `actors::start`, after the loaders started.
+/// - Reply: none. Receiver gone: start-up fails.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct AttachLoaders(pub Vec<Vec<Addr<Loader>>>);
+
+impl Handler<AttachLoaders> for ReservationManager {
+    type Result = ();
+
+    fn handle(&mut self, message: AttachLoaders, _ctx: &mut Self::Context) {
+        self.loaders = message.0;
+    }
+}
+
+impl Handler<StartLoad> for ReservationManager {
+    type Result = ();
+
+    fn handle(&mut self, message: StartLoad, ctx: &mut Self::Context) {
+        let StartLoad {
+            request,
+            reservation,
+            tokens,
+            pages,
+            ..
+        } = message;
+        let started_at = Instant::now();
+        self.stats.loads_started += 1;
+        let reserved = pages.iter().map(|(page, _)| *page).collect();
+        let ticket = match self
+            .ledger
+            .reserve(request, reservation, reserved, tokens)
+            .and_then(|_| self.ledger.start_load(reservation))
+        {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                tracing::warn!(%request, %reservation, kind = error.kind(), "reservation refused");
+                return self.fail_now(ctx, request, reservation);
+            }
+        };
+        let ranks = self.loaders.len();
+        self.next_loader = self.next_loader.wrapping_add(1);
+        let mut sent = 0;
+        for (rank, loaders) in self.loaders.iter().enumerate() {
+            let Some(loader) = loaders.get(self.next_loader % loaders.len().max(1)) else {
+                continue;
+            };
+            let items = self.items_for_rank(u32::try_from(rank).unwrap_or(u32::MAX), &pages);
+            if loader
+                .try_send(LoadBlocks {
+                    ticket,
+                    items,
+                    started_at,
+                })
+                .is_ok()
+            {
+                sent += 1;
+            }
+        }
+        let result = if sent == ranks && ranks > 0 {
+            LoadResult::Filled
+        } else {
+            LoadResult::Failed(LoadFailure::LoaderGone)
+        };
+        self.pending.insert(
+            (reservation, ticket),
+            PendingLoad {
+                request,
+                ranks_left: sent,
+                result,
+                pages: 0,
+                bytes: 0,
+            },
+        );
+        if sent == 0 {
+            self.finish(ctx, reservation, ticket);
+        }
+    }
+}
+
+impl ReservationManager {
+    fn finish(&mut self, ctx: &mut Context<Self>, reservation: ReservationId, ticket: LoadTicket) {
+        let Some(pending) = self.pending.remove(&(reservation, ticket)) else {
+            return;
+        };
+        match self.ledger.complete(ticket, pending.result) {
+            CompletionDisposition::Accepted => {
+                if pending.result == LoadResult::Filled {
+                    self.stats.loads_done += 1;
+                    self.stats.pages_loaded += pending.pages;
+                    self.stats.bytes_loaded += pending.bytes;
+                } else {
+                    self.stats.loads_failed += 1;
+                    match pending.result {
+                        LoadResult::Failed(LoadFailure::Evicted) => self.stats.failed_evicted += 1,
+                        LoadResult::Failed(LoadFailure::Corrupt) => self.stats.failed_corrupt += 1,
+                        _ => {}
+                    }
+                }
+                self.hand_over(ctx, pending.request);
+            }
+            CompletionDisposition::Stale { reason } => {
+                self.stats.stale_completions += 1;
+                tracing::debug!(%reservation, reason = reason.as_str(), "stale load completion ignored");
+            }
+        }
+    }
+}
+
+impl Handler<RankLoadFinished> for ReservationManager {
+    type Result = ();
+
+    fn handle(&mut self, message: RankLoadFinished, ctx: &mut Self::Context) {
+        let key = (message.ticket.id(), message.ticket);
+        let Some(pending) = self.pending.get_mut(&key) else {
+            return;
+        };
+        pending.ranks_left = pending.ranks_left.saturating_sub(1);
+        pending.pages += message.pages;
+        pending.bytes += message.bytes;
+        if let LoadResult::Failed(_) = message.result {
+            pending.result = message.result;
+        }
+        if pending.ranks_left == 0 {
+            self.stats.load_time.record(message.started_at.elapsed());
+            self.finish(ctx, key.0, key.1);
+        }
+    }
+}
+
+impl Handler<ReleaseReservation> for ReservationManager {
+    type Result = ();
+
+    fn handle(&mut self, message: ReleaseReservation, _ctx: &mut Self::Context) {
+        let outcome = self
+            .ledger
+            .release(message.reservation, message.start, message.end);
+        tracing::trace!(reservation = %message.reservation, ?outcome, "reservation released");
+    }
+}
+
+impl Handler<CollectLoadStats> for ReservationManager {
+    type Result = MessageResult<CollectLoadStats>;
+
+    fn handle(&mut self, _message: CollectLoadStats, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(std::mem::take(&mut self.stats))
+    }
+}

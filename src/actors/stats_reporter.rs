@@ -1,0 +1,143 @@
+//! The stats reporter: every `stats.interval_s` collects each actor's interval counters,
+//! logs them at INFO (R27), and keeps the totals for the final report.
+//!
+//! Actors keep plain counters and hand them over on request (STYLE G12); the reporter
+//! merges. Mailbox: default capacity; only the handle and its own tick send to it.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use super::lookup_planner::LookupPlanner;
+use super::reservation_manager::ReservationManager;
+use super::saver_queue::SaverQueue;
+use crate::messages::lookup_planner::CollectLookupStats;
+use crate::messages::reservation_manager::CollectLoadStats;
+use crate::messages::saver_queue::CollectSaveStats;
+use crate::messages::stats_reporter::CollectNow;
+use crate::stats::ConnectorStats;
+
+/// The stats reporter.
+pub struct StatsReporter {
+    planner: Addr<LookupPlanner>,
+    manager: Addr<ReservationManager>,
+    savers: Vec<Addr<SaverQueue>>,
+    interval: Duration,
+    totals: ConnectorStats,
+}
+
+impl StatsReporter {
+    /// Builds the reporter.
+    pub fn new(
+        planner: Addr<LookupPlanner>,
+        manager: Addr<ReservationManager>,
+        savers: Vec<Addr<SaverQueue>>,
+        interval: Duration,
+    ) -> Self {
+        StatsReporter {
+            planner,
+            manager,
+            savers,
+            interval,
+            totals: ConnectorStats::default(),
+        }
+    }
+
+    /// Collects one interval from every actor (actors that are gone contribute nothing).
+    async fn collect(
+        planner: Addr<LookupPlanner>,
+        manager: Addr<ReservationManager>,
+        savers: Vec<Addr<SaverQueue>>,
+    ) -> ConnectorStats {
+        let mut interval = ConnectorStats::default();
+        if let Ok(lookups) = planner.send(CollectLookupStats).await {
+            interval.lookups = lookups;
+        }
+        if let Ok(loads) = manager.send(CollectLoadStats).await {
+            interval.loads = loads;
+        }
+        for saver in savers {
+            if let Ok(saves) = saver.send(CollectSaveStats).await {
+                interval.saves.merge(&saves);
+            }
+        }
+        interval
+    }
+
+    fn collect_future(&self) -> impl std::future::Future<Output = ConnectorStats> + 'static {
+        Self::collect(
+            self.planner.clone(),
+            self.manager.clone(),
+            self.savers.clone(),
+        )
+    }
+}
+
+/// Logs one interval at INFO, readable and parseable (key=value fields).
+fn log_interval(stats: &ConnectorStats) {
+    let lookups = &stats.lookups;
+    let probe = lookups.probe_time.summary();
+    tracing::info!(
+        full = lookups.full,
+        rewound = lookups.rewound,
+        recovered = lookups.recovered,
+        window_miss = lookups.window_miss,
+        full_miss = lookups.full_miss,
+        tokens_offered = lookups.tokens_offered,
+        probe_p50_us = probe.p50,
+        probe_p99_us = probe.p99,
+        probe_max_us = probe.max,
+        "lookups"
+    );
+    let loads = &stats.loads;
+    let saves = &stats.saves;
+    let queue = saves.queue_time.summary();
+    tracing::info!(
+        loads_done = loads.loads_done,
+        loads_failed = loads.loads_failed,
+        pages_loaded = loads.pages_loaded,
+        bytes_loaded = loads.bytes_loaded,
+        saves_done = saves.saves_done,
+        saves_skipped = saves.saves_skipped_present,
+        saves_dropped = saves.saves_dropped,
+        saves_failed = saves.saves_failed,
+        bytes_saved = saves.bytes_saved,
+        queue_depth_max = saves.max_queue_depth,
+        queue_p50_us = queue.p50,
+        queue_p99_us = queue.p99,
+        "transfers"
+    );
+}
+
+impl Actor for StatsReporter {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.interval, |actor, ctx| {
+            ctx.spawn(
+                actor
+                    .collect_future()
+                    .into_actor(actor)
+                    .map(|interval, actor, _| {
+                        log_interval(&interval);
+                        actor.totals.merge(&interval);
+                    }),
+            );
+        });
+    }
+}
+
+/// Collection is atomic with respect to other messages (`AtomicResponse`): two
+/// concurrent collections never interleave their merges.
+impl Handler<CollectNow> for StatsReporter {
+    type Result = AtomicResponse<Self, ConnectorStats>;
+
+    fn handle(&mut self, _message: CollectNow, _ctx: &mut Self::Context) -> Self::Result {
+        AtomicResponse::new(Box::pin(self.collect_future().into_actor(self).map(
+            |interval, actor, _| {
+                actor.totals.merge(&interval);
+                actor.totals.clone()
+            },
+        )))
+    }
+}

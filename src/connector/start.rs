@@ -1,0 +1,241 @@
+//! Starting the actor system of one connector (one serving instance) on its own thread.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::actors::keyspace::KeySpace;
+use crate::actors::loader::Loader;
+use crate::actors::lookup_planner::{LookupPlanner, PlannerSettings};
+use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
+use crate::actors::saver_queue::{SaverParams, SaverQueue};
+use crate::actors::stats_reporter::StatsReporter;
+use crate::config::Config;
+use crate::core::hash::BlockHash;
+use crate::core::layout::{Attention, Layout};
+use crate::core::ledger::Ledger;
+use crate::core::object::HEADER_BYTES;
+use crate::core::planner::{PlannerGroup, PlannerGroupKind};
+use crate::gpu::Device;
+use crate::messages::EngineInbox;
+use crate::pool::Pool;
+
+/// What a connector is started with.
+pub struct ConnectorParams {
+    /// The effective configuration.
+    pub config: Config,
+    /// The KV layout (its world size gives the number of ranks).
+    pub layout: Layout,
+    /// The shared pool.
+    pub pool: Arc<dyn Pool>,
+    /// One device per rank, with a page pool per group.
+    pub devices: Vec<Device>,
+    /// Scope seed of every chain (R1).
+    pub seed: BlockHash,
+    /// Model key for pool keys (the fingerprint is appended, R4).
+    pub model_key: String,
+}
+
+/// Addresses of the started actors.
+pub(super) struct Started {
+    pub planner: Addr<LookupPlanner>,
+    pub manager: Addr<ReservationManager>,
+    pub savers: Vec<Addr<SaverQueue>>,
+    pub reporter: Addr<StatsReporter>,
+    pub keys: Arc<KeySpace>,
+    pub system: System,
+}
+
+/// Why a connector could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No device was given, or not one per rank.
+    #[error("{devices} devices given for world size {world_size}: give one device per rank")]
+    Devices {
+        /// Devices given.
+        devices: usize,
+        /// World size of the layout.
+        world_size: u32,
+    },
+    /// A key segment is invalid.
+    #[error(transparent)]
+    Keys(#[from] crate::core::keys::KeyError),
+    /// A device resource could not be made.
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+    /// The ledger could not be built.
+    #[error(transparent)]
+    Ledger(#[from] crate::core::ledger::LedgerError),
+    /// The actor thread did not come up.
+    #[error("the actor system thread did not start")]
+    Thread,
+}
+
+fn planner_groups(layout: &Layout) -> Vec<PlannerGroup> {
+    layout
+        .groups
+        .iter()
+        .map(|group| PlannerGroup {
+            id: group.id,
+            kind: match group.attention() {
+                Attention::Full => PlannerGroupKind::Full,
+                Attention::Window {
+                    window_tokens,
+                    sink_tokens,
+                } => PlannerGroupKind::Window {
+                    window_tokens: window_tokens as usize,
+                    sink_tokens: sink_tokens as usize,
+                },
+            },
+        })
+        .collect()
+}
+
+/// Starts the actors on a new thread and returns their addresses once they run.
+pub(super) fn start_actors(
+    params: ConnectorParams,
+    inbox: EngineInbox,
+) -> Result<(Started, std::thread::JoinHandle<()>), StartError> {
+    let world = params.layout.world_size;
+    if params.devices.len() != world as usize || params.devices.is_empty() {
+        return Err(StartError::Devices {
+            devices: params.devices.len(),
+            world_size: world,
+        });
+    }
+    let device = &params.devices[0];
+    let payload_lens: Vec<usize> = params
+        .layout
+        .groups
+        .iter()
+        .map(|group| device.page_pool(group.id).map(|spec| spec.page_bytes))
+        .collect::<Result<_, _>>()?;
+    let budgets: Vec<_> = params
+        .layout
+        .groups
+        .iter()
+        .map(|group| {
+            device
+                .page_pool(group.id)
+                .map(|spec| (group.id, spec.num_pages as usize))
+        })
+        .collect::<Result<_, _>>()?;
+    let ledger = Ledger::new(u64::from(params.layout.tokens_per_block), budgets)?;
+    let keys = Arc::new(KeySpace::new(
+        &params.layout,
+        &params.config.keys.namespace,
+        &params.model_key,
+        &payload_lens,
+    )?);
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    let thread_keys = Arc::clone(&keys);
+    let thread = std::thread::Builder::new()
+        .name("kvc-actors".into())
+        .spawn(move || {
+            let system = System::new();
+            let started = system.block_on(async move {
+                spawn_all(params, inbox, thread_keys, ledger, &payload_lens).await
+            });
+            let ok = started.is_ok();
+            let _ = sender.send(started);
+            if ok {
+                let _ = system.run();
+            }
+        })
+        .map_err(|_| StartError::Thread)?;
+    let started = receiver.recv().map_err(|_| StartError::Thread)??;
+    Ok((Started { keys, ..started }, thread))
+}
+
+async fn spawn_all(
+    params: ConnectorParams,
+    inbox: EngineInbox,
+    keys: Arc<KeySpace>,
+    ledger: Ledger,
+    payload_lens: &[usize],
+) -> Result<Started, StartError> {
+    let config = &params.config;
+    let slot_bytes = HEADER_BYTES + payload_lens.iter().copied().max().unwrap_or(0);
+    let slots_for =
+        |bytes: u64| u32::try_from((bytes / slot_bytes as u64).max(1)).unwrap_or(u32::MAX);
+    let settings = PlannerSettings {
+        tokens_per_block: params.layout.tokens_per_block as usize,
+        groups: planner_groups(&params.layout),
+        rewind_tokens: usize::try_from(config.planner.swa_endpoint_rewind_tokens)
+            .unwrap_or(usize::MAX),
+        window_fallback: config.planner.window_fallback,
+        probe_chunk_keys: config.planner.probe_chunk,
+        seed: params.seed,
+    };
+    let planner = LookupPlanner::new(
+        Arc::clone(&params.pool),
+        Arc::clone(&keys),
+        settings,
+        inbox.clone(),
+        config.planner.mailbox_capacity,
+    )
+    .start();
+    let manager = ReservationManager::new(
+        ledger,
+        Arc::clone(&keys),
+        inbox.clone(),
+        config.reservations.mailbox_capacity,
+    )
+    .start();
+    let mut loaders = Vec::new();
+    let mut savers = Vec::new();
+    for (rank, device) in params.devices.iter().enumerate() {
+        let mut rank_loaders = Vec::new();
+        for _ in 0..config.loaders.load_threads {
+            let (stream, staging) = (
+                device.stream()?,
+                device.staging_pool(
+                    slot_bytes,
+                    slots_for(config.loaders.staging_bytes_per_loader),
+                )?,
+            );
+            let (pool, manager, capacity) = (
+                Arc::clone(&params.pool),
+                manager.clone(),
+                config.loaders.mailbox_capacity,
+            );
+            let arbiter = Arbiter::new();
+            rank_loaders.push(Loader::start_in_arbiter(&arbiter.handle(), move |_| {
+                Loader::new(pool, stream, staging, manager, capacity)
+            }));
+        }
+        loaders.push(rank_loaders);
+        let saver = SaverParams {
+            rank: u32::try_from(rank).unwrap_or(u32::MAX),
+            pool: Arc::clone(&params.pool),
+            keys: Arc::clone(&keys),
+            stream: device.stream()?,
+            staging: device.staging_pool(slot_bytes, slots_for(config.saver.staging_bytes))?,
+            queue_capacity_pages: NonZeroUsize::new(config.saver.queue_capacity_pages)
+                .unwrap_or(NonZeroUsize::MIN),
+            window_first: config.saver.window_first,
+            inbox: inbox.clone(),
+            mailbox_capacity: config.saver.mailbox_capacity,
+        };
+        let arbiter = Arbiter::new();
+        savers.push(SaverQueue::start_in_arbiter(&arbiter.handle(), move |_| {
+            SaverQueue::new(saver)
+        }));
+    }
+    if manager.send(AttachLoaders(loaders)).await.is_err() {
+        return Err(StartError::Thread);
+    }
+    let interval = Duration::from_secs(config.stats.interval_s.max(1));
+    let reporter =
+        StatsReporter::new(planner.clone(), manager.clone(), savers.clone(), interval).start();
+    Ok(Started {
+        planner,
+        manager,
+        savers,
+        reporter,
+        keys,
+        system: System::current(),
+    })
+}

@@ -1,0 +1,27 @@
+//! Messages to a loader.
+
+use std::time::Instant;
+
+use actix::Message;
+
+use crate::connector::transfer::LoadItem;
+use crate::core::ledger::LoadTicket;
+
+/// Move these pages pool -> staging -> device and report (R24).
+///
+/// - Sender: the reservation manager, with `try_send`; a full mailbox fails the load
+///   at once (the engine computes the prefix, R25).
+/// - Guarantee: the loader verifies every object (R5) and answers with exactly one
+///   `RankLoadFinished`; a partial load is reported failed.
+/// - Reply: none; the report goes to the reservation manager.
+/// - Receiver gone: `try_send` fails and the manager fails the load.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct LoadBlocks {
+    /// The ledger ticket.
+    pub ticket: LoadTicket,
+    /// Pages to load on this rank.
+    pub items: Vec<LoadItem>,
+    /// When the reservation manager received the `StartLoad`.
+    pub started_at: Instant,
+}

@@ -1,0 +1,40 @@
+//! Messages to the lookup planner.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::Message;
+
+use crate::core::ids::RequestId;
+use crate::stats::LookupStats;
+
+/// Look up the longest reusable prefix of a prompt (R10-R15).
+///
+/// - Sender: the engine's handle (`lookup_prefix`), with `try_send`; a full mailbox makes
+///   the handle answer "nothing to offer" for that request (counted as overloaded).
+/// - Guarantee: the planner hashes the prompt, probes each key at most once, and sends
+///   exactly one `LookupCompleted` to the engine inbox.
+/// - Reply: none (`()`); the result arrives through the engine inbox.
+/// - Receiver gone: `try_send` fails and the handle answers "nothing to offer".
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct LookupPrefix {
+    /// The request.
+    pub request: RequestId,
+    /// The prompt's tokens.
+    pub prompt: Arc<[i64]>,
+    /// The engine's own prefix-cache hit (block aligned).
+    pub local_match_tokens: usize,
+    /// When the handle sent it (queueing time in stats).
+    pub enqueued_at: Instant,
+}
+
+/// Report and reset the lookup counters (R27).
+///
+/// - Sender: the stats reporter on its tick, and the handle for the final report.
+/// - Guarantee: the reply holds the counts since the previous collection.
+/// - Reply: [`LookupStats`].
+/// - Receiver gone: the sender's `send` fails; the report shows no lookups.
+#[derive(Message, Debug)]
+#[rtype(result = "LookupStats")]
+pub struct CollectLookupStats;

@@ -1,0 +1,85 @@
+//! Messages to the reservation manager.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use actix::Message;
+
+use crate::core::hash::BlockHash;
+use crate::core::ids::{RequestId, ReservationId};
+use crate::core::ledger::{LoadResult, LoadTicket, ReservedPage};
+use crate::stats::LoadStats;
+
+/// Record a reservation and start loading its pages (R23, R24).
+///
+/// - Sender: the engine's handle (`on_step`, when the engine reports the pages of a new
+///   reservation), with `try_send`; a full mailbox makes the handle report the load
+///   failed at once, and the engine computes the prefix (R25).
+/// - Guarantee: the reservation enters the ledger and one `LoadBlocks` goes to a loader
+///   of every rank; exactly one `FinishedLoad` reaches the engine inbox for it, unless it
+///   is released or replaced first (R26).
+/// - Reply: none (`()`).
+/// - Receiver gone: `try_send` fails; the handle reports the load failed.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct StartLoad {
+    /// The request.
+    pub request: RequestId,
+    /// The engine's reservation id.
+    pub reservation: ReservationId,
+    /// Tokens the reservation covers.
+    pub tokens: Range<u64>,
+    /// Pages to fill, one per (block, group), with the block's chain hash.
+    pub pages: Vec<(ReservedPage, BlockHash)>,
+    /// When the handle sent it.
+    pub enqueued_at: Instant,
+}
+
+/// Forget tokens `[start, end)` of a reservation (`release_prefix_reservation`).
+///
+/// - Sender: the engine's handle, with `try_send`.
+/// - Guarantee: completions for released pages are ignored (R26).
+/// - Reply: none.
+/// - Receiver gone or full: the release is lost; the reservation's completion is then
+///   still reported and the engine ignores it as stale on its side.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct ReleaseReservation {
+    /// The reservation.
+    pub reservation: ReservationId,
+    /// First released token.
+    pub start: u64,
+    /// One past the last released token.
+    pub end: u64,
+}
+
+/// One rank's loader finished its part of a load.
+///
+/// - Sender: a loader, with `send().await` from a task spawned on its own Arbiter.
+/// - Guarantee: when every rank has reported, the reservation is finished: filled only if
+///   every rank filled (R24), failed otherwise (R25); stale tickets are ignored (R26).
+/// - Reply: none.
+/// - Receiver gone: the loader logs it; the connector is shutting down.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct RankLoadFinished {
+    /// The ledger ticket of the load.
+    pub ticket: LoadTicket,
+    /// This rank's result.
+    pub result: LoadResult,
+    /// Pages this rank placed.
+    pub pages: u64,
+    /// Payload bytes this rank placed.
+    pub bytes: u64,
+    /// Time from `StartLoad` to this report.
+    pub started_at: Instant,
+}
+
+/// Report and reset the load counters (R27).
+///
+/// - Sender: the stats reporter and the handle's final report.
+/// - Reply: [`LoadStats`].
+/// - Receiver gone: the report shows no loads.
+#[derive(Message, Debug)]
+#[rtype(result = "LoadStats")]
+pub struct CollectLoadStats;
