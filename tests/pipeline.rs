@@ -1,91 +1,35 @@
-//! The whole connector on the embedded pool and the host device: a prompt computed by one
-//! instance is saved, found by a second instance's lookup, loaded into its pages and
-//! verified byte for byte (R10, R11, R16, R19, R23-R25).
+//! The whole connector on the embedded pool and the host device, two instances sharing
+//! one pool (R3, R10, R11, R16, R19, R23-R26).
 
-#![expect(
-    clippy::unwrap_used,
-    clippy::too_many_lines,
-    reason = "test set-up: a failure is the test failing"
-)]
+mod common;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::{finished_loads, memory_pool, page_content, prompt, reserve, start, TestPool};
 use kv_connector::config::Config;
-use kv_connector::connector::{
-    ConnectorHandle, ConnectorParams, EngineConnector, ReserveAnswer, ScheduledRequest,
-    SchedulerOutput,
-};
-use kv_connector::core::eviction::EvictionPolicy;
-use kv_connector::core::hash::{scope_seed, Scope};
+use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::{GroupId, Layout};
-use kv_connector::gpu::{Device, PagePoolSpec};
-use kv_connector::pool::{MemoryPool, Pool, SystemClock};
+use kv_connector::pool::Pool;
 
-const PAGES: u32 = 256;
-
-fn start(pool: Arc<dyn Pool>, layout: &Layout) -> (ConnectorHandle, Device) {
-    let page_bytes = usize::try_from(layout.page_bytes(&layout.groups[0]).unwrap()).unwrap();
-    let device = Device::open_host(&[PagePoolSpec {
-        group: GroupId(0),
-        page_bytes,
-        num_pages: PAGES,
-    }])
-    .unwrap();
-    let params = ConnectorParams {
-        config: Config::default(),
-        layout: layout.clone(),
-        pool,
-        devices: vec![device.clone()],
-        seed: scope_seed(&Scope::default()),
-        model_key: "test".into(),
-    };
-    (ConnectorHandle::start(params).unwrap(), device)
-}
-
-fn page_content(block: usize, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| u8::try_from((i * 7 + block * 13) % 251).unwrap())
-        .collect()
-}
-
-/// Waits (for real) until the request's lookup answers.
-fn reserve(
-    handle: &mut ConnectorHandle,
-    request: RequestId,
-    reservation: ReservationId,
-) -> ReserveAnswer {
-    loop {
-        match handle.reserve_prefix(request, 0, reservation) {
-            ReserveAnswer::Pending => handle.wait_for_progress(Duration::from_millis(100)),
-            answer @ ReserveAnswer::Offer { .. } => return answer,
-        }
-    }
-}
-
+/// R16, R24: a prompt saved by one instance is loaded byte-identical by another; the
+/// partial last block and a block cut by a chunk end are never published early.
 #[test]
 fn a_saved_prompt_is_loaded_byte_identical_by_another_instance() {
     let layout = Layout::preset("tiny-full").unwrap();
     let t = layout.tokens_per_block as usize;
-    let pool: Arc<dyn Pool> = Arc::new(
-        MemoryPool::new(
-            EvictionPolicy::mooncake_defaults(64 << 20),
-            Arc::new(SystemClock::new()),
-        )
-        .unwrap(),
-    );
-    let (mut first, first_device) = start(Arc::clone(&pool), &layout);
-    let (mut second, second_device) = start(Arc::clone(&pool), &layout);
-    let page_bytes = first_device.page_pool(GroupId(0)).unwrap().page_bytes;
-    let prompt: Arc<[i64]> = (0..i64::try_from(10 * t + 3).unwrap())
-        .collect::<Vec<_>>()
-        .into();
+    let pool: Arc<dyn Pool> = memory_pool(64 << 20);
+    let mut first = start(Arc::clone(&pool), &layout, Config::default());
+    let mut second = start(Arc::clone(&pool), &layout, Config::default());
+    let page_bytes = first.devices[0].page_pool(GroupId(0)).unwrap().page_bytes;
+    let tokens = prompt(0, 10 * t + 3);
 
-    // Instance 1: nothing in the pool yet; compute the prompt in two chunks and save it.
-    first.lookup_prefix(RequestId(1), Arc::clone(&prompt), 0);
+    first
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
     assert_eq!(
-        reserve(&mut first, RequestId(1), ReservationId(1)),
+        reserve(&mut first.handle, RequestId(1), ReservationId(1)),
         ReserveAnswer::Offer {
             extra_tokens: 0,
             is_async: false
@@ -93,81 +37,77 @@ fn a_saved_prompt_is_loaded_byte_identical_by_another_instance() {
     );
     let table: Vec<i32> = (0..11).collect();
     for block in 0..10 {
-        first_device
+        let page = u32::try_from(block).unwrap();
+        first.devices[0]
             .write_page(
                 GroupId(0),
-                u32::try_from(block).unwrap(),
-                &page_content(block, page_bytes),
+                page,
+                &page_content(GroupId(0), 0, block, page_bytes),
             )
             .unwrap();
     }
-    for (before, after) in [(0, 4 * t + 5), (4 * t + 5, prompt.len())] {
+    // Two chunks; the first ends in the middle of block 4 (R16).
+    for (before, after) in [(0, 4 * t + 5), (4 * t + 5, tokens.len())] {
         let tables: [&[i32]; 1] = [&table];
         let step = ScheduledRequest {
             request: RequestId(1),
-            prompt_len: prompt.len(),
+            prompt_len: tokens.len(),
             computed_before: before,
             computed_after: after,
             new_reservation: None,
             page_tables: &tables,
         };
-        first.on_step(&SchedulerOutput {
+        first.handle.on_step(&SchedulerOutput {
             requests: vec![step],
         });
+        if after < tokens.len() {
+            first.handle.settle_saves();
+            assert_eq!(
+                first.handle.stats().saves.saves_done,
+                4,
+                "blocks 0-3 only: block 4 is not complete (R16)"
+            );
+        }
     }
     assert!(
-        first.request_finished(RequestId(1)),
+        first.handle.request_finished(RequestId(1)),
         "pages stay until saves finish (R22)"
     );
-    first.settle_saves();
-    assert_eq!(first.get_finished_saves(), vec![RequestId(1)]);
-    let saved = first.stats();
+    first.handle.settle_saves();
+    assert_eq!(first.handle.get_finished_saves(), vec![RequestId(1)]);
     assert_eq!(
-        saved.saves.saves_done, 10,
-        "all ten full blocks saved, the partial one never (R16)"
+        first.handle.stats().saves.saves_done,
+        10,
+        "ten full blocks, never the partial one"
     );
 
-    // Instance 2: the same prompt; all full blocks but the one holding the last token.
-    second.lookup_prefix(RequestId(7), Arc::clone(&prompt), 0);
-    let ReserveAnswer::Offer {
-        extra_tokens,
-        is_async,
-    } = reserve(&mut second, RequestId(7), ReservationId(70))
-    else {
-        panic!("lookup never answered")
-    };
-    assert_eq!((extra_tokens, is_async), (10 * t, true));
-    let table: Vec<i32> = (100..111).collect();
-    let tables: [&[i32]; 1] = [&table];
-    let step = ScheduledRequest {
-        request: RequestId(7),
-        prompt_len: prompt.len(),
-        computed_before: 0,
-        computed_after: 0,
-        new_reservation: Some(ReservationId(70)),
-        page_tables: &tables,
-    };
-    second.on_step(&SchedulerOutput {
-        requests: vec![step],
-    });
-    let finished = loop {
-        let finished = second.get_finished_prefix_loads();
-        if !finished.is_empty() {
-            break finished;
+    second
+        .handle
+        .lookup_prefix(RequestId(7), Arc::clone(&tokens), 0);
+    let answer = reserve(&mut second.handle, RequestId(7), ReservationId(70));
+    assert_eq!(
+        answer,
+        ReserveAnswer::Offer {
+            extra_tokens: 10 * t,
+            is_async: true
         }
-        second.wait_for_progress(Duration::from_millis(100));
-    };
+    );
+    second.start_load(RequestId(7), ReservationId(70), tokens.len(), &layout, 100);
+    let finished = finished_loads(&mut second.handle);
     assert_eq!(finished.len(), 1);
     assert!(finished[0].filled, "{finished:?}");
     for block in 0..10 {
         let page = 100 + u32::try_from(block).unwrap();
+        let expected = page_content(GroupId(0), 0, block, page_bytes);
         assert_eq!(
-            second_device.read_page_to_vec(GroupId(0), page).unwrap(),
-            page_content(block, page_bytes),
+            second.devices[0]
+                .read_page_to_vec(GroupId(0), page)
+                .unwrap(),
+            expected,
             "block {block}"
         );
     }
-    let stats = second.shutdown();
+    let stats = second.handle.shutdown();
     assert_eq!(
         (
             stats.lookups.full,
@@ -176,6 +116,176 @@ fn a_saved_prompt_is_loaded_byte_identical_by_another_instance() {
         ),
         (1, 1, 10)
     );
-    let stats = first.shutdown();
-    assert_eq!(stats.lookups.full_miss, 1);
+    assert_eq!(first.handle.shutdown().lookups.full_miss, 1);
+}
+
+/// R19: a block already in the pool is skipped, not written again.
+#[test]
+fn saving_a_present_prompt_again_skips_every_block_r19() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let mut instance = start(memory_pool(64 << 20), &layout, Config::default());
+    let tokens = prompt(5, 8 * 16);
+    for request in [RequestId(1), RequestId(2)] {
+        instance
+            .handle
+            .lookup_prefix(request, Arc::clone(&tokens), 0);
+        reserve(&mut instance.handle, request, ReservationId(request.0));
+        instance.compute(request, &tokens, &layout, 0);
+        instance.handle.settle_saves();
+    }
+    let saves = instance.handle.shutdown().saves;
+    assert_eq!((saves.saves_done, saves.saves_skipped_present), (8, 8));
+}
+
+/// R3: with world size 2, a block counts only when both ranks' pages are in the pool.
+#[test]
+fn a_prefix_counts_only_when_every_shard_saved_r3() {
+    let layout = Layout::preset("tiny-full")
+        .unwrap()
+        .with_world_size(2)
+        .unwrap();
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
+    let tokens = prompt(9, 6 * 16 + 1);
+    // Rank 1's saves fail: only rank 0's pages reach the pool.
+    *test_pool.refuse_puts_containing.lock() = Some("/w2r1/".into());
+    let mut writer = start(Arc::clone(&pool), &layout, Config::default());
+    writer
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    reserve(&mut writer.handle, RequestId(1), ReservationId(1));
+    writer.compute(RequestId(1), &tokens, &layout, 0);
+    writer.handle.settle_saves();
+    let mut reader = start(Arc::clone(&pool), &layout, Config::default());
+    reader
+        .handle
+        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    assert_eq!(
+        reserve(&mut reader.handle, RequestId(2), ReservationId(2)),
+        ReserveAnswer::Offer {
+            extra_tokens: 0,
+            is_async: false
+        }
+    );
+    // Now both ranks save: the prefix is offered, and each rank gets its own pages.
+    *test_pool.refuse_puts_containing.lock() = None;
+    writer
+        .handle
+        .lookup_prefix(RequestId(3), Arc::clone(&tokens), 0);
+    reserve(&mut writer.handle, RequestId(3), ReservationId(3));
+    writer.compute(RequestId(3), &tokens, &layout, 0);
+    writer.handle.settle_saves();
+    reader
+        .handle
+        .lookup_prefix(RequestId(4), Arc::clone(&tokens), 0);
+    assert_eq!(
+        reserve(&mut reader.handle, RequestId(4), ReservationId(4)),
+        ReserveAnswer::Offer {
+            extra_tokens: 6 * 16,
+            is_async: true
+        }
+    );
+    reader.start_load(RequestId(4), ReservationId(4), tokens.len(), &layout, 200);
+    assert!(finished_loads(&mut reader.handle)[0].filled);
+    for (rank, device) in reader.devices.iter().enumerate() {
+        let len = device.page_pool(GroupId(0)).unwrap().page_bytes;
+        for block in 0..6 {
+            let page = 200 + u32::try_from(block).unwrap();
+            assert_eq!(
+                device.read_page_to_vec(GroupId(0), page).unwrap(),
+                page_content(GroupId(0), rank, block, len)
+            );
+        }
+    }
+    let stats = reader.handle.shutdown();
+    assert_eq!(
+        (
+            stats.lookups.full_miss,
+            stats.lookups.full,
+            stats.loads.pages_loaded
+        ),
+        (1, 1, 12)
+    );
+    writer.handle.shutdown();
+}
+
+/// R25: an object evicted between the probe and the load fails the load cleanly.
+#[test]
+fn an_object_evicted_after_the_probe_fails_the_load_r25() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
+    let mut instance = start(pool, &layout, Config::default());
+    let tokens = prompt(1, 4 * 16 + 1);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
+    instance.compute(RequestId(1), &tokens, &layout, 0);
+    instance.handle.settle_saves();
+    instance
+        .handle
+        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    assert!(matches!(
+        reserve(&mut instance.handle, RequestId(2), ReservationId(2)),
+        ReserveAnswer::Offer {
+            extra_tokens: 64,
+            ..
+        }
+    ));
+    test_pool.gets_evicted.store(true, Ordering::SeqCst);
+    instance.start_load(RequestId(2), ReservationId(2), tokens.len(), &layout, 100);
+    let finished = finished_loads(&mut instance.handle);
+    assert_eq!(finished.len(), 1);
+    assert!(
+        !finished[0].filled,
+        "an unverifiable page is a miss, never KV"
+    );
+    let loads = instance.handle.shutdown().loads;
+    assert_eq!(
+        (loads.loads_failed, loads.failed_evicted, loads.loads_done),
+        (1, 1, 0)
+    );
+}
+
+/// R26: a load whose reservation the engine released before it finished is ignored.
+#[test]
+fn a_completion_for_a_released_reservation_is_ignored_r26() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
+    let mut instance = start(pool, &layout, Config::default());
+    let tokens = prompt(3, 4 * 16 + 1);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
+    instance.compute(RequestId(1), &tokens, &layout, 0);
+    instance.handle.settle_saves();
+    instance
+        .handle
+        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    reserve(&mut instance.handle, RequestId(2), ReservationId(2));
+    test_pool.hold_gets.store(true, Ordering::SeqCst);
+    instance.start_load(RequestId(2), ReservationId(2), tokens.len(), &layout, 100);
+    instance
+        .handle
+        .release_prefix_reservation(RequestId(2), ReservationId(2), 0, 64);
+    // The manager handles messages in order: once stats come back, the release is in.
+    assert_eq!(instance.handle.stats().loads.loads_started, 1);
+    test_pool.release_one_get();
+    let mut stale = 0;
+    for _ in 0..100_000 {
+        stale = instance.handle.stats().loads.stale_completions;
+        if stale > 0 {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    assert_eq!(stale, 1);
+    assert!(
+        instance.handle.get_finished_prefix_loads().is_empty(),
+        "a stale completion never reaches the engine"
+    );
+    instance.handle.shutdown();
 }

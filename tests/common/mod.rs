@@ -1,0 +1,261 @@
+//! Harness for the connector's integration tests: an embedded pool, host devices, a
+//! connector per instance, and a pool wrapper that can hold or fail gets.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the harness"
+)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "test set-up: a failure is the test failing"
+)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_connector::config::Config;
+use kv_connector::connector::{
+    ConnectorHandle, ConnectorParams, EngineConnector, FinishedLoad, ReserveAnswer,
+    ScheduledRequest, SchedulerOutput,
+};
+use kv_connector::core::eviction::EvictionPolicy;
+use kv_connector::core::hash::{scope_seed, Scope};
+use kv_connector::core::ids::{RequestId, ReservationId};
+use kv_connector::core::layout::{GroupId, Layout};
+use kv_connector::gpu::{Device, PagePoolSpec};
+use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock};
+
+/// Pages per group on each test device.
+pub const PAGES: u32 = 512;
+
+/// A fresh embedded pool of `capacity_bytes`.
+pub fn memory_pool(capacity_bytes: u64) -> Arc<MemoryPool> {
+    Arc::new(
+        MemoryPool::new(
+            EvictionPolicy::mooncake_defaults(capacity_bytes),
+            Arc::new(SystemClock::new()),
+        )
+        .unwrap(),
+    )
+}
+
+/// One instance: its connector and one device per rank.
+pub struct Instance {
+    pub handle: ConnectorHandle,
+    pub devices: Vec<Device>,
+}
+
+/// Starts a connector for `layout` on `pool` with `config`.
+pub fn start(pool: Arc<dyn Pool>, layout: &Layout, config: Config) -> Instance {
+    let devices: Vec<Device> = (0..layout.world_size)
+        .map(|_| {
+            let specs: Vec<PagePoolSpec> = layout
+                .groups
+                .iter()
+                .map(|group| PagePoolSpec {
+                    group: group.id,
+                    page_bytes: usize::try_from(layout.page_bytes(group).unwrap()).unwrap(),
+                    num_pages: PAGES,
+                })
+                .collect();
+            Device::open_host(&specs).unwrap()
+        })
+        .collect();
+    let params = ConnectorParams {
+        config,
+        layout: layout.clone(),
+        pool,
+        devices: devices.clone(),
+        seed: scope_seed(&Scope::default()),
+        model_key: "test".into(),
+    };
+    Instance {
+        handle: ConnectorHandle::start(params).unwrap(),
+        devices,
+    }
+}
+
+/// Deterministic page bytes for (group, rank, block).
+pub fn page_content(group: GroupId, rank: usize, block: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            u8::try_from((i * 7 + block * 13 + rank * 29 + group.0 as usize * 31) % 251).unwrap()
+        })
+        .collect()
+}
+
+/// A prompt of `len` tokens starting at `start`.
+pub fn prompt(start: i64, len: usize) -> Arc<[i64]> {
+    (start..start + i64::try_from(len).unwrap())
+        .collect::<Vec<_>>()
+        .into()
+}
+
+/// Waits (for real) until the lookup answers, then returns the offer.
+pub fn reserve(
+    handle: &mut ConnectorHandle,
+    request: RequestId,
+    reservation: ReservationId,
+) -> ReserveAnswer {
+    loop {
+        match handle.reserve_prefix(request, 0, reservation) {
+            ReserveAnswer::Pending => handle.wait_for_progress(Duration::from_millis(100)),
+            answer @ ReserveAnswer::Offer { .. } => return answer,
+        }
+    }
+}
+
+/// Waits until at least one load is reported.
+pub fn finished_loads(handle: &mut ConnectorHandle) -> Vec<FinishedLoad> {
+    loop {
+        let finished = handle.get_finished_prefix_loads();
+        if !finished.is_empty() {
+            return finished;
+        }
+        handle.wait_for_progress(Duration::from_millis(100));
+    }
+}
+
+impl Instance {
+    /// Computes a whole prompt with pages `first_page..` in one chunk: writes every full
+    /// block's pages on every rank and reports the step (the connector saves them).
+    pub fn compute(
+        &mut self,
+        request: RequestId,
+        prompt: &Arc<[i64]>,
+        layout: &Layout,
+        first_page: i32,
+    ) {
+        let t = layout.tokens_per_block as usize;
+        let blocks = prompt.len().div_ceil(t);
+        let table: Vec<i32> = (first_page..first_page + i32::try_from(blocks).unwrap()).collect();
+        for (rank, device) in self.devices.iter().enumerate() {
+            for group in &layout.groups {
+                let len = device.page_pool(group.id).unwrap().page_bytes;
+                for (block, &page) in table.iter().enumerate().take(prompt.len() / t) {
+                    let page = u32::try_from(page).unwrap();
+                    device
+                        .write_page(group.id, page, &page_content(group.id, rank, block, len))
+                        .unwrap();
+                }
+            }
+        }
+        let tables: Vec<&[i32]> = layout.groups.iter().map(|_| table.as_slice()).collect();
+        let step = ScheduledRequest {
+            request,
+            prompt_len: prompt.len(),
+            computed_before: 0,
+            computed_after: prompt.len(),
+            new_reservation: None,
+            page_tables: &tables,
+        };
+        self.handle.on_step(&SchedulerOutput {
+            requests: vec![step],
+        });
+    }
+
+    /// Reports a new reservation's pages `first_page..` for every group.
+    pub fn start_load(
+        &mut self,
+        request: RequestId,
+        reservation: ReservationId,
+        prompt_len: usize,
+        layout: &Layout,
+        first_page: i32,
+    ) {
+        let t = layout.tokens_per_block as usize;
+        let table: Vec<i32> =
+            (first_page..first_page + i32::try_from(prompt_len.div_ceil(t)).unwrap()).collect();
+        let tables: Vec<&[i32]> = layout.groups.iter().map(|_| table.as_slice()).collect();
+        let step = ScheduledRequest {
+            request,
+            prompt_len,
+            computed_before: 0,
+            computed_after: 0,
+            new_reservation: Some(reservation),
+            page_tables: &tables,
+        };
+        self.handle.on_step(&SchedulerOutput {
+            requests: vec![step],
+        });
+    }
+}
+
+/// A pool wrapper for fault tests: gets can be held until released, or fail as evicted.
+pub struct TestPool {
+    pub inner: Arc<MemoryPool>,
+    pub hold_gets: AtomicBool,
+    pub gets_evicted: AtomicBool,
+    /// Puts of keys containing this text fail (a shard that never saved).
+    pub refuse_puts_containing: parking_lot::Mutex<Option<String>>,
+    gate: (flume::Sender<()>, flume::Receiver<()>),
+}
+
+impl TestPool {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<MemoryPool>) -> Self {
+        TestPool {
+            inner,
+            hold_gets: AtomicBool::new(false),
+            gets_evicted: AtomicBool::new(false),
+            refuse_puts_containing: parking_lot::Mutex::new(None),
+            gate: flume::bounded(16),
+        }
+    }
+
+    /// Lets one held get proceed.
+    pub fn release_one_get(&self) {
+        self.gate.0.send(()).unwrap();
+    }
+}
+
+impl Pool for TestPool {
+    fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.inner.exists(keys)
+    }
+
+    fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        let refused = self.refuse_puts_containing.lock().clone();
+        let Some(refused) = refused else {
+            return self.inner.put(keys, values);
+        };
+        let kept: Vec<usize> = (0..keys.len())
+            .filter(|&i| !keys[i].contains(refused.as_str()))
+            .collect();
+        let kept_keys: Vec<&str> = kept.iter().map(|&i| keys[i]).collect();
+        let kept_values: Vec<&[u8]> = kept.iter().map(|&i| values[i]).collect();
+        let mut stored = self.inner.put(&kept_keys, &kept_values).into_iter();
+        (0..keys.len())
+            .map(|i| {
+                if kept.contains(&i) {
+                    stored.next().unwrap()
+                } else {
+                    Err(PoolError::Unavailable)
+                }
+            })
+            .collect()
+    }
+
+    fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
+        if self.hold_gets.load(Ordering::SeqCst) {
+            self.gate.1.recv().unwrap();
+        }
+        if self.gets_evicted.load(Ordering::SeqCst) {
+            return keys.iter().map(|_| Err(PoolError::NotFound)).collect();
+        }
+        self.inner.get_into(keys, buffers)
+    }
+
+    fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.inner.touch(keys)
+    }
+
+    fn counters(&self) -> PoolCounters {
+        self.inner.counters()
+    }
+
+    fn name(&self) -> &'static str {
+        "test"
+    }
+}

@@ -1,0 +1,42 @@
+//! Overload: a full save queue sheds and counts, never blocks the engine, and still lets
+//! the request's pages go (R22); accounting stays closed.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{memory_pool, prompt, reserve, start};
+use kv_connector::config::Config;
+use kv_connector::connector::EngineConnector;
+use kv_connector::core::ids::{RequestId, ReservationId};
+use kv_connector::core::layout::Layout;
+
+#[test]
+fn a_full_save_queue_sheds_counts_and_releases_pages_r22() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let mut config = Config::default();
+    config.saver.queue_capacity_pages = 4;
+    let mut instance = start(memory_pool(64 << 20), &layout, config);
+    let tokens = prompt(0, 10 * 16 + 1);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
+    // One step enqueues ten pages into a queue of four: six are shed on insert.
+    instance.compute(RequestId(1), &tokens, &layout, 0);
+    let keep = instance.handle.request_finished(RequestId(1));
+    instance.handle.settle_saves();
+    let finished = instance.handle.get_finished_saves();
+    assert!(
+        !keep || finished == vec![RequestId(1)],
+        "pages are released once saves settle or drop"
+    );
+    let saves = instance.handle.shutdown().saves;
+    assert_eq!(saves.saves_enqueued, 10);
+    assert_eq!(saves.saves_dropped, 6);
+    assert_eq!(saves.saves_done, 4);
+    assert_eq!(
+        saves.saves_enqueued,
+        saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed
+    );
+}
