@@ -69,12 +69,14 @@ fn a_saved_prompt_is_loaded_byte_identical_by_another_instance() {
             );
         }
     }
-    assert!(
-        first.handle.request_finished(RequestId(1)),
-        "pages stay until saves finish (R22)"
-    );
+    let keep = first.handle.request_finished(RequestId(1));
     first.handle.settle_saves();
-    assert_eq!(first.handle.get_finished_saves(), vec![RequestId(1)]);
+    let freed = first.handle.get_finished_saves();
+    assert_eq!(
+        freed,
+        if keep { vec![RequestId(1)] } else { vec![] },
+        "pages are freed exactly once"
+    );
     assert_eq!(
         first.handle.stats().saves.saves_done,
         10,
@@ -288,4 +290,31 @@ fn a_completion_for_a_released_reservation_is_ignored_r26() {
         "a stale completion never reaches the engine"
     );
     instance.handle.shutdown();
+}
+
+/// R22: a finished request keeps its pages while its saves are in flight, and gets them
+/// back once they settle.
+#[test]
+fn pages_stay_with_the_request_until_its_saves_settle_r22() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
+    let mut instance = start(pool, &layout, Config::default());
+    let tokens = prompt(11, 3 * 16 + 1);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
+    test_pool.hold_puts.store(true, Ordering::SeqCst);
+    instance.compute(RequestId(1), &tokens, &layout, 0);
+    assert!(
+        instance.handle.request_finished(RequestId(1)),
+        "the saver holds the pages"
+    );
+    assert!(instance.handle.get_finished_saves().is_empty());
+    test_pool.hold_puts.store(false, Ordering::SeqCst);
+    test_pool.release_one_get();
+    instance.handle.settle_saves();
+    assert_eq!(instance.handle.get_finished_saves(), vec![RequestId(1)]);
+    assert_eq!(instance.handle.shutdown().saves.saves_done, 3);
 }

@@ -45,6 +45,8 @@ pub struct SaverQueue {
     /// `None` while a batch is in flight.
     worker: Option<Worker>,
     waiters: Vec<flume::Sender<()>>,
+    /// Settlements waiting for room in the engine channel.
+    pending_sends: usize,
     inbox: EngineInbox,
     mailbox_capacity: usize,
     stats: SaveStats,
@@ -85,30 +87,40 @@ impl SaverQueue {
                 staging: params.staging,
             }),
             waiters: Vec::new(),
+            pending_sends: 0,
             inbox: params.inbox,
             mailbox_capacity: params.mailbox_capacity,
             stats: SaveStats::default(),
         }
     }
 
-    fn settle(&self, ctx: &mut Context<Self>, counts: HashMap<RequestId, u64>) {
-        let inbox = self.inbox.clone();
-        ctx.spawn(
-            async move {
-                for (request, pages) in counts {
-                    if inbox
-                        .saves
-                        .send_async(SavesSettled { request, pages })
-                        .await
-                        .is_err()
-                    {
-                        tracing::debug!("engine handle gone; save settlement dropped");
-                        return;
-                    }
+    /// Reports settled pages to the engine. A settlement is sent before any `SettleSaves`
+    /// waiter is answered (waiters wait for `pending_sends == 0`), so "settled" never
+    /// overtakes the counts it covers. A full channel falls back to an awaited send.
+    fn settle(&mut self, ctx: &mut Context<Self>, counts: HashMap<RequestId, u64>) {
+        for (request, pages) in counts {
+            match self.inbox.saves.try_send(SavesSettled { request, pages }) {
+                Ok(()) => {}
+                Err(flume::TrySendError::Full(settled)) => {
+                    self.pending_sends += 1;
+                    let saves = self.inbox.saves.clone();
+                    ctx.spawn(
+                        async move { saves.send_async(settled).await.is_ok() }
+                            .into_actor(self)
+                            .map(|sent, actor, ctx| {
+                                if !sent {
+                                    tracing::debug!("engine handle gone; save settlement dropped");
+                                }
+                                actor.pending_sends -= 1;
+                                actor.kick(ctx);
+                            }),
+                    );
+                }
+                Err(flume::TrySendError::Disconnected(_)) => {
+                    tracing::debug!("engine handle gone; save settlement dropped");
                 }
             }
-            .into_actor(self),
-        );
+        }
     }
 
     /// Starts the next batch if none is in flight; answers settle waiters when idle.
@@ -117,8 +129,10 @@ impl SaverQueue {
             return;
         }
         if self.queue.is_empty() {
-            for waiter in self.waiters.drain(..) {
-                let _ = waiter.try_send(());
+            if self.pending_sends == 0 {
+                for waiter in self.waiters.drain(..) {
+                    let _ = waiter.try_send(());
+                }
             }
             return;
         }

@@ -500,8 +500,26 @@ impl EngineConnector for ConnectorHandle {
     fn settle_saves(&mut self) {
         for saver in &self.savers {
             let (done, settled) = flume::bounded(1);
-            if saver.try_send(SettleSaves { done }).is_ok() {
-                let _ = settled.recv();
+            if saver.try_send(SettleSaves { done }).is_err() {
+                continue;
+            }
+            // Drain settlements while waiting: a saver with a full channel waits for us.
+            loop {
+                let answered = flume::Selector::new()
+                    .recv(&settled, |answer| Some(answer.is_ok()))
+                    .recv(&self.saves, |message| {
+                        if let Ok(message) = message {
+                            if let Some(state) = self.requests.get_mut(&message.request) {
+                                state.pending_saves =
+                                    state.pending_saves.saturating_sub(message.pages);
+                            }
+                        }
+                        None
+                    })
+                    .wait();
+                if answered.is_some() {
+                    break;
+                }
             }
         }
         // Settlements sent before the answers are in the channel now.

@@ -186,6 +186,7 @@ impl Instance {
 pub struct TestPool {
     pub inner: Arc<MemoryPool>,
     pub hold_gets: AtomicBool,
+    pub hold_puts: AtomicBool,
     pub gets_evicted: AtomicBool,
     /// Puts of keys containing this text fail (a shard that never saved).
     pub refuse_puts_containing: parking_lot::Mutex<Option<String>>,
@@ -198,13 +199,14 @@ impl TestPool {
         TestPool {
             inner,
             hold_gets: AtomicBool::new(false),
+            hold_puts: AtomicBool::new(false),
             gets_evicted: AtomicBool::new(false),
             refuse_puts_containing: parking_lot::Mutex::new(None),
             gate: flume::bounded(16),
         }
     }
 
-    /// Lets one held get proceed.
+    /// Lets one held get or put proceed.
     pub fn release_one_get(&self) {
         self.gate.0.send(()).unwrap();
     }
@@ -216,6 +218,9 @@ impl Pool for TestPool {
     }
 
     fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        if self.hold_puts.load(Ordering::SeqCst) {
+            self.gate.1.recv().unwrap();
+        }
         let refused = self.refuse_puts_containing.lock().clone();
         let Some(refused) = refused else {
             return self.inner.put(keys, values);
