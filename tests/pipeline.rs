@@ -318,3 +318,41 @@ fn pages_stay_with_the_request_until_its_saves_settle_r22() {
     assert_eq!(instance.handle.get_finished_saves(), vec![RequestId(1)]);
     assert_eq!(instance.handle.shutdown().saves.saves_done, 3);
 }
+
+/// R7: a window layout is refused when prefix-aware scheduling is off.
+#[test]
+fn a_window_layout_without_prefix_aware_scheduling_is_refused_r7() {
+    let layout = Layout::preset("tiny-hybrid").unwrap();
+    let mut config = Config::default();
+    config.reservations.prefix_aware_scheduling = false;
+    let device = kv_connector::gpu::Device::open_host(&[
+        kv_connector::gpu::PagePoolSpec {
+            group: GroupId(0),
+            page_bytes: 4096,
+            num_pages: 4,
+        },
+        kv_connector::gpu::PagePoolSpec {
+            group: GroupId(1),
+            page_bytes: 4096,
+            num_pages: 4,
+        },
+    ])
+    .unwrap();
+    let params = kv_connector::connector::ConnectorParams {
+        config,
+        layout,
+        pool: memory_pool(1 << 20),
+        devices: vec![device],
+        seed: kv_connector::core::hash::scope_seed(&kv_connector::core::hash::Scope::default()),
+        model_key: "test".into(),
+    };
+    let error = kv_connector::connector::ConnectorHandle::start(params)
+        .err()
+        .unwrap();
+    assert!(
+        error
+            .to_string()
+            .contains("reservations.prefix_aware_scheduling = true"),
+        "{error}"
+    );
+}

@@ -59,6 +59,9 @@ pub enum StartError {
         /// World size of the layout.
         world_size: u32,
     },
+    /// The layout is refused for this deployment (R7).
+    #[error(transparent)]
+    Layout(#[from] crate::core::layout::LayoutError),
     /// A key segment is invalid.
     #[error(transparent)]
     Keys(#[from] crate::core::keys::KeyError),
@@ -98,6 +101,9 @@ pub(super) fn start_actors(
     params: ConnectorParams,
     inbox: EngineInbox,
 ) -> Result<(Started, std::thread::JoinHandle<()>), StartError> {
+    params
+        .layout
+        .register(params.config.reservations.prefix_aware_scheduling)?;
     let world = params.layout.world_size;
     if params.devices.len() != world as usize || params.devices.is_empty() {
         return Err(StartError::Devices {
