@@ -5,6 +5,7 @@
 
 #![deny(missing_docs)]
 
+pub mod engine_args;
 pub mod eviction;
 pub mod hash;
 pub mod ids;

@@ -1,0 +1,172 @@
+//! `validate_llm_args` (R8): engine settings the connector cannot work with.
+//!
+//! The engine passes the parts of its configuration that change what a page means; each
+//! refusal names the setting and the value that works:
+//! - `kv_cache_config.enable_swa_scratch_reuse = true`: window pages would be overwritten
+//!   in place while the connector may still save or load them;
+//! - a nonzero `speculative_config.context_recompute_tail`: the engine would recompute
+//!   (and so rewrite) prompt pages the connector already published or loaded;
+//! - context or pipeline parallelism: a page would no longer hold all layers of a group
+//!   for all tokens of its block on one rank.
+
+use serde::{Deserialize, Serialize};
+
+/// The engine arguments the connector checks, as the engine would pass them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmArgs {
+    /// KV cache settings.
+    pub kv_cache_config: KvCacheArgs,
+    /// Speculative decoding settings; absent without a drafter.
+    pub speculative_config: Option<SpeculativeArgs>,
+    /// Context-parallel size (1 = off).
+    pub context_parallel_size: u32,
+    /// Pipeline-parallel size (1 = off).
+    pub pipeline_parallel_size: u32,
+}
+
+/// `kv_cache_config` fields the connector checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvCacheArgs {
+    /// Reuse of window scratch pages in place.
+    pub enable_swa_scratch_reuse: bool,
+}
+
+/// `speculative_config` fields the connector checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpeculativeArgs {
+    /// Draft tokens per step.
+    pub max_draft_len: u32,
+    /// Prompt tokens the drafter recomputes at the end of the context phase.
+    pub context_recompute_tail: u32,
+}
+
+/// A setting the connector refuses (R8).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineArgsError {
+    /// Window scratch reuse is on.
+    #[error("kv_cache_config.enable_swa_scratch_reuse = true is not supported with the connector: set it to false")]
+    SwaScratchReuse,
+    /// The drafter recomputes prompt pages.
+    #[error("speculative_config.context_recompute_tail = {tail} is not supported with the connector: set it to 0")]
+    ContextRecomputeTail {
+        /// The value given.
+        tail: u32,
+    },
+    /// Context parallelism is on.
+    #[error("context_parallel_size = {size} is not supported with the connector: set it to 1")]
+    ContextParallel {
+        /// The value given.
+        size: u32,
+    },
+    /// Pipeline parallelism is on.
+    #[error("pipeline_parallel_size = {size} is not supported with the connector: set it to 1")]
+    PipelineParallel {
+        /// The value given.
+        size: u32,
+    },
+}
+
+impl EngineArgsError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineArgsError::SwaScratchReuse => "swa_scratch_reuse",
+            EngineArgsError::ContextRecomputeTail { .. } => "context_recompute_tail",
+            EngineArgsError::ContextParallel { .. } => "context_parallel",
+            EngineArgsError::PipelineParallel { .. } => "pipeline_parallel",
+        }
+    }
+}
+
+/// R8: every refusal, in the order above (empty when the connector is admitted).
+pub fn validate_llm_args(args: &LlmArgs) -> Vec<EngineArgsError> {
+    let mut refusals = Vec::new();
+    if args.kv_cache_config.enable_swa_scratch_reuse {
+        refusals.push(EngineArgsError::SwaScratchReuse);
+    }
+    if let Some(tail) = args
+        .speculative_config
+        .as_ref()
+        .map(|spec| spec.context_recompute_tail)
+        .filter(|&tail| tail != 0)
+    {
+        refusals.push(EngineArgsError::ContextRecomputeTail { tail });
+    }
+    if args.context_parallel_size > 1 {
+        refusals.push(EngineArgsError::ContextParallel {
+            size: args.context_parallel_size,
+        });
+    }
+    if args.pipeline_parallel_size > 1 {
+        refusals.push(EngineArgsError::PipelineParallel {
+            size: args.pipeline_parallel_size,
+        });
+    }
+    refusals
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_speculation_without_recompute_are_admitted_r8() {
+        assert!(validate_llm_args(&LlmArgs::default()).is_empty());
+        let args = LlmArgs {
+            speculative_config: Some(SpeculativeArgs {
+                max_draft_len: 3,
+                context_recompute_tail: 0,
+            }),
+            context_parallel_size: 1,
+            pipeline_parallel_size: 1,
+            ..LlmArgs::default()
+        };
+        assert!(validate_llm_args(&args).is_empty());
+    }
+
+    #[test]
+    fn each_refusal_names_the_setting_and_a_working_value_r8() {
+        let args = LlmArgs {
+            kv_cache_config: KvCacheArgs {
+                enable_swa_scratch_reuse: true,
+            },
+            speculative_config: Some(SpeculativeArgs {
+                max_draft_len: 3,
+                context_recompute_tail: 8,
+            }),
+            context_parallel_size: 2,
+            pipeline_parallel_size: 4,
+        };
+        let messages: Vec<String> = validate_llm_args(&args)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(messages.len(), 4);
+        assert!(
+            messages[0].contains("enable_swa_scratch_reuse")
+                && messages[0].contains("set it to false")
+        );
+        assert!(
+            messages[1].contains("context_recompute_tail = 8")
+                && messages[1].contains("set it to 0")
+        );
+        assert!(
+            messages[2].contains("context_parallel_size = 2")
+                && messages[2].contains("set it to 1")
+        );
+        assert!(
+            messages[3].contains("pipeline_parallel_size = 4")
+                && messages[3].contains("set it to 1")
+        );
+    }
+
+    #[test]
+    fn llm_args_refuse_unknown_keys() {
+        let parsed: Result<LlmArgs, _> =
+            toml::from_str("[kv_cache_config]\nenable_swa_scratch_reus = true\n");
+        assert!(parsed.is_err());
+    }
+}
