@@ -74,7 +74,10 @@ impl StatsReporter {
 }
 
 /// Logs one interval at INFO, readable and parseable (key=value fields).
-fn log_interval(stats: &ConnectorStats) {
+fn log_interval(stats: &ConnectorStats, interval: Duration) {
+    let seconds = interval.as_secs_f64().max(f64::EPSILON);
+    #[expect(clippy::cast_precision_loss, reason = "a rate for a log line")]
+    let rate = |value: u64| value as f64 / seconds;
     let lookups = &stats.lookups;
     let probe = lookups.probe_time.summary();
     tracing::info!(
@@ -97,11 +100,15 @@ fn log_interval(stats: &ConnectorStats) {
         loads_failed = loads.loads_failed,
         pages_loaded = loads.pages_loaded,
         bytes_loaded = loads.bytes_loaded,
+        load_gbps = rate(loads.bytes_loaded) / 1e9,
+        load_pages_per_s = rate(loads.pages_loaded),
         saves_done = saves.saves_done,
         saves_skipped = saves.saves_skipped_present,
         saves_dropped = saves.saves_dropped,
         saves_failed = saves.saves_failed,
         bytes_saved = saves.bytes_saved,
+        save_gbps = rate(saves.bytes_saved) / 1e9,
+        save_pages_per_s = rate(saves.saves_done),
         queue_depth_max = saves.max_queue_depth,
         queue_p50_us = queue.p50,
         queue_p99_us = queue.p99,
@@ -119,7 +126,7 @@ impl Actor for StatsReporter {
                     .collect_future()
                     .into_actor(actor)
                     .map(|interval, actor, _| {
-                        log_interval(&interval);
+                        log_interval(&interval, actor.interval);
                         actor.totals.merge(&interval);
                     }),
             );
