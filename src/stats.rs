@@ -172,6 +172,8 @@ pub struct SaveStats {
     pub saves_skipped_present: u64,
     /// Pages shed by the bounded queue or refused by a full mailbox (R22).
     pub saves_dropped: u64,
+    /// Re-saved pages found present and refreshed (R20); also counted as skipped.
+    pub saves_refreshed: u64,
     /// Pages that could not be stored.
     pub saves_failed: u64,
     /// Payload bytes stored.
@@ -189,6 +191,7 @@ impl SaveStats {
         self.saves_done += other.saves_done;
         self.saves_skipped_present += other.saves_skipped_present;
         self.saves_dropped += other.saves_dropped;
+        self.saves_refreshed += other.saves_refreshed;
         self.saves_failed += other.saves_failed;
         self.bytes_saved += other.bytes_saved;
         self.max_queue_depth = self.max_queue_depth.max(other.max_queue_depth);

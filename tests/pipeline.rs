@@ -356,3 +356,43 @@ fn a_window_layout_without_prefix_aware_scheduling_is_refused_r7() {
         "{error}"
     );
 }
+
+/// R20: with re-save on, the last chunk lists the prompt's earlier blocks again; present
+/// ones are refreshed, not rewritten.
+#[test]
+fn resave_refreshes_the_blocks_of_earlier_chunks_r20() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let mut config = Config::default();
+    config.saver.resave_min_tokens = 64;
+    let mut instance = start(memory_pool(64 << 20), &layout, config);
+    let tokens = prompt(21, 10 * 16 + 3);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
+    let table: Vec<i32> = (0..11).collect();
+    let tables: [&[i32]; 1] = [&table];
+    for (before, after) in [(0, 4 * 16), (4 * 16, tokens.len())] {
+        let step = ScheduledRequest {
+            request: RequestId(1),
+            prompt_len: tokens.len(),
+            computed_before: before,
+            computed_after: after,
+            new_reservation: None,
+            page_tables: &tables,
+        };
+        instance.handle.on_step(&SchedulerOutput {
+            requests: vec![step],
+        });
+        instance.handle.settle_saves();
+    }
+    let saves = instance.handle.shutdown().saves;
+    assert_eq!(
+        (
+            saves.saves_done,
+            saves.saves_refreshed,
+            saves.saves_enqueued
+        ),
+        (10, 4, 14)
+    );
+}

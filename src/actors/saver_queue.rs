@@ -16,7 +16,7 @@ use actix::prelude::*;
 use super::keyspace::KeySpace;
 use crate::connector::transfer::{save_pages, SaveItem as TransferItem, SaveResult};
 use crate::core::ids::RequestId;
-use crate::core::save_order::{SaveItem, SaveQueue};
+use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
 use crate::gpu::{CopyStream, StagingPool};
 use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
@@ -27,6 +27,7 @@ use crate::stats::SaveStats;
 #[derive(Debug)]
 struct Queued {
     item: SaveItem,
+    priority: SavePriority,
     enqueued_at: Instant,
 }
 
@@ -209,6 +210,12 @@ impl SaverQueue {
                         .get(position)
                         .map_or(0, |item| item.payload_len as u64);
                 }
+                // R20: for a re-save, the saver's existence probe is what refreshes a
+                // present object (a probe resets its eviction age in both pools).
+                Some(SaveResult::SkippedPresent) if queued.priority == SavePriority::Resave => {
+                    self.stats.saves_skipped_present += 1;
+                    self.stats.saves_refreshed += 1;
+                }
                 Some(SaveResult::SkippedPresent) => self.stats.saves_skipped_present += 1,
                 Some(SaveResult::Failed) | None => self.stats.saves_failed += 1,
             }
@@ -235,6 +242,7 @@ impl Handler<EnqueueSave> for SaverQueue {
             let outcome = self.queue.push(
                 Queued {
                     item,
+                    priority,
                     enqueued_at: message.enqueued_at,
                 },
                 priority,

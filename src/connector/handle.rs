@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
+use super::save_plan::{blocks_to_save, SaveStep};
 use super::start::{start_actors, ConnectorParams, StartError, Started};
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
@@ -67,6 +68,7 @@ pub struct ConnectorHandle {
     groups: Vec<SaveGroup>,
     tokens_per_block: usize,
     rewind_tokens: usize,
+    resave_min_tokens: usize,
     sync_load: bool,
     /// Pages refused by a full saver mailbox (R22), counted here.
     saves_refused: u64,
@@ -92,6 +94,8 @@ impl ConnectorHandle {
         let rewind_tokens =
             usize::try_from(params.config.planner.swa_endpoint_rewind_tokens).unwrap_or(usize::MAX);
         let sync_load = params.config.loaders.sync_load;
+        let resave_min_tokens =
+            usize::try_from(params.config.saver.resave_min_tokens).unwrap_or(usize::MAX);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .map_err(|_| StartError::Thread)?;
@@ -122,6 +126,7 @@ impl ConnectorHandle {
             groups,
             tokens_per_block,
             rewind_tokens,
+            resave_min_tokens,
             sync_load,
             saves_refused: 0,
             runtime,
@@ -249,9 +254,9 @@ impl ConnectorHandle {
         }
     }
 
-    /// Plans the saves of one scheduled request (R16, R17, R19, R21) and enqueues them.
+    /// Plans the saves of one scheduled request (R16-R21, see `save_plan`) and enqueues
+    /// them on every rank's saver (replicated groups on rank 0 only).
     fn plan_saves(&mut self, scheduled: &ScheduledRequest<'_>) {
-        let t = self.tokens_per_block;
         let Some(state) = self.requests.get_mut(&scheduled.request) else {
             return;
         };
@@ -259,42 +264,28 @@ impl ConnectorHandle {
             return;
         };
         let hashes = Arc::clone(hashes);
-        let prompt_blocks = (scheduled.prompt_len / t).min(hashes.len());
-        let first = (scheduled.computed_before / t).max(state.reused_until.div_ceil(t));
-        // R16: only blocks whose every token is computed by the end of this chunk.
-        let end = (scheduled.computed_after.min(scheduled.prompt_len) / t).min(prompt_blocks);
         let last_chunk = scheduled.computed_after >= scheduled.prompt_len && !state.window_saved;
-        if last_chunk {
-            state.window_saved = true;
-        }
-        let reused_block = state.reused_until.div_ceil(t);
+        state.window_saved |= last_chunk;
+        let step = SaveStep {
+            tokens_per_block: self.tokens_per_block,
+            prompt_len: scheduled.prompt_len,
+            computed_before: scheduled.computed_before,
+            computed_after: scheduled.computed_after,
+            reused_until: state.reused_until,
+            hashed_blocks: hashes.len(),
+            last_chunk,
+            rewind_tokens: self.rewind_tokens,
+            resave_min_tokens: self.resave_min_tokens,
+        };
         let mut per_rank: Vec<Vec<(SaveItem, SavePriority)>> = vec![Vec::new(); self.savers.len()];
         for (position, group) in self.groups.iter().enumerate() {
-            let table = scheduled.page_tables.get(position).copied().unwrap_or(&[]);
-            let blocks: Vec<usize> = match group.attention {
-                Attention::Full => (first..end).collect(),
-                Attention::Window {
-                    window_tokens,
-                    sink_tokens,
-                } if last_chunk => window_save_blocks(
-                    scheduled.prompt_len,
-                    t,
-                    window_tokens as usize,
-                    sink_tokens as usize,
-                    self.rewind_tokens,
-                )
-                .filter(|&block| block < prompt_blocks && block >= reused_block)
-                .collect(),
-                Attention::Window { .. } => Vec::new(),
-            };
-            let priority = match group.attention {
-                Attention::Full => SavePriority::Full,
-                Attention::Window { .. } => SavePriority::Window,
-            };
-            let Some(keys) = self.keys.group(position) else {
+            let (Some(keys), Some(table)) = (
+                self.keys.group(position),
+                scheduled.page_tables.get(position),
+            ) else {
                 continue;
             };
-            for block in blocks {
+            for (block, priority) in blocks_to_save(group.attention, &step) {
                 let Some(page) = table
                     .get(block)
                     .copied()
@@ -316,11 +307,12 @@ impl ConnectorHandle {
                 }
             }
         }
+        let mut pending = 0;
         for (saver, items) in self.savers.iter().zip(per_rank) {
-            if items.is_empty() {
+            let pages = items.len() as u64;
+            if pages == 0 {
                 continue;
             }
-            let pages = items.len() as u64;
             if saver
                 .try_send(EnqueueSave {
                     items,
@@ -328,26 +320,15 @@ impl ConnectorHandle {
                 })
                 .is_ok()
             {
-                state.pending_saves += pages;
+                pending += pages;
             } else {
                 self.saves_refused += pages;
             }
         }
+        if let Some(state) = self.requests.get_mut(&scheduled.request) {
+            state.pending_saves += pending;
+        }
     }
-}
-
-/// R17: a window group saves its sinks and the blocks overlapping `[P-W-R, P)`.
-fn window_save_blocks(
-    prompt_len: usize,
-    t: usize,
-    window: usize,
-    sinks: usize,
-    rewind: usize,
-) -> impl Iterator<Item = usize> {
-    let sink_blocks = sinks.div_ceil(t);
-    let tail_start = prompt_len.saturating_sub(window + rewind) / t;
-    let tail_end = prompt_len.div_ceil(t);
-    (0..sink_blocks.min(tail_start)).chain(tail_start..tail_end)
 }
 
 fn save_groups(layout: &Layout) -> Vec<SaveGroup> {

@@ -27,6 +27,7 @@
 use std::sync::Arc;
 
 mod handle;
+pub mod save_plan;
 mod start;
 pub mod transfer;
 

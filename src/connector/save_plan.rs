@@ -1,0 +1,180 @@
+//! Which blocks of a request to save in one step, and at which priority (R16-R21): pure
+//! logic, tested without actors.
+//!
+//! - Full-attention groups save the blocks completed by the end of the current chunk
+//!   (R16), except those that came from the pool or the local match (R19).
+//! - Window groups save once, at the prompt's last chunk: the sink blocks and the blocks
+//!   overlapping `[P - W - R, P)`, full blocks only (R17).
+//! - Re-save (R20): at the last chunk of a prompt that computed at least
+//!   `resave_min_tokens`, every full-attention block of the prompt is listed again at the
+//!   lowest priority (the blocks saved in this very step keep their normal priority).
+
+use crate::core::layout::Attention;
+use crate::core::save_order::SavePriority;
+
+/// One request's step, as far as saves are concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveStep {
+    /// `T`.
+    pub tokens_per_block: usize,
+    /// `P`.
+    pub prompt_len: usize,
+    /// Tokens computed before this step.
+    pub computed_before: usize,
+    /// Tokens computed by the end of this step (the chunk end).
+    pub computed_after: usize,
+    /// Tokens that came from the pool or the local match (never saved again, R19).
+    pub reused_until: usize,
+    /// Full blocks whose chain hash is known (the prompt's full blocks).
+    pub hashed_blocks: usize,
+    /// Whether this step is the prompt's last chunk (window saves happen once, here).
+    pub last_chunk: bool,
+    /// `R` (R17).
+    pub rewind_tokens: usize,
+    /// Re-save threshold in computed tokens; 0 = off (R20).
+    pub resave_min_tokens: usize,
+}
+
+/// The blocks of one group to save this step, each with its priority, ascending.
+pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
+    let t = step.tokens_per_block.max(1);
+    let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
+    let reused_blocks = step.reused_until.div_ceil(t);
+    match attention {
+        Attention::Full => {
+            let first = (step.computed_before / t).max(reused_blocks);
+            // R16: only blocks whose every token is computed by the end of this chunk.
+            let end = (step.computed_after.min(step.prompt_len) / t).min(prompt_blocks);
+            let computed = step.prompt_len.saturating_sub(step.reused_until);
+            let resave =
+                step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens;
+            let resaved = if resave { 0..first.min(end) } else { 0..0 };
+            resaved
+                .map(|block| (block, SavePriority::Resave))
+                .chain((first..end).map(|block| (block, SavePriority::Full)))
+                .collect()
+        }
+        Attention::Window {
+            window_tokens,
+            sink_tokens,
+        } if step.last_chunk => {
+            let sink_blocks = (sink_tokens as usize).div_ceil(t);
+            let reach = window_tokens as usize + step.rewind_tokens;
+            let tail_start = step.prompt_len.saturating_sub(reach) / t;
+            (0..sink_blocks.min(tail_start))
+                .chain(tail_start..prompt_blocks)
+                .filter(|&block| block >= reused_blocks && block < prompt_blocks)
+                .map(|block| (block, SavePriority::Window))
+                .collect()
+        }
+        Attention::Window { .. } => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(before: usize, after: usize) -> SaveStep {
+        SaveStep {
+            tokens_per_block: 16,
+            prompt_len: 200,
+            computed_before: before,
+            computed_after: after,
+            reused_until: 0,
+            hashed_blocks: 12,
+            last_chunk: after >= 200,
+            rewind_tokens: 32,
+            resave_min_tokens: 0,
+        }
+    }
+
+    fn blocks(saves: &[(usize, SavePriority)]) -> Vec<usize> {
+        saves.iter().map(|(block, _)| *block).collect()
+    }
+
+    /// R16: a chunk ending inside a block does not save that block; the next one does.
+    #[test]
+    fn only_blocks_complete_by_the_chunk_end_are_saved_r16() {
+        assert_eq!(
+            blocks(&blocks_to_save(Attention::Full, &step(0, 37))),
+            vec![0, 1]
+        );
+        assert_eq!(
+            blocks(&blocks_to_save(Attention::Full, &step(37, 100))),
+            vec![2, 3, 4, 5]
+        );
+        // The partial last block (200 = 12 * 16 + 8) is never saved.
+        assert_eq!(
+            blocks(&blocks_to_save(Attention::Full, &step(100, 200))),
+            vec![6, 7, 8, 9, 10, 11]
+        );
+    }
+
+    /// R19: blocks that came from the pool are not saved again.
+    #[test]
+    fn reused_blocks_are_not_saved_again_r19() {
+        let reused = SaveStep {
+            reused_until: 64,
+            ..step(64, 120)
+        };
+        assert_eq!(
+            blocks(&blocks_to_save(Attention::Full, &reused)),
+            vec![4, 5, 6]
+        );
+    }
+
+    /// R17: window groups save sinks and the tail reaching back `W + R`, at the last chunk only.
+    #[test]
+    fn window_groups_save_sinks_and_the_rewind_tail_at_the_last_chunk_r17() {
+        let window = Attention::Window {
+            window_tokens: 64,
+            sink_tokens: 4,
+        };
+        assert!(blocks_to_save(window, &step(0, 100)).is_empty());
+        // P = 200, W + R = 96: tail from token 104 -> block 6; sinks: block 0.
+        let saves = blocks_to_save(window, &step(100, 200));
+        assert_eq!(blocks(&saves), vec![0, 6, 7, 8, 9, 10, 11]);
+        assert!(saves
+            .iter()
+            .all(|(_, priority)| *priority == SavePriority::Window));
+    }
+
+    /// R20: re-save lists every full block again at the last chunk, lowest priority, only
+    /// for prompts that computed at least the threshold.
+    #[test]
+    fn resave_relists_the_whole_prompt_at_the_last_chunk_r20() {
+        let on = SaveStep {
+            resave_min_tokens: 150,
+            ..step(100, 200)
+        };
+        let saves = blocks_to_save(Attention::Full, &on);
+        let resaved: Vec<usize> = saves
+            .iter()
+            .filter(|(_, p)| *p == SavePriority::Resave)
+            .map(|(b, _)| *b)
+            .collect();
+        let full: Vec<usize> = saves
+            .iter()
+            .filter(|(_, p)| *p == SavePriority::Full)
+            .map(|(b, _)| *b)
+            .collect();
+        assert_eq!(resaved, vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(full, vec![6, 7, 8, 9, 10, 11]);
+        let below_threshold = SaveStep {
+            resave_min_tokens: 150,
+            reused_until: 64,
+            ..step(100, 200)
+        };
+        assert!(blocks_to_save(Attention::Full, &below_threshold)
+            .iter()
+            .all(|(_, p)| *p == SavePriority::Full));
+        let not_last = SaveStep {
+            resave_min_tokens: 1,
+            ..step(0, 100)
+        };
+        assert!(blocks_to_save(Attention::Full, &not_last)
+            .iter()
+            .all(|(_, p)| *p == SavePriority::Full));
+    }
+}
