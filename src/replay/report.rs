@@ -142,7 +142,9 @@ pub struct ReplayReport {
     pub held_at_end: u64,
     /// Simulated-time figures.
     pub sim: SimSummary,
-    /// Wall-clock microseconds inside connector calls per engine step.
+    /// Wall-clock microseconds inside connector calls per engine step (the hooks the step
+    /// calls, plus `lookup_prefix` of requests that arrived since the previous step; not
+    /// `wait_for_progress` or `settle_saves`, which only the simulator calls).
     pub connector_step_us: LatencySummary,
     /// Wall-clock seconds of the whole replay.
     pub wall_seconds: f64,

@@ -133,7 +133,8 @@ pub struct Engine {
     /// The head of the queue did not fit in the cache at the last admission.
     admission_blocked: bool,
     counters: EngineCounters,
-    /// Time inside connector calls since the last recorded step.
+    /// Time inside connector calls since the last recorded step: `lookup_prefix` of new
+    /// arrivals and every hook the step calls; not `wait_for_progress` or `settle_saves`.
     connector_time: Duration,
     step_latency: Latency,
 }
@@ -243,12 +244,16 @@ impl Engine {
     ///
     /// A device error while writing or checking pages, or a cache bug.
     pub fn step(&mut self, now: SimMicros) -> Result<StepResult, ReplayError> {
+        let carried = self.connector_time;
         let mut changed = self.poll_loads(now)?;
         changed |= self.poll_saves();
         let admitted = self.admit(now)?;
         changed |= admitted.changed;
         let chunks = self.schedule_chunks(now)?;
         if chunks.is_empty() && admitted.reservations.is_empty() {
+            // No step ran. A real engine polls once per step; the simulator polls again
+            // each time it waits, so these polls are not charged to any step.
+            self.connector_time = carried;
             return Ok(StepResult {
                 changed,
                 ..StepResult::default()
