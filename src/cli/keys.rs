@@ -366,8 +366,11 @@ mod tests {
             "model-a",
         ];
         let cli = Cli::try_parse_from(base.iter().chain(extra))?;
-        let Command::Keys(args) = cli.command;
-        Ok(args)
+        if let Command::Keys(args) = cli.command {
+            Ok(args)
+        } else {
+            Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))
+        }
     }
 
     fn run_on(args: &KeysArgs, input: &str) -> Result<String, Box<dyn std::error::Error>> {

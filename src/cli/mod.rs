@@ -8,8 +8,11 @@
 //! [`CliError`] wrapping its error, and an arm in [`run`] and in [`CliError::kind`].
 
 pub mod keys;
+pub mod replay;
 
 use std::io;
+
+use crate::config::ConfigSources;
 
 /// The command line of the `kv-connector` binary.
 #[derive(Debug, clap::Parser)]
@@ -25,6 +28,9 @@ pub struct Cli {
 pub enum Command {
     /// Print the chain hash and the pool keys of every full block of a token list (R1, R3).
     Keys(keys::KeysArgs),
+    /// Replay a workload through simulated serving instances sharing one pool, and report
+    /// the prefix reuse, page checks and simulated latency the connector achieved.
+    Replay(replay::ReplayArgs),
 }
 
 /// Why a subcommand failed; one variant per subcommand.
@@ -33,6 +39,9 @@ pub enum CliError {
     /// `kv-connector keys` failed.
     #[error(transparent)]
     Keys(#[from] keys::KeysError),
+    /// `kv-connector replay` failed.
+    #[error(transparent)]
+    Replay(#[from] replay::ReplayCliError),
 }
 
 impl CliError {
@@ -40,6 +49,7 @@ impl CliError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Keys(err) => err.kind(),
+            Self::Replay(err) => err.kind(),
         }
     }
 }
@@ -52,6 +62,12 @@ impl CliError {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Keys(args) => keys::run(&args, io::stdin().lock(), io::stdout().lock())?,
+        Command::Replay(args) => replay::run(
+            &args,
+            ConfigSources::from_process_env().env,
+            &mut io::stdout().lock(),
+            &mut io::stderr().lock(),
+        )?,
     }
     Ok(())
 }

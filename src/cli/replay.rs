@@ -1,0 +1,427 @@
+//! `kv-connector replay`: runs a workload through simulated serving instances sharing one
+//! pool and reports what the connector achieved (DESIGN section 11).
+//!
+//! ## Workflow
+//!
+//! 1. Load the configuration: defaults < `--config` < environment < `--set` < the
+//!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`).
+//! 2. Load the layout (the preset or layout file of the configuration), at `--world` ranks.
+//! 3. Build the workload: `--trace FILE`, `--generate long-multiturn`, or with neither the
+//!    built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
+//!    tokens); `--limit` keeps the first requests.
+//! 4. Run the replay with the connector of `--connector` (`kvc`, the real one, or `none`,
+//!    the baseline) and a progress bar on stderr (hidden when stderr is not a terminal or
+//!    with `--quiet`).
+//! 5. Print the summary table on stdout, or with `--json` one JSON object on stdout (and
+//!    the table on stderr unless `--quiet`).
+
+use std::collections::HashMap;
+use std::io::{self, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::config::{parse_byte_size, parse_override, Config, ConfigSources};
+use crate::core::layout::Layout;
+use crate::replay::cost::CostModel;
+use crate::replay::workload::{
+    generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
+};
+use crate::replay::{
+    kvc_connector, no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, ProgressSink,
+    ReplayError, ReplayParams, ReplayReport, Routing,
+};
+
+/// Which workload generator `--generate` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GenerateKind {
+    /// Long multi-turn conversations growing from about 100k to 170k tokens.
+    LongMultiturn,
+}
+
+/// Which connector each instance runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConnectorKind {
+    /// The kv-connector runtime.
+    Kvc,
+    /// No connector: the baseline without a shared pool.
+    None,
+}
+
+/// The pool backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PoolKind {
+    /// The embedded in-process pool.
+    Memory,
+}
+
+/// The routing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RoutingKind {
+    /// Requests go to instances in turn.
+    RoundRobin,
+    /// Every turn of a conversation goes to the same instance.
+    Session,
+}
+
+/// Overrides of the long multi-turn generator's parameters.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GeneratorArgs {
+    /// Conversations (default 2; the demo 2).
+    #[arg(long, value_name = "N")]
+    pub sessions: Option<u32>,
+    /// Turns per conversation (default 24; the demo 6).
+    #[arg(long, value_name = "N")]
+    pub turns: Option<u32>,
+    /// Prompt tokens of a conversation's first turn (default 100000; the demo 10000).
+    #[arg(long, value_name = "TOKENS")]
+    pub first_turn_tokens: Option<u32>,
+    /// Prompt tokens of a conversation's last turn (default 170000; the demo 17000).
+    #[arg(long, value_name = "TOKENS")]
+    pub last_turn_tokens: Option<u32>,
+    /// Leading tokens shared by every conversation (default 96000; the demo 9600).
+    #[arg(long, value_name = "TOKENS")]
+    pub system_prefix_tokens: Option<u32>,
+    /// Answer tokens of every turn (default 512; the demo 64).
+    #[arg(long, value_name = "TOKENS")]
+    pub output_tokens: Option<u32>,
+    /// Simulated milliseconds between two turns of a conversation (default 30000).
+    #[arg(long, value_name = "MS")]
+    pub think_time_ms: Option<u64>,
+    /// Simulated milliseconds between the starts of two conversations (default 10000).
+    #[arg(long, value_name = "MS")]
+    pub session_spacing_ms: Option<u64>,
+    /// Most tokens at the end of a turn the next turn re-renders differently (default 0).
+    #[arg(long, value_name = "TOKENS")]
+    pub divergence_tokens_max: Option<u32>,
+    /// Seed of every generated token stream.
+    #[arg(long, value_name = "SEED")]
+    pub seed: Option<u64>,
+}
+
+/// Arguments of `kv-connector replay`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplayArgs {
+    /// A Mooncake trace file: JSON lines with a timestamp, input and output lengths and the
+    /// hash ids of 512-token blocks.
+    #[arg(long, value_name = "FILE", conflicts_with = "generate")]
+    pub trace: Option<PathBuf>,
+    /// Generate the workload instead of reading a trace. Without --trace and --generate a
+    /// small built-in demo workload runs.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub generate: Option<GenerateKind>,
+    /// Generator parameters (for --generate and the demo).
+    #[command(flatten)]
+    pub generator: GeneratorArgs,
+    /// Model preset whose KV layout is served: llama-3.1-8b, gpt-oss-120b, gemma-3-27b,
+    /// tiny-hybrid, tiny-full (default: the configuration's model.preset).
+    #[arg(long, value_name = "PRESET", conflicts_with = "layout")]
+    pub model: Option<String>,
+    /// A layout TOML file instead of a preset.
+    #[arg(long, value_name = "FILE")]
+    pub layout: Option<PathBuf>,
+    /// A configuration TOML file merged over the built-in defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A configuration override `section.key=value`; repeat for several.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Context instances sharing the pool.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub instances: usize,
+    /// How requests are spread over instances.
+    #[arg(long, value_enum, default_value_t = RoutingKind::RoundRobin)]
+    pub routing: RoutingKind,
+    /// The pool backend (only the embedded memory pool so far; default: the
+    /// configuration's pool.backend).
+    #[arg(long, value_enum)]
+    pub pool: Option<PoolKind>,
+    /// Modeled pool capacity at full page size (e.g. 64GiB); the pool holds
+    /// --kv-bytes-scale times it (default: the configuration's pool capacity).
+    #[arg(long, value_name = "BYTES")]
+    pub pool_capacity: Option<String>,
+    /// Replay only the first N requests.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Store and move F times each page's bytes (0 < F <= 1, rounded to a multiple of 64
+    /// bytes, at least 64); the cost model still uses full sizes. Default: the largest
+    /// power of two that fits --host-memory-limit.
+    #[arg(long, value_name = "F")]
+    pub kv_bytes_scale: Option<f64>,
+    /// KV pages per layer group of each instance (default: from --kv-memory).
+    #[arg(long, value_name = "N", conflicts_with = "kv_memory")]
+    pub kv_pages: Option<u32>,
+    /// KV cache memory of one rank at full page size, which sets the pages per group
+    /// (default: the model's estimate for an H200-class GPU).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub kv_memory: Option<u64>,
+    /// Most host memory the simulated devices of all instances may take.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
+    pub host_memory_limit: u64,
+    /// Tensor-parallel ranks per instance (default: the layout's world size).
+    #[arg(long, value_name = "N")]
+    pub world: Option<u32>,
+    /// Prompt tokens one engine step computes, over all its requests.
+    #[arg(long, value_name = "TOKENS", default_value_t = 8192)]
+    pub max_num_tokens: usize,
+    /// The connector each instance runs: kvc (the runtime) or none (the baseline).
+    #[arg(long, value_enum, default_value_t = ConnectorKind::Kvc)]
+    pub connector: ConnectorKind,
+    /// Real seconds an idle instance may wait on its connector without progress before
+    /// the replay fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    pub stall_timeout_s: u64,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar, and no table on stderr with --json.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Why `kv-connector replay` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayCliError {
+    /// The replay failed (boxed: the replay error is large and this one is returned
+    /// through every layer of the binary).
+    #[error(transparent)]
+    Replay(Box<ReplayError>),
+    /// Writing the report failed.
+    #[error("writing the replay report failed")]
+    Write(#[source] io::Error),
+    /// Encoding the JSON report failed.
+    #[error("encoding the replay report as json failed")]
+    Json(#[source] serde_json::Error),
+}
+
+impl From<ReplayError> for ReplayCliError {
+    fn from(err: ReplayError) -> Self {
+        Self::Replay(Box::new(err))
+    }
+}
+
+impl ReplayCliError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Replay(err) => err.kind(),
+            Self::Write(_) => "write",
+            Self::Json(_) => "json",
+        }
+    }
+}
+
+/// A byte size with an optional unit (`4GiB`, `512MiB`, `1000`).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    parse_byte_size(text).ok_or_else(|| format!("{text:?} is not a byte size; 4GiB works"))
+}
+
+/// The demo workload: the long multi-turn shape at a tenth of its size.
+pub fn demo_params() -> LongMultiturnParams {
+    LongMultiturnParams {
+        sessions: 2,
+        turns_per_session: 6,
+        first_turn_tokens: 10_000,
+        last_turn_tokens: 17_000,
+        output_tokens: 64,
+        system_prefix_tokens: 9_600,
+        ..LongMultiturnParams::default()
+    }
+}
+
+/// Runs `kv-connector replay`; `env` is the process environment's configuration variables.
+///
+/// # Errors
+///
+/// [`ReplayCliError::Replay`] for any setup or replay failure, [`ReplayCliError::Write`] or
+/// [`ReplayCliError::Json`] when the report cannot be written.
+pub fn run<S: std::hash::BuildHasher>(
+    args: &ReplayArgs,
+    env: HashMap<String, String, S>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ReplayCliError> {
+    let config = load_config(args, env)?;
+    let mut layout = match config.model.layout_file() {
+        Some(path) => Layout::from_file(path).map_err(ReplayError::from)?,
+        None => Layout::preset(&config.model.preset).map_err(ReplayError::from)?,
+    };
+    if let Some(world) = args.world {
+        layout = layout.with_world_size(world).map_err(ReplayError::from)?;
+    }
+    let workload = build_workload(args)?;
+    let cost = CostModel::for_layout(&layout.name, layout.world_size);
+    let kv_pages = match (args.kv_pages, args.kv_memory) {
+        (Some(pages), _) => KvPages::Fixed(pages),
+        (None, Some(bytes)) => KvPages::Memory(bytes),
+        (None, None) => KvPages::Memory(cost.kv_memory_bytes),
+    };
+    let params = ReplayParams {
+        config: Arc::new(config),
+        layout: Arc::new(layout),
+        deployment: DeploymentParams {
+            instances: args.instances,
+            kv_pages,
+            kv_bytes_scale: args
+                .kv_bytes_scale
+                .map_or(KvBytesScale::Auto, KvBytesScale::Fixed),
+            host_memory_limit_bytes: args.host_memory_limit,
+        },
+        routing: match args.routing {
+            RoutingKind::RoundRobin => Routing::RoundRobin,
+            RoutingKind::Session => Routing::Session,
+        },
+        max_num_tokens: args.max_num_tokens,
+        cost,
+        stall_timeout: Duration::from_secs(args.stall_timeout_s),
+        wait_timeout: Duration::from_millis(20),
+        connector_name: match args.connector {
+            ConnectorKind::Kvc => "kvc",
+            ConnectorKind::None => "none",
+        }
+        .to_owned(),
+    };
+    let mut progress = BarProgress::new(args.quiet);
+    let report = match args.connector {
+        ConnectorKind::Kvc => run_replay(&params, &workload, &mut kvc_connector, &mut progress),
+        ConnectorKind::None => run_replay(&params, &workload, &mut no_connector, &mut progress),
+    }?;
+    write_report(args, &report, out, err)
+}
+
+/// Configuration layers (workflow step 1).
+fn load_config<S: std::hash::BuildHasher>(
+    args: &ReplayArgs,
+    env: HashMap<String, String, S>,
+) -> Result<Config, ReplayError> {
+    let mut cli_overrides = args
+        .overrides
+        .iter()
+        .map(|text| parse_override(text))
+        .collect::<Result<Vec<_>, _>>()?;
+    let path = |path: &PathBuf| path.display().to_string();
+    let dedicated = [
+        args.model.clone().map(|name| ("model.preset", name)),
+        args.layout
+            .as_ref()
+            .map(|file| ("model.layout_file", path(file))),
+        args.pool.map(|_| ("pool.backend", "memory".to_owned())),
+        args.pool_capacity
+            .clone()
+            .map(|bytes| ("pool.capacity_bytes", bytes)),
+    ];
+    cli_overrides.extend(
+        dedicated
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| (key.to_owned(), value)),
+    );
+    let sources = ConfigSources {
+        toml_path: args.config.clone(),
+        env: env.into_iter().collect(),
+        cli_overrides,
+    };
+    let loaded = Config::load(&sources)?;
+    for warning in &loaded.warnings {
+        tracing::warn!(%warning, "configuration");
+    }
+    Ok(loaded.config)
+}
+
+/// The workload (workflow step 3).
+fn build_workload(args: &ReplayArgs) -> Result<Vec<WorkloadRequest>, ReplayError> {
+    let mut requests = if let Some(trace) = &args.trace {
+        read_mooncake_trace(trace, args.limit)?
+    } else {
+        let base = match args.generate {
+            Some(GenerateKind::LongMultiturn) => LongMultiturnParams::default(),
+            None => demo_params(),
+        };
+        generate_long_multiturn(&args.generator.apply(base))?
+    };
+    if let Some(limit) = args.limit {
+        requests.truncate(limit);
+    }
+    Ok(requests)
+}
+
+impl GeneratorArgs {
+    /// `base` with every given flag applied.
+    fn apply(&self, base: LongMultiturnParams) -> LongMultiturnParams {
+        LongMultiturnParams {
+            sessions: self.sessions.unwrap_or(base.sessions),
+            turns_per_session: self.turns.unwrap_or(base.turns_per_session),
+            first_turn_tokens: self.first_turn_tokens.unwrap_or(base.first_turn_tokens),
+            last_turn_tokens: self.last_turn_tokens.unwrap_or(base.last_turn_tokens),
+            output_tokens: self.output_tokens.unwrap_or(base.output_tokens),
+            think_time_ms: self.think_time_ms.unwrap_or(base.think_time_ms),
+            session_spacing_ms: self.session_spacing_ms.unwrap_or(base.session_spacing_ms),
+            seed: self.seed.unwrap_or(base.seed),
+            system_prefix_tokens: self
+                .system_prefix_tokens
+                .unwrap_or(base.system_prefix_tokens),
+            divergence_tokens_max: self
+                .divergence_tokens_max
+                .unwrap_or(base.divergence_tokens_max),
+        }
+    }
+}
+
+/// Prints the report (workflow step 5).
+fn write_report(
+    args: &ReplayArgs,
+    report: &ReplayReport,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ReplayCliError> {
+    if args.json {
+        serde_json::to_writer(&mut *out, report).map_err(ReplayCliError::Json)?;
+        writeln!(out).map_err(ReplayCliError::Write)?;
+        if !args.quiet {
+            report.write_table(err).map_err(ReplayCliError::Write)?;
+        }
+    } else {
+        report.write_table(out).map_err(ReplayCliError::Write)?;
+    }
+    out.flush().map_err(ReplayCliError::Write)
+}
+
+/// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
+struct BarProgress {
+    bar: ProgressBar,
+}
+
+impl BarProgress {
+    fn new(quiet: bool) -> Self {
+        let target = if quiet || !io::stderr().is_terminal() {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        let bar = ProgressBar::with_draw_target(None, target);
+        if let Ok(style) =
+            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} requests {msg}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Self { bar }
+    }
+}
+
+impl ProgressSink for BarProgress {
+    fn start(&mut self, total: u64) {
+        self.bar.set_length(total);
+    }
+
+    fn advance(&mut self, completed: u64, sim_seconds: f64) {
+        self.bar.set_position(completed);
+        self.bar
+            .set_message(format!("(simulated {sim_seconds:.1} s)"));
+    }
+
+    fn finish(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}

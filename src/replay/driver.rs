@@ -1,0 +1,424 @@
+//! The replay driver: instances sharing one pool, routing, the simulated clock and the
+//! event loop (DESIGN section 11, "Deployment").
+//!
+//! Workflow ([`run_replay`]):
+//! 1. size the deployment and build the pool ([`Deployment`]); per instance open one
+//!    device per rank, build its connector through the factory and its [`Engine`];
+//! 2. loop, at simulated time `now`:
+//!    a. deliver every request that has arrived: `settle_saves` on every connector, hash
+//!    the prompt (R1, default scope), feed the oracle, route it, start its lookup;
+//!    b. step every idle instance; while any changed state, repeat at the same `now`;
+//!    c. an idle instance that only its connector can unblock (a pending lookup, a load
+//!    past its modeled end, pages held for saves) gets `wait_for_progress` in real time,
+//!    and the clock stays where it is;
+//!    d. otherwise the clock jumps to the next event: an arrival, the end of a step, a
+//!    load's modeled end, a resumed request;
+//! 3. when every request has its first token: settle and drain saves, ask every connector
+//!    for its report, and sum it all into a [`ReplayReport`].
+//!
+//! Why `settle_saves` before each lookup: simulated time between two turns of a
+//! conversation is seconds, but the replay covers it in microseconds of real time, so
+//! without it a lookup would race the saves that simulated time says finished long ago,
+//! and reuse would depend on thread timing. Settling makes every save enqueued so far
+//! visible to the next lookup, deterministically.
+//!
+//! Generation stage: context instances only prefill; answers decode on a separate
+//! generation stage of unbounded capacity, modeled by time alone (the cost model's decode
+//! rate). A request ends on its context instance (`request_finished`) at its first token.
+//! Turn `k + 1` of a session arrives its nominal gap after turn `k`'s last answer token.
+//!
+//! Invariants:
+//! - D1. The simulated clock never moves backwards, and never jumps while an idle
+//!   instance waits on its connector.
+//! - D2. For a deterministic connector, the same workload and parameters give the same
+//!   report (but `wall_seconds` and `connector_step_us`).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
+use crate::core::ids::RequestId;
+use crate::core::layout::Layout;
+
+use super::connectors::{ConnectorFactory, InstanceContext};
+use super::cost::{CostModel, SimMicros};
+use super::engine::{ArrivedRequest, Engine, EngineSetup, PromptDone};
+use super::error::ReplayError;
+use super::progress::ProgressSink;
+use super::report::ReplayReport;
+use super::setup::{Deployment, DeploymentParams};
+use super::summary::{summarize, RunTotals};
+use super::workload::{Oracle, WorkloadRequest};
+
+/// How arriving requests are spread over instances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// In turn.
+    RoundRobin,
+    /// Every turn of a session on the same instance (`session % instances`); requests
+    /// without a session in turn.
+    Session,
+}
+
+impl Routing {
+    /// The name the CLI and the report use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::Session => "session",
+        }
+    }
+}
+
+/// Everything a replay runs with.
+#[derive(Clone, Debug)]
+pub struct ReplayParams {
+    /// The effective configuration; the connectors get it.
+    pub config: Arc<Config>,
+    /// The layout with the replay's world size.
+    pub layout: Arc<Layout>,
+    /// Instances, pages, scale, memory limit.
+    pub deployment: DeploymentParams,
+    /// Routing policy.
+    pub routing: Routing,
+    /// Prompt tokens one engine step computes.
+    pub max_num_tokens: usize,
+    /// Simulated time.
+    pub cost: CostModel,
+    /// Real time an idle instance may wait on its connector without any progress.
+    pub stall_timeout: Duration,
+    /// Real time of one `wait_for_progress` call.
+    pub wait_timeout: Duration,
+    /// The connector's name, for the report.
+    pub connector_name: String,
+}
+
+/// The event loop's state.
+struct Driver<'w> {
+    workload: &'w [WorkloadRequest],
+    params: &'w ReplayParams,
+    engines: Vec<Engine>,
+    deployment: Deployment,
+    /// Arrivals not delivered yet: (simulated time, workload index).
+    arrivals: BinaryHeap<Reverse<(SimMicros, usize)>>,
+    /// The next turn of each request's session and its nominal gap.
+    next_turn: Vec<Option<(usize, SimMicros)>>,
+    next_round_robin: usize,
+    oracle: Oracle,
+    seed: BlockHash,
+    tokens: Vec<i64>,
+    now: SimMicros,
+    totals: RunTotals,
+}
+
+/// Runs a replay of `workload` (module workflow).
+///
+/// # Errors
+///
+/// A setup error ([`ReplayError::InvalidSetting`], [`ReplayError::DeviceMemoryTooLarge`],
+/// [`ReplayError::NoRequests`], ...), the factory's error, a request too large for an
+/// instance, a device error, or [`ReplayError::Stalled`] when a connector stops making
+/// progress.
+pub fn run_replay(
+    params: &ReplayParams,
+    workload: &[WorkloadRequest],
+    factory: &mut ConnectorFactory<'_>,
+    progress: &mut dyn ProgressSink,
+) -> Result<ReplayReport, ReplayError> {
+    let started = Instant::now();
+    if workload.is_empty() {
+        return Err(ReplayError::NoRequests);
+    }
+    for (setting, value) in [
+        ("--instances", params.deployment.instances),
+        ("--max-num-tokens", params.max_num_tokens),
+    ] {
+        if value == 0 {
+            return Err(ReplayError::InvalidSetting {
+                setting,
+                value: "0".to_owned(),
+                working: "1",
+            });
+        }
+    }
+    let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
+    let engines = build_engines(params, &deployment, factory)?;
+    let mut driver = Driver::new(params, workload, deployment, engines);
+    progress.start(u64::try_from(workload.len()).unwrap_or(u64::MAX));
+    driver.run(progress)?;
+    driver.drain_saves();
+    progress.finish();
+    let Driver {
+        engines,
+        deployment,
+        oracle,
+        now,
+        totals,
+        ..
+    } = driver;
+    let summaries: Vec<_> = engines.into_iter().map(Engine::finish).collect();
+    Ok(summarize(
+        params,
+        &deployment,
+        totals,
+        &oracle,
+        &summaries,
+        now,
+        started.elapsed(),
+    ))
+}
+
+/// One engine per instance, each with its devices and connector.
+fn build_engines(
+    params: &ReplayParams,
+    deployment: &Deployment,
+    factory: &mut ConnectorFactory<'_>,
+) -> Result<Vec<Engine>, ReplayError> {
+    let instances = params.deployment.instances;
+    let mut engines = Vec::with_capacity(instances);
+    for instance in 0..instances {
+        let devices = deployment.open_devices(params.layout.world_size)?;
+        let context = InstanceContext {
+            instance,
+            instances,
+            config: params.config.clone(),
+            layout: params.layout.clone(),
+            devices: devices.clone(),
+            pool: deployment.pool.clone(),
+            pool_clock: deployment.pool_clock.clone(),
+            stored_page_bytes: deployment.stored_page_bytes.clone(),
+            kv_bytes_scale: deployment.kv_bytes_scale,
+        };
+        let connector = factory(&context)?;
+        let setup = EngineSetup {
+            instance,
+            layout: params.layout.clone(),
+            devices,
+            kv_pages: deployment.kv_pages,
+            max_num_tokens: params.max_num_tokens,
+            rewind_tokens: usize::try_from(params.config.planner.swa_endpoint_rewind_tokens)
+                .unwrap_or(usize::MAX),
+            cost: params.cost.clone(),
+        };
+        engines.push(Engine::new(setup, connector)?);
+    }
+    Ok(engines)
+}
+
+impl<'w> Driver<'w> {
+    fn new(
+        params: &'w ReplayParams,
+        workload: &'w [WorkloadRequest],
+        deployment: Deployment,
+        engines: Vec<Engine>,
+    ) -> Self {
+        let mut next_turn = vec![None; workload.len()];
+        let mut arrivals = BinaryHeap::new();
+        let mut last_turn: HashMap<u64, usize> = HashMap::new();
+        for (index, request) in workload.iter().enumerate() {
+            let previous = request
+                .session
+                .and_then(|session| last_turn.insert(session, index));
+            match previous {
+                Some(previous) => {
+                    let gap_ms = request
+                        .arrival_ms
+                        .saturating_sub(workload[previous].arrival_ms);
+                    next_turn[previous] = Some((index, gap_ms.saturating_mul(1000)));
+                }
+                None => arrivals.push(Reverse((request.arrival_ms.saturating_mul(1000), index))),
+            }
+        }
+        Self {
+            workload,
+            params,
+            engines,
+            deployment,
+            arrivals,
+            next_turn,
+            next_round_robin: 0,
+            oracle: Oracle::new(),
+            seed: scope_seed(&Scope::default()),
+            tokens: Vec::new(),
+            now: 0,
+            totals: RunTotals {
+                requests: u64::try_from(workload.len()).unwrap_or(u64::MAX),
+                ..RunTotals::default()
+            },
+        }
+    }
+
+    /// The event loop (module workflow step 2).
+    fn run(&mut self, progress: &mut dyn ProgressSink) -> Result<(), ReplayError> {
+        let mut stalled_since: Option<Instant> = None;
+        loop {
+            self.deliver_arrivals()?;
+            if self.step_idle_engines(progress)? {
+                stalled_since = None;
+                continue;
+            }
+            if self.arrivals.is_empty() && self.engines.iter().all(|e| !e.has_requests()) {
+                return Ok(());
+            }
+            let now = self.now;
+            let blocked: Vec<usize> = (0..self.engines.len())
+                .filter(|&i| {
+                    self.engines[i].is_idle(now) && self.engines[i].waits_on_connector(now)
+                })
+                .collect();
+            let next = self.next_event();
+            if blocked.is_empty() {
+                if let Some(next) = next {
+                    self.now = next;
+                    self.deployment.pool_clock.set_ms(next / 1000);
+                    stalled_since = None;
+                    continue;
+                }
+            }
+            // Only connectors can move things on (D1): wait in real time.
+            let since = *stalled_since.get_or_insert_with(Instant::now);
+            let waiting_on = if blocked.is_empty() {
+                (0..self.engines.len()).collect()
+            } else {
+                blocked
+            };
+            if since.elapsed() > self.params.stall_timeout {
+                return Err(self.stalled(waiting_on[0], since.elapsed()));
+            }
+            for index in waiting_on {
+                self.engines[index].wait_for_progress(self.params.wait_timeout);
+            }
+        }
+    }
+
+    /// The earliest arrival or engine event after `now`.
+    fn next_event(&self) -> Option<SimMicros> {
+        let arrival = self.arrivals.peek().map(|Reverse((at, _))| *at);
+        self.engines
+            .iter()
+            .filter_map(|engine| engine.next_event_us(self.now))
+            .chain(arrival)
+            .filter(|&at| at > self.now)
+            .min()
+    }
+
+    /// Delivers every request that has arrived by `now` (step 2a).
+    fn deliver_arrivals(&mut self) -> Result<(), ReplayError> {
+        while let Some(&Reverse((at, index))) = self.arrivals.peek() {
+            if at > self.now {
+                break;
+            }
+            self.arrivals.pop();
+            self.deliver(index, at)?;
+        }
+        Ok(())
+    }
+
+    /// Hashes, feeds the oracle, routes and enqueues one request.
+    fn deliver(&mut self, index: usize, arrival_us: SimMicros) -> Result<(), ReplayError> {
+        for engine in &mut self.engines {
+            engine.settle_saves();
+        }
+        let request = &self.workload[index];
+        request.write_prompt_tokens(&mut self.tokens);
+        let tokens_per_block = usize::try_from(self.params.layout.tokens_per_block).unwrap_or(1);
+        let hashes = hash_blocks(self.seed, &self.tokens, tokens_per_block)?;
+        let prompt_len = self.tokens.len();
+        self.oracle.admit(&hashes, prompt_len, tokens_per_block);
+        self.totals.prompt_tokens += u64::try_from(prompt_len).unwrap_or(u64::MAX);
+        let instance = self.route(request);
+        let arrived = ArrivedRequest {
+            workload_index: index,
+            id: RequestId(request.id),
+            prompt_len,
+            output_tokens: request.output_tokens,
+            arrival_us,
+            hashes,
+        };
+        self.engines[instance].enqueue(arrived, Arc::from(self.tokens.as_slice()))
+    }
+
+    /// The instance a request goes to.
+    fn route(&mut self, request: &WorkloadRequest) -> usize {
+        let instances = self.engines.len();
+        if let (Routing::Session, Some(session)) = (self.params.routing, request.session) {
+            return usize::try_from(session % u64::try_from(instances).unwrap_or(1)).unwrap_or(0);
+        }
+        let instance = self.next_round_robin % instances;
+        self.next_round_robin = self.next_round_robin.wrapping_add(1);
+        instance
+    }
+
+    /// Steps every idle engine once (step 2b); returns whether any changed state.
+    fn step_idle_engines(&mut self, progress: &mut dyn ProgressSink) -> Result<bool, ReplayError> {
+        let mut changed = false;
+        for index in 0..self.engines.len() {
+            if !self.engines[index].is_idle(self.now) {
+                continue;
+            }
+            let result = self.engines[index].step(self.now)?;
+            changed |= result.changed;
+            for done in result.done {
+                self.prompt_done(done);
+                progress.advance(
+                    self.totals.completed,
+                    super::cost::micros_to_seconds(self.now),
+                );
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Records a first token; schedules the session's next turn.
+    fn prompt_done(&mut self, done: PromptDone) {
+        let request = &self.workload[done.workload_index];
+        let finish = done.first_token_us + self.params.cost.decode_micros(request.output_tokens);
+        self.totals.completed += 1;
+        self.totals
+            .ttft_us
+            .push(done.first_token_us - done.arrival_us);
+        self.totals.last_finish_us = self.totals.last_finish_us.max(finish);
+        if let Some((next, gap_us)) = self.next_turn[done.workload_index] {
+            self.arrivals.push(Reverse((finish + gap_us, next)));
+        }
+    }
+
+    /// Settles and drains saves so held pages are released (workflow step 3); what is
+    /// still held after the stall timeout is reported as `held_at_end`.
+    fn drain_saves(&mut self) {
+        for engine in &mut self.engines {
+            engine.settle_saves();
+        }
+        let started = Instant::now();
+        loop {
+            let mut held = false;
+            for engine in &mut self.engines {
+                engine.poll_held();
+                held |= engine.held_requests() > 0;
+            }
+            if !held || started.elapsed() > self.params.stall_timeout {
+                return;
+            }
+            for engine in &mut self.engines {
+                if engine.held_requests() > 0 {
+                    engine.wait_for_progress(self.params.wait_timeout);
+                }
+            }
+        }
+    }
+
+    /// The stall error for `instance`.
+    fn stalled(&self, instance: usize, waited: Duration) -> ReplayError {
+        let (waiting, loading, held) = self.engines[instance].queue_sizes();
+        ReplayError::Stalled {
+            instance: self.engines[instance].instance(),
+            waited_s: waited.as_secs(),
+            waiting,
+            loading,
+            held,
+        }
+    }
+}

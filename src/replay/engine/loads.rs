@@ -1,0 +1,122 @@
+//! Finished loads (engine workflow step 3) and the page check.
+//!
+//! A reservation reported filled is checked before its tokens count as computed (E2):
+//! every page of the reserved range that the group holds (sinks and window blocks only in a
+//! window group, R15) is read back from every rank and compared with the content computing
+//! its block gives. The request resumes at the later of the report and the load's modeled
+//! end. A failed load releases the range (R25): the reserved pages get the stale pattern
+//! again, window pages are dropped, and the request computes the prefix itself.
+
+use std::time::Instant;
+
+use crate::connector::FinishedLoad;
+
+use super::{Engine, Phase};
+use crate::replay::cost::SimMicros;
+use crate::replay::error::ReplayError;
+
+impl Engine {
+    /// Handles the loads the connector reports finished; returns whether any request
+    /// changed state.
+    pub(super) fn poll_loads(&mut self, now: SimMicros) -> Result<bool, ReplayError> {
+        let started = Instant::now();
+        let finished = self.connector.get_finished_prefix_loads();
+        self.connector_time += started.elapsed();
+        let mut changed = false;
+        for report in finished {
+            let index = self.active.iter().position(|active| {
+                active.request.id == report.request
+                    && matches!(active.phase, Phase::Loading { reservation, .. } if reservation == report.reservation)
+            });
+            let Some(index) = index else {
+                // R26: a stale completion is ignored.
+                self.counters.stale_load_reports += 1;
+                continue;
+            };
+            changed = true;
+            if report.filled {
+                self.load_filled(index, now)?;
+            } else {
+                self.load_failed(index, report, now)?;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Checks every loaded page, then counts the range as computed (E2).
+    fn load_filled(&mut self, index: usize, now: SimMicros) -> Result<(), ReplayError> {
+        let Phase::Loading {
+            start,
+            end,
+            modeled_end_us,
+            ..
+        } = self.active[index].phase
+        else {
+            return Ok(());
+        };
+        let t = self.cache.tokens_per_block();
+        let ranks = u64::try_from(self.devices.len()).unwrap_or(u64::MAX);
+        let active = &self.active[index];
+        for (group, content) in self.groups.iter().enumerate() {
+            for block in self.cache.load_blocks(group, end) {
+                if block < start / t {
+                    continue;
+                }
+                let (Some(page), Some(hash)) = (
+                    active.pages.page(group, block),
+                    active.request.hashes.get(block),
+                ) else {
+                    continue;
+                };
+                let counts = self
+                    .checker
+                    .check_page(&self.devices, content, page, hash)?;
+                self.counters.verified_pages += counts.verified;
+                self.counters.mismatched_pages += counts.mismatched;
+                self.counters.pages_loaded += ranks;
+                self.counters.bytes_loaded += ranks * self.stored_page_bytes[group];
+                self.counters.modeled_bytes_loaded += ranks * self.full_page_bytes[group];
+            }
+        }
+        let active = &mut self.active[index];
+        let loaded = end - start;
+        active.computed = end;
+        active.reused_tokens += loaded;
+        active.phase = Phase::Ready {
+            at_us: now.max(modeled_end_us),
+        };
+        self.counters.loads_filled += 1;
+        self.counters.reused_tokens += u64::try_from(loaded).unwrap_or(u64::MAX);
+        Ok(())
+    }
+
+    /// Releases a failed reservation and makes the request compute its prefix (R25).
+    fn load_failed(
+        &mut self,
+        index: usize,
+        report: FinishedLoad,
+        now: SimMicros,
+    ) -> Result<(), ReplayError> {
+        let Phase::Loading { start, end, .. } = self.active[index].phase else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        self.connector
+            .release_prefix_reservation(report.request, report.reservation, start, end);
+        self.connector_time += started.elapsed();
+        self.counters.loads_failed += 1;
+        let t = self.cache.tokens_per_block();
+        let active = &mut self.active[index];
+        for (group, content) in self.groups.iter().enumerate() {
+            for block in start / t..end / t {
+                if let Some(page) = active.pages.page(group, block) {
+                    self.checker.write_stale(&self.devices, content.id, page)?;
+                }
+            }
+        }
+        self.cache.drop_window_pages(&mut active.pages);
+        active.computed = start;
+        active.phase = Phase::Ready { at_us: now };
+        Ok(())
+    }
+}

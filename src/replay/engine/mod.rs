@@ -1,0 +1,494 @@
+//! The engine simulator of one serving instance: a scheduler with prefix-aware admission,
+//! chunked prefill and a paged KV cache, driving one connector through the engine hooks
+//! (DESIGN section 2; the lifecycle is in `crate::connector`'s docs).
+//!
+//! Workflow of one request:
+//! 1. [`Engine::enqueue`]: the request arrives, `lookup_prefix` starts its lookup (no local
+//!    prefix cache: every reuse comes through the pool, so `local_match_tokens` is 0);
+//! 2. admission (`admit`), in arrival order: a request waits while the KV cache lacks its
+//!    page quota; `reserve_prefix` answering `Pending` keeps it waiting (later ones may
+//!    still be admitted); an `Offer` allocates its pages and, for `extra_tokens > 0`, a
+//!    reservation whose pages are reported in this step's `on_step` and filled by the
+//!    connector while the request is parked (`Loading`);
+//! 3. `loads`: `get_finished_prefix_loads` reports the reservation filled (every loaded
+//!    page is read back and checked, and the request resumes at the later of the report and
+//!    the modeled end of the load) or failed (the range is released and the prefix
+//!    computed);
+//! 4. `prefill`: each step gives running requests chunks of at most `max_num_tokens`
+//!    tokens in total, writes the pages of the blocks each chunk completes, calls
+//!    `on_step`, and frees window pages no later token reads;
+//! 5. when its last chunk is computed the request has its first token (it then decodes on
+//!    the generation stage, which the driver models); `request_finished` says whether its
+//!    pages stay until `get_finished_saves` reports it.
+//!
+//! Sync loads (`is_async = false`) park the request the same way; the difference is time:
+//! the step that starts a sync load lasts until the load's modeled end (the engine waits),
+//! and the connector is expected to report it at the next poll.
+//!
+//! Invariants:
+//! - E1. A request's pages hold, for every block, either its computed content or the stale
+//!   pattern, except while a load fills them; a block's content is written only once all of
+//!   its tokens are computed (R16 is checkable).
+//! - E2. A request counts loaded tokens as computed only after the connector reported the
+//!   reservation filled, and every loaded page was checked first (R24, R25).
+//! - E3. Pages of a finished request are freed only after `get_finished_saves` reports it,
+//!   when `request_finished` returned `true` (R22).
+//! - E4. The engine makes the same calls in the same order for the same inputs and connector
+//!   answers (determinism).
+
+mod admit;
+mod loads;
+mod prefill;
+mod types;
+
+pub use types::{ArrivedRequest, EngineCounters, EngineSummary, PromptDone, StepResult};
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::core::ids::{RequestId, ReservationId};
+use crate::core::layout::{Attention, Layout};
+use crate::gpu::Device;
+use crate::stats::Latency;
+
+use super::connectors::ReplayConnector;
+use super::content::{ContentGroup, PageChecker};
+use super::cost::{CostModel, SimMicros};
+use super::error::ReplayError;
+use super::kv_cache::{GroupPolicy, KvCache, RequestPages};
+
+/// How one instance's engine is set up.
+pub struct EngineSetup {
+    /// The instance's index, for errors.
+    pub instance: usize,
+    /// The layout (full page sizes; the world size is `devices.len()`).
+    pub layout: Arc<Layout>,
+    /// One device per tensor-parallel rank.
+    pub devices: Vec<Device>,
+    /// Pages per group.
+    pub kv_pages: u32,
+    /// Prompt tokens one step computes, over all requests.
+    pub max_num_tokens: usize,
+    /// `R`: window tokens kept beyond `W` (`planner.swa_endpoint_rewind_tokens`).
+    pub rewind_tokens: usize,
+    /// Simulated time.
+    pub cost: CostModel,
+}
+
+/// A request waiting for admission.
+struct Waiting {
+    request: ArrivedRequest,
+    /// Used for every `reserve_prefix` call of this request.
+    reservation: ReservationId,
+    /// The last `reserve_prefix` answered `Pending`.
+    pending: bool,
+}
+
+/// Where an admitted request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Parked while the connector fills tokens `[start, end)`.
+    Loading {
+        reservation: ReservationId,
+        start: usize,
+        end: usize,
+        modeled_end_us: SimMicros,
+    },
+    /// Computing from `at_us` on.
+    Ready { at_us: SimMicros },
+}
+
+/// An admitted request.
+struct Active {
+    request: ArrivedRequest,
+    computed: usize,
+    pages: RequestPages,
+    phase: Phase,
+    reused_tokens: usize,
+}
+
+/// The engine simulator of one instance (module docs).
+pub struct Engine {
+    instance: usize,
+    connector: Box<dyn ReplayConnector>,
+    devices: Vec<Device>,
+    groups: Vec<ContentGroup>,
+    /// Per group, layout order: full page bytes (cost model) and stored bytes (devices).
+    full_page_bytes: Vec<u64>,
+    stored_page_bytes: Vec<u64>,
+    cache: KvCache,
+    checker: PageChecker,
+    cost: CostModel,
+    max_num_tokens: usize,
+    waiting: VecDeque<Waiting>,
+    /// Admitted requests in admission order (the chunk order).
+    active: Vec<Active>,
+    /// Finished requests whose pages wait for `get_finished_saves` (E3).
+    held: Vec<(RequestId, RequestPages)>,
+    busy_until_us: SimMicros,
+    /// When the instance's load link is free (loads share it, one after the other).
+    link_free_us: SimMicros,
+    next_reservation: u64,
+    /// The head of the queue did not fit in the cache at the last admission.
+    admission_blocked: bool,
+    counters: EngineCounters,
+    /// Time inside connector calls since the last recorded step: `lookup_prefix` of new
+    /// arrivals and every hook the step calls; not `wait_for_progress` or `settle_saves`.
+    connector_time: Duration,
+    step_latency: Latency,
+}
+
+impl Engine {
+    /// An engine with an empty cache driving `connector`.
+    ///
+    /// # Errors
+    ///
+    /// A layout error (page bytes overflow) or a device without a pool for a group.
+    pub fn new(
+        setup: EngineSetup,
+        connector: Box<dyn ReplayConnector>,
+    ) -> Result<Self, ReplayError> {
+        let layout = &setup.layout;
+        let policies: Vec<GroupPolicy> = layout
+            .groups
+            .iter()
+            .map(|group| match group.attention() {
+                Attention::Full => GroupPolicy::Full,
+                Attention::Window {
+                    window_tokens,
+                    sink_tokens,
+                } => GroupPolicy::Window {
+                    window_tokens: to_usize(window_tokens),
+                    sink_tokens: to_usize(sink_tokens),
+                    keep_extra_tokens: setup.rewind_tokens,
+                },
+            })
+            .collect();
+        let mut full_page_bytes = Vec::new();
+        let mut stored_page_bytes = Vec::new();
+        for group in &layout.groups {
+            full_page_bytes.push(layout.page_bytes(group)?);
+            let stored = match setup.devices.first() {
+                Some(device) => device.page_pool(group.id)?.page_bytes,
+                None => 0,
+            };
+            stored_page_bytes.push(u64::try_from(stored).unwrap_or(u64::MAX));
+        }
+        let world = u32::try_from(setup.devices.len()).unwrap_or(u32::MAX);
+        Ok(Self {
+            instance: setup.instance,
+            connector,
+            groups: layout.groups.iter().map(ContentGroup::of).collect(),
+            devices: setup.devices,
+            full_page_bytes,
+            stored_page_bytes,
+            cache: KvCache::new(
+                &policies,
+                setup.kv_pages,
+                to_usize(layout.tokens_per_block),
+                setup.max_num_tokens,
+            ),
+            checker: PageChecker::new(world),
+            cost: setup.cost,
+            max_num_tokens: setup.max_num_tokens.max(1),
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            held: Vec::new(),
+            busy_until_us: 0,
+            link_free_us: 0,
+            next_reservation: 1,
+            admission_blocked: false,
+            counters: EngineCounters::default(),
+            connector_time: Duration::ZERO,
+            step_latency: Latency::default(),
+        })
+    }
+
+    /// Hands an arrived request to this instance and starts its lookup.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::PromptTooLarge`] when the prompt could never fit in the cache.
+    pub fn enqueue(
+        &mut self,
+        request: ArrivedRequest,
+        prompt: Arc<[i64]>,
+    ) -> Result<(), ReplayError> {
+        if !self.cache.fits_empty(request.prompt_len) {
+            let quota = self.cache.quota_for(request.prompt_len);
+            return Err(ReplayError::PromptTooLarge {
+                request: request.id.0,
+                prompt_len: request.prompt_len,
+                pages_needed: quota.into_iter().max().unwrap_or(0),
+                kv_pages: self.cache.num_pages(),
+            });
+        }
+        let started = Instant::now();
+        self.connector.lookup_prefix(request.id, prompt, 0);
+        self.connector_time += started.elapsed();
+        let reservation = ReservationId(self.next_reservation);
+        self.next_reservation += 1;
+        self.waiting.push_back(Waiting {
+            request,
+            reservation,
+            pending: false,
+        });
+        Ok(())
+    }
+
+    /// One scheduler step at simulated time `now` (module workflow 2-5). The engine is busy
+    /// until `now + duration_us` afterwards.
+    ///
+    /// # Errors
+    ///
+    /// A device error while writing or checking pages, or a cache bug.
+    pub fn step(&mut self, now: SimMicros) -> Result<StepResult, ReplayError> {
+        let carried = self.connector_time;
+        let mut changed = self.poll_loads(now)?;
+        changed |= self.poll_saves();
+        let admitted = self.admit(now)?;
+        changed |= admitted.changed;
+        let chunks = self.schedule_chunks(now)?;
+        if chunks.is_empty() && admitted.reservations.is_empty() {
+            // No step ran. A real engine polls once per step; the simulator polls again
+            // each time it waits, so these polls are not charged to any step.
+            self.connector_time = carried;
+            return Ok(StepResult {
+                changed,
+                ..StepResult::default()
+            });
+        }
+        let compute_us = self.cost.step_micros(
+            chunks
+                .iter()
+                .map(|chunk| (chunk.before, chunk.after - chunk.before)),
+        );
+        let duration_us = compute_us + admitted.sync_wait_us;
+        self.call_on_step(&chunks, &admitted.reservations);
+        let done = self.after_step(&chunks, now + duration_us);
+        self.busy_until_us = now + duration_us;
+        self.counters.steps += 1;
+        self.step_latency
+            .record(std::mem::take(&mut self.connector_time));
+        Ok(StepResult {
+            changed: true,
+            duration_us,
+            done,
+        })
+    }
+
+    /// Asks the connector for finished saves and frees the pages of those requests (E3).
+    fn poll_saves(&mut self) -> bool {
+        let started = Instant::now();
+        let finished = self.connector.get_finished_saves();
+        self.connector_time += started.elapsed();
+        let mut changed = false;
+        for request in finished {
+            match self.held.iter().position(|(held, _)| *held == request) {
+                Some(index) => {
+                    let (_, pages) = self.held.remove(index);
+                    self.cache.release(pages);
+                    changed = true;
+                }
+                None => self.counters.unexpected_save_reports += 1,
+            }
+        }
+        changed
+    }
+
+    /// Whether the engine is between steps at `now`.
+    pub fn is_idle(&self, now: SimMicros) -> bool {
+        self.busy_until_us <= now
+    }
+
+    /// Whether requests are waiting, loading or computing.
+    pub fn has_requests(&self) -> bool {
+        !self.waiting.is_empty() || !self.active.is_empty()
+    }
+
+    /// Finished requests whose pages wait for saves.
+    pub fn held_requests(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether, idle at `now`, only the connector can unblock this engine: a lookup is
+    /// pending, a load is past its modeled end but unreported, or admission waits for pages
+    /// that saves hold.
+    pub fn waits_on_connector(&self, now: SimMicros) -> bool {
+        self.waiting.iter().any(|waiting| waiting.pending)
+            || self.active.iter().any(|active| {
+                matches!(active.phase, Phase::Loading { modeled_end_us, .. } if modeled_end_us <= now)
+            })
+            || (self.admission_blocked && !self.held.is_empty())
+    }
+
+    /// The next simulated time after `now` at which this engine has something to do.
+    pub fn next_event_us(&self, now: SimMicros) -> Option<SimMicros> {
+        let busy = (self.busy_until_us > now).then_some(self.busy_until_us);
+        let requests = self.active.iter().map(|active| match active.phase {
+            Phase::Ready { at_us } => at_us,
+            Phase::Loading { modeled_end_us, .. } => modeled_end_us,
+        });
+        busy.into_iter()
+            .chain(requests)
+            .filter(|&at| at > now)
+            .min()
+    }
+
+    /// Counts of waiting, loading and held requests, for stall errors.
+    pub fn queue_sizes(&self) -> (usize, usize, usize) {
+        let loading = self
+            .active
+            .iter()
+            .filter(|active| matches!(active.phase, Phase::Loading { .. }))
+            .count();
+        (self.waiting.len(), loading, self.held.len())
+    }
+
+    /// Frees the pages of requests whose saves finished; returns whether any were freed.
+    pub fn poll_held(&mut self) -> bool {
+        self.poll_saves()
+    }
+
+    /// `settle_saves` on this instance's connector (not counted as step time).
+    pub fn settle_saves(&mut self) {
+        self.connector.settle_saves();
+    }
+
+    /// `wait_for_progress` on this instance's connector (not counted as step time).
+    pub fn wait_for_progress(&mut self, timeout: Duration) {
+        self.connector.wait_for_progress(timeout);
+    }
+
+    /// The instance's index.
+    pub fn instance(&self) -> usize {
+        self.instance
+    }
+
+    /// Ends the engine: asks the connector for its report.
+    pub fn finish(mut self) -> EngineSummary {
+        EngineSummary {
+            counters: self.counters,
+            step_latency: self.step_latency,
+            connector: self.connector.report(),
+            held_at_end: self.held.len(),
+        }
+    }
+}
+
+/// `u32` to `usize` (lossless on every supported target).
+fn to_usize(value: u32) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connector::NoConnector;
+    use crate::core::hash::{hash_blocks, scope_seed, Scope};
+    use crate::core::keys::Shard;
+    use crate::core::layout::GroupId;
+    use crate::gpu::PagePoolSpec;
+    use crate::replay::content::{fill_page, page_seed, STALE_BYTE};
+
+    fn engine(max_num_tokens: usize) -> Result<Engine, ReplayError> {
+        let layout = Arc::new(Layout::preset("tiny-full")?);
+        let spec = PagePoolSpec {
+            group: GroupId(0),
+            page_bytes: 4096,
+            num_pages: 64,
+        };
+        let setup = EngineSetup {
+            instance: 0,
+            layout,
+            devices: vec![Device::open_host(&[spec])?],
+            kv_pages: 64,
+            max_num_tokens,
+            rewind_tokens: 0,
+            cost: CostModel::for_layout("tiny-full", 1),
+        };
+        Engine::new(setup, Box::new(NoConnector))
+    }
+
+    fn request(prompt_len: usize) -> Result<(ArrivedRequest, Arc<[i64]>), ReplayError> {
+        let tokens: Vec<i64> = (0..).take(prompt_len).collect();
+        let hashes = hash_blocks(scope_seed(&Scope::default()), &tokens, 16)?;
+        let request = ArrivedRequest {
+            workload_index: 0,
+            id: RequestId(7),
+            prompt_len,
+            output_tokens: 1,
+            arrival_us: 0,
+            hashes,
+        };
+        Ok((request, Arc::from(tokens)))
+    }
+
+    /// The page of `block` of the first active request, read back.
+    fn page_bytes(engine: &Engine, block: usize) -> Result<Vec<u8>, ReplayError> {
+        let page = engine.active[0].pages.page(0, block).unwrap_or(u32::MAX);
+        Ok(engine.devices[0].read_page_to_vec(GroupId(0), page)?)
+    }
+
+    fn computed_content(engine: &Engine, block: usize) -> Vec<u8> {
+        let shard = Shard::Rank { world: 1, rank: 0 };
+        let mut bytes = vec![0; 4096];
+        fill_page(
+            &mut bytes,
+            page_seed(GroupId(0), shard, &engine.active[0].request.hashes[block]),
+        );
+        bytes
+    }
+
+    #[test]
+    fn chunks_write_completed_blocks_and_leave_partial_ones_stale_e1() -> Result<(), ReplayError> {
+        let mut engine = engine(40)?;
+        let (arrived, prompt) = request(100)?;
+        engine.enqueue(arrived, prompt)?;
+        let first = engine.step(0)?;
+        assert!(first.changed && first.duration_us > 0 && first.done.is_empty());
+        assert_eq!(engine.active[0].computed, 40);
+        // Tokens [0, 40): blocks 0 and 1 are complete, block 2 holds 8 of 16 tokens.
+        for block in 0..2 {
+            assert_eq!(
+                page_bytes(&engine, block)?,
+                computed_content(&engine, block)
+            );
+        }
+        assert!(page_bytes(&engine, 2)?
+            .iter()
+            .all(|&byte| byte == STALE_BYTE));
+        assert!(!engine.is_idle(first.duration_us - 1));
+        let second = engine.step(first.duration_us)?;
+        assert_eq!(engine.active[0].computed, 80);
+        assert_eq!(page_bytes(&engine, 2)?, computed_content(&engine, 2));
+        let third = engine.step(first.duration_us + second.duration_us)?;
+        // The last block (tokens 96..100) is never full; the prompt is done.
+        assert_eq!(third.done.len(), 1);
+        assert_eq!(
+            third.done[0].first_token_us,
+            first.duration_us + second.duration_us + third.duration_us
+        );
+        assert!(!engine.has_requests());
+        assert_eq!(engine.cache.free_pages(), vec![64]);
+        assert_eq!(engine.counters.computed_tokens, 100);
+        assert_eq!(engine.counters.steps, 3);
+        Ok(())
+    }
+
+    #[test]
+    fn prompts_larger_than_the_cache_are_refused() -> Result<(), ReplayError> {
+        let mut engine = engine(40)?;
+        let (arrived, prompt) = request(64 * 16 + 1)?;
+        assert!(matches!(
+            engine.enqueue(arrived, prompt),
+            Err(ReplayError::PromptTooLarge {
+                pages_needed: 65,
+                kv_pages: 64,
+                ..
+            })
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,93 @@
+//! The values an [`Engine`](super::Engine) takes and hands back: arrived requests, step
+//! results, counters and the final summary.
+
+use crate::core::hash::BlockHash;
+use crate::core::ids::RequestId;
+use crate::replay::connectors::ConnectorReport;
+use crate::replay::cost::SimMicros;
+use crate::stats::Latency;
+
+/// A request handed to an instance.
+#[derive(Clone, Debug)]
+pub struct ArrivedRequest {
+    /// Position in the workload.
+    pub workload_index: usize,
+    /// The id the connector sees.
+    pub id: RequestId,
+    /// `P`.
+    pub prompt_len: usize,
+    /// Answer tokens (decoded on the generation stage).
+    pub output_tokens: u32,
+    /// Simulated arrival (after session gating).
+    pub arrival_us: SimMicros,
+    /// Chain hashes of the prompt's full blocks (R1, default scope).
+    pub hashes: Vec<BlockHash>,
+}
+
+/// A request whose prompt is computed: its first token is out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptDone {
+    /// Position in the workload.
+    pub workload_index: usize,
+    /// Simulated arrival.
+    pub arrival_us: SimMicros,
+    /// Simulated time of the first token (end of the last chunk's step).
+    pub first_token_us: SimMicros,
+    /// Prompt tokens loaded from the pool.
+    pub reused_tokens: usize,
+}
+
+/// What one call of [`Engine::step`](super::Engine::step) did.
+#[derive(Debug, Default)]
+pub struct StepResult {
+    /// Whether any request changed state (admitted, resumed, computed, freed).
+    pub changed: bool,
+    /// Simulated duration of the step (0 when nothing was computed).
+    pub duration_us: SimMicros,
+    /// Requests whose prompt finished in this step.
+    pub done: Vec<PromptDone>,
+}
+
+/// Counters of one engine, summed by the driver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// Loaded pages whose bytes matched (per rank).
+    pub verified_pages: u64,
+    /// Loaded pages whose bytes did not (per rank).
+    pub mismatched_pages: u64,
+    /// Prompt tokens loaded from the pool (filled reservations).
+    pub reused_tokens: u64,
+    /// Pages moved into device memory by filled loads (per rank).
+    pub pages_loaded: u64,
+    /// Their bytes as stored.
+    pub bytes_loaded: u64,
+    /// Their bytes at the layout's full page size (what the cost model moved).
+    pub modeled_bytes_loaded: u64,
+    /// Reservations reported filled.
+    pub loads_filled: u64,
+    /// Reservations reported failed (R25).
+    pub loads_failed: u64,
+    /// Load reports for reservations the engine does not know (R26: ignored).
+    pub stale_load_reports: u64,
+    /// Save reports for requests whose pages were not held.
+    pub unexpected_save_reports: u64,
+    /// Offers cut to whole blocks before the last prompt token.
+    pub offers_trimmed: u64,
+    /// Prompt tokens the engine computed itself.
+    pub computed_tokens: u64,
+    /// Steps that called `on_step`.
+    pub steps: u64,
+}
+
+/// What an engine hands back at the end of a replay.
+#[derive(Debug)]
+pub struct EngineSummary {
+    /// The engine's counters.
+    pub counters: EngineCounters,
+    /// Wall-clock time inside connector calls per step.
+    pub step_latency: Latency,
+    /// The connector's own counters.
+    pub connector: ConnectorReport,
+    /// Finished requests whose pages were still held at the end.
+    pub held_at_end: usize,
+}

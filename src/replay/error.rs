@@ -1,0 +1,170 @@
+//! [`ReplayError`]: why a replay could not be set up or could not finish.
+//!
+//! The large layer errors (configuration, layout, trace) are boxed so that the error stays
+//! small on the factory's and the driver's `Result`s.
+
+use crate::config::ConfigError;
+use crate::core::hash::HashError;
+use crate::core::layout::LayoutError;
+use crate::gpu::GpuError;
+use crate::pool::PoolError;
+
+use super::kv_cache::KvCacheError;
+use super::workload::{GenerateError, TraceError};
+
+/// Why a replay failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The configuration could not be loaded.
+    #[error(transparent)]
+    Config(Box<ConfigError>),
+    /// The layout could not be loaded or does not fit the world size.
+    #[error(transparent)]
+    Layout(Box<LayoutError>),
+    /// The trace file could not be read.
+    #[error(transparent)]
+    Trace(Box<TraceError>),
+    /// The generated workload's parameters were refused.
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    /// A device operation of the simulator failed.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The pool could not be built.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// Hashing a prompt failed.
+    #[error(transparent)]
+    Hash(#[from] HashError),
+    /// The simulated KV cache refused an operation (a simulator bug).
+    #[error("simulated kv cache: {0}")]
+    KvCache(#[from] KvCacheError),
+    /// A setting is out of range.
+    #[error("{setting} = {value} is out of range; {working} works")]
+    InvalidSetting {
+        /// The flag or key.
+        setting: &'static str,
+        /// The refused value, as given.
+        value: String,
+        /// A value that would be accepted.
+        working: &'static str,
+    },
+    /// Replay runs only on the embedded pool so far.
+    #[error("replay supports pool.backend = memory only, not {backend}; use --pool memory")]
+    UnsupportedPool {
+        /// The configured backend.
+        backend: &'static str,
+    },
+    /// The workload holds no request.
+    #[error("the workload holds no request; raise --limit or use another workload")]
+    NoRequests,
+    /// A prompt needs more KV pages than an instance has, so it could never run.
+    #[error(
+        "request {request} ({prompt_len} tokens) needs {pages_needed} kv pages in one group \
+         but an instance has {kv_pages}; raise --kv-pages to at least {pages_needed}"
+    )]
+    PromptTooLarge {
+        /// Workload id of the request.
+        request: u64,
+        /// Its prompt length.
+        prompt_len: usize,
+        /// Pages it needs in its largest group.
+        pages_needed: u32,
+        /// Pages per group of an instance.
+        kv_pages: u32,
+    },
+    /// The simulated devices would not fit the host memory limit.
+    #[error(
+        "simulated kv pages need {needed_bytes} bytes of host memory, above the \
+         --host-memory-limit of {limit_bytes}; use --kv-bytes-scale {largest_scale} or \
+         fewer --kv-pages"
+    )]
+    DeviceMemoryTooLarge {
+        /// Bytes all instances' devices would allocate.
+        needed_bytes: u64,
+        /// The limit.
+        limit_bytes: u64,
+        /// The largest scale that fits.
+        largest_scale: f64,
+    },
+    /// `--connector kvc` before the real connector is wired into the replay.
+    #[error(
+        "connector {connector} is not wired into replay yet (instance {instance}); use \
+         --connector none for the baseline"
+    )]
+    ConnectorNotWired {
+        /// The connector asked for.
+        connector: &'static str,
+        /// The instance being built.
+        instance: usize,
+    },
+    /// The factory could not build an instance's connector.
+    #[error("building the connector of instance {instance} failed")]
+    Connector {
+        /// The instance being built.
+        instance: usize,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Requests wait on the connector and it made no progress for too long.
+    #[error(
+        "instance {instance} made no progress for {waited_s} s of real time ({waiting} \
+         waiting, {loading} loading, {held} held for saves); the connector is stuck or \
+         --stall-timeout-s is too short"
+    )]
+    Stalled {
+        /// The first stuck instance.
+        instance: usize,
+        /// Seconds waited.
+        waited_s: u64,
+        /// Its requests waiting for admission.
+        waiting: usize,
+        /// Its requests parked on loads.
+        loading: usize,
+        /// Its finished requests whose pages wait for saves.
+        held: usize,
+    },
+}
+
+impl From<ConfigError> for ReplayError {
+    fn from(err: ConfigError) -> Self {
+        Self::Config(Box::new(err))
+    }
+}
+
+impl From<LayoutError> for ReplayError {
+    fn from(err: LayoutError) -> Self {
+        Self::Layout(Box::new(err))
+    }
+}
+
+impl From<TraceError> for ReplayError {
+    fn from(err: TraceError) -> Self {
+        Self::Trace(Box::new(err))
+    }
+}
+
+impl ReplayError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Config(err) => err.kind(),
+            Self::Layout(err) => err.kind(),
+            Self::Trace(err) => err.kind(),
+            Self::Generate(err) => err.kind(),
+            Self::Gpu(err) => err.kind(),
+            Self::Pool(err) => err.kind(),
+            Self::Hash(err) => err.kind(),
+            Self::KvCache(err) => err.kind(),
+            Self::InvalidSetting { .. } => "invalid_setting",
+            Self::UnsupportedPool { .. } => "unsupported_pool",
+            Self::NoRequests => "no_requests",
+            Self::PromptTooLarge { .. } => "prompt_too_large",
+            Self::DeviceMemoryTooLarge { .. } => "device_memory_too_large",
+            Self::ConnectorNotWired { .. } => "connector_not_wired",
+            Self::Connector { .. } => "connector",
+            Self::Stalled { .. } => "stalled",
+        }
+    }
+}

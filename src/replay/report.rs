@@ -1,0 +1,315 @@
+//! The replay report: one JSON object (`--json`) and a summary table (DESIGN section 11,
+//! "Output").
+//!
+//! Simulated figures (everything under `sim`, TTFT, throughput) come from the cost model;
+//! wall-clock figures (`connector_step_us`, `wall_seconds`) are measured. The table prints
+//! them in separate sections so they are never mixed up.
+//!
+//! JSON fields (top level): `requests`, `completed`, `prompt_tokens`, `computed_tokens`,
+//! `reused_tokens`, `oracle_reusable_tokens`, `reused_share_of_prompt`,
+//! `reused_share_of_oracle`, `verified_pages`, `mismatched_pages`, `lookups` {`full`,
+//! `rewound`, `recovered`, `window_miss`, `full_miss`}, `pages_loaded`, `bytes_loaded`,
+//! `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`, `saves_skipped_present`,
+//! `saves_dropped`, `loads_filled`, `loads_failed`, `stale_load_reports`,
+//! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `sim` {`duration_s`,
+//! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
+//! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `wall_seconds`, `setup` {...}.
+
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use crate::stats::LatencySummary;
+
+use super::connectors::LookupOutcomes;
+use super::cost::CostModel;
+
+/// Simulated-time figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SimSummary {
+    /// From 0 to the last request's last answer token.
+    pub duration_s: f64,
+    /// Completed requests per simulated second.
+    pub throughput_rps: f64,
+    /// Median time to first token.
+    pub ttft_p50_s: f64,
+    /// 99th percentile time to first token.
+    pub ttft_p99_s: f64,
+    /// Longest time to first token.
+    pub ttft_max_s: f64,
+    /// Engine steps over all instances.
+    pub steps: u64,
+}
+
+/// One group's page sizes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PageBytes {
+    /// The group id.
+    pub group: u32,
+    /// The layout's page bytes (what the cost model moves).
+    pub full: u64,
+    /// Bytes really stored and moved (`--kv-bytes-scale`).
+    pub stored: u64,
+}
+
+/// How the replay was set up.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SetupSummary {
+    /// `kvc` or `none`.
+    pub connector: String,
+    /// The layout's name.
+    pub model: String,
+    /// The layout fingerprint (R4), hex.
+    pub layout_fingerprint: String,
+    /// `T`.
+    pub tokens_per_block: u32,
+    /// Tensor-parallel ranks per instance.
+    pub world_size: u32,
+    /// Context instances.
+    pub instances: usize,
+    /// `round-robin` or `session`.
+    pub routing: String,
+    /// Prompt tokens per step.
+    pub max_num_tokens: usize,
+    /// KV pages per group per instance.
+    pub kv_pages: u32,
+    /// The scale of stored page bytes; the cost model always uses full sizes.
+    pub kv_bytes_scale: f64,
+    /// Page sizes per group.
+    pub page_bytes: Vec<PageBytes>,
+    /// Bytes the simulated devices allocate (all instances and ranks).
+    pub device_bytes: u64,
+    /// `memory`.
+    pub pool: String,
+    /// The modeled pool capacity (full page sizes).
+    pub pool_capacity_bytes: u64,
+    /// The capacity really allocated (scaled).
+    pub pool_stored_capacity_bytes: u64,
+    /// The cost model's numbers.
+    pub cost_model: CostModel,
+}
+
+/// Everything a replay reports.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayReport {
+    /// Requests in the workload.
+    pub requests: u64,
+    /// Requests whose prompt was computed (their answers are modeled).
+    pub completed: u64,
+    /// Sum of prompt lengths of delivered requests.
+    pub prompt_tokens: u64,
+    /// Prompt tokens the engines computed.
+    pub computed_tokens: u64,
+    /// Prompt tokens loaded from the pool.
+    pub reused_tokens: u64,
+    /// What an unbounded prefix pool would have reused.
+    pub oracle_reusable_tokens: u64,
+    /// `reused_tokens / prompt_tokens`.
+    pub reused_share_of_prompt: f64,
+    /// `reused_tokens / oracle_reusable_tokens`.
+    pub reused_share_of_oracle: f64,
+    /// Loaded pages whose bytes matched (per rank).
+    pub verified_pages: u64,
+    /// Loaded pages whose bytes did not; the required number is 0.
+    pub mismatched_pages: u64,
+    /// Lookup outcomes (from the connectors).
+    pub lookups: LookupOutcomes,
+    /// Pages moved into device memory by filled loads (per rank).
+    pub pages_loaded: u64,
+    /// Their stored bytes.
+    pub bytes_loaded: u64,
+    /// Their bytes at full page size.
+    pub modeled_bytes_loaded: u64,
+    /// Pages the connectors stored (from the connectors).
+    pub pages_saved: u64,
+    /// Bytes the connectors stored.
+    pub bytes_saved: u64,
+    /// Saves skipped as already present (R19).
+    pub saves_skipped_present: u64,
+    /// Saves shed by the save queue (R22).
+    pub saves_dropped: u64,
+    /// Reservations reported filled.
+    pub loads_filled: u64,
+    /// Reservations reported failed (R25).
+    pub loads_failed: u64,
+    /// Load reports for unknown reservations (R26).
+    pub stale_load_reports: u64,
+    /// Save reports for requests whose pages were not held.
+    pub unexpected_save_reports: u64,
+    /// Offers cut to whole blocks before the last prompt token.
+    pub offers_trimmed: u64,
+    /// Requests whose pages were still held for saves at the end.
+    pub held_at_end: u64,
+    /// Simulated-time figures.
+    pub sim: SimSummary,
+    /// Wall-clock microseconds inside connector calls per engine step (the hooks the step
+    /// calls, plus `lookup_prefix` of requests that arrived since the previous step; not
+    /// `wait_for_progress` or `settle_saves`, which only the simulator calls).
+    pub connector_step_us: LatencySummary,
+    /// Wall-clock seconds of the whole replay.
+    pub wall_seconds: f64,
+    /// How the replay was set up.
+    pub setup: SetupSummary,
+}
+
+/// `part / whole`, 0 for an empty whole.
+#[expect(clippy::cast_precision_loss, reason = "a ratio for reports")]
+pub fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+/// Nearest-rank percentile `q` in `[0, 1]` of sorted values; 0 when empty.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "an index below the slice length"
+)]
+pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Bytes in binary units, for the table.
+#[expect(clippy::cast_precision_loss, reason = "display only")]
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+impl ReplayReport {
+    /// Writes the summary table.
+    ///
+    /// # Errors
+    ///
+    /// The writer's error.
+    pub fn write_table(&self, out: &mut dyn Write) -> io::Result<()> {
+        let setup = &self.setup;
+        writeln!(
+            out,
+            "replay: {} on {} instance(s) x {} rank(s), connector {}, T = {}",
+            setup.model, setup.instances, setup.world_size, setup.connector, setup.tokens_per_block
+        )?;
+        if setup.kv_bytes_scale < 1.0 {
+            writeln!(
+                out,
+                "  pages stored and moved at {} x their size; the cost model uses full sizes",
+                setup.kv_bytes_scale
+            )?;
+        }
+        writeln!(out, "workload")?;
+        writeln!(
+            out,
+            "  requests            {:>14} ({} completed)",
+            self.requests, self.completed
+        )?;
+        writeln!(out, "  prompt tokens       {:>14}", self.prompt_tokens)?;
+        writeln!(
+            out,
+            "  reused tokens       {:>14} ({:.1} % of prompt, {:.1} % of oracle {})",
+            self.reused_tokens,
+            100.0 * self.reused_share_of_prompt,
+            100.0 * self.reused_share_of_oracle,
+            self.oracle_reusable_tokens
+        )?;
+        writeln!(
+            out,
+            "  page check          {:>14} verified, {} mismatched",
+            self.verified_pages, self.mismatched_pages
+        )?;
+        let lookups = &self.lookups;
+        writeln!(out, "connector")?;
+        writeln!(
+            out,
+            "  lookups             full {}, rewound {}, recovered {}, window_miss {}, full_miss {}",
+            lookups.full,
+            lookups.rewound,
+            lookups.recovered,
+            lookups.window_miss,
+            lookups.full_miss
+        )?;
+        writeln!(
+            out,
+            "  loaded              {:>14} pages, {} ({} modeled)",
+            self.pages_loaded,
+            human_bytes(self.bytes_loaded),
+            human_bytes(self.modeled_bytes_loaded)
+        )?;
+        writeln!(
+            out,
+            "  saved               {:>14} pages, {}",
+            self.pages_saved,
+            human_bytes(self.bytes_saved)
+        )?;
+        writeln!(
+            out,
+            "  saves skipped/drop  {:>14} / {}",
+            self.saves_skipped_present, self.saves_dropped
+        )?;
+        writeln!(
+            out,
+            "  loads filled/failed {:>14} / {}",
+            self.loads_filled, self.loads_failed
+        )?;
+        writeln!(out, "simulated time (cost model {})", setup.cost_model.name)?;
+        writeln!(out, "  duration            {:>14.3} s", self.sim.duration_s)?;
+        writeln!(
+            out,
+            "  throughput          {:>14.3} requests/s",
+            self.sim.throughput_rps
+        )?;
+        writeln!(
+            out,
+            "  ttft p50 / p99      {:>14.3} s / {:.3} s",
+            self.sim.ttft_p50_s, self.sim.ttft_p99_s
+        )?;
+        writeln!(out, "wall clock (measured)")?;
+        writeln!(
+            out,
+            "  connector per step  p50 {} us, p99 {} us, max {} us ({} steps)",
+            self.connector_step_us.p50,
+            self.connector_step_us.p99,
+            self.connector_step_us.max,
+            self.connector_step_us.count
+        )?;
+        writeln!(out, "  replay              {:>14.3} s", self.wall_seconds)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let values: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&values, 0.5), 50);
+        assert_eq!(percentile(&values, 0.99), 99);
+        assert_eq!(percentile(&values, 1.0), 100);
+        assert_eq!(percentile(&values, 0.0), 1);
+        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile(&[7], 0.99), 7);
+    }
+
+    #[test]
+    fn shares_and_bytes_read_well() {
+        assert!((share(1, 4) - 0.25).abs() < 1e-12);
+        assert!(share(1, 0).abs() < 1e-12);
+        assert_eq!(human_bytes(512), "512.0 B");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}

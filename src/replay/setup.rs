@@ -1,0 +1,325 @@
+//! Sizing a replay deployment: KV pages per instance, stored page sizes under
+//! `--kv-bytes-scale`, the host-memory check, and the shared pool.
+//!
+//! Workflow ([`Deployment::build`]):
+//! 1. pages per group: `--kv-pages`, or the KV memory of one rank (the cost model's
+//!    `kv_memory_bytes`, or `--kv-memory`) divided by the full bytes of one page of every
+//!    group (every group gets the same count: a conservative split for window groups);
+//! 2. the scale: the one given, or the largest power of two `<= 1` whose stored pages fit
+//!    the host memory limit ([`KvBytesScale::Auto`]);
+//! 3. stored page bytes: `F x` the layout's page bytes, rounded to a multiple of 64 and at
+//!    least 64 (exactly the layout's bytes at `F = 1`);
+//! 4. the pool: the embedded memory pool with the configured eviction ratios and lease, on
+//!    a manual clock the driver keeps at simulated time. `pool.capacity_bytes` is the
+//!    modeled (full page size) capacity; the pool holds `F x` it, so that it keeps as many
+//!    pages as the modeled deployment would.
+//!
+//! Invariants:
+//! - S1. Stored page bytes are `>= 64` and a multiple of 64 whenever `F < 1`.
+//! - S2. All instances' device pages fit the host memory limit, or setup fails naming a
+//!   scale that fits.
+
+use std::sync::Arc;
+
+use crate::config::{Config, PoolBackend};
+use crate::core::eviction::EvictionPolicy;
+use crate::core::layout::{GroupId, Layout};
+use crate::gpu::{Device, PagePoolSpec};
+use crate::pool::{ManualClock, MemoryPool};
+
+use super::error::ReplayError;
+
+/// Smallest automatic scale: `2^-20`.
+const MIN_AUTO_SCALE_LOG2: i32 = 20;
+
+/// How many KV pages each group of an instance gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPages {
+    /// Exactly this many pages per group.
+    Fixed(u32),
+    /// As many as this many bytes per rank hold at full page size.
+    Memory(u64),
+}
+
+/// The `--kv-bytes-scale` choice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KvBytesScale {
+    /// The largest power of two `<= 1` that fits the host memory limit.
+    Auto,
+    /// This scale, in `(0, 1]`.
+    Fixed(f64),
+}
+
+/// What a deployment is sized from.
+#[derive(Clone, Debug)]
+pub struct DeploymentParams {
+    /// Context instances.
+    pub instances: usize,
+    /// Pages per group.
+    pub kv_pages: KvPages,
+    /// Stored page size scale.
+    pub kv_bytes_scale: KvBytesScale,
+    /// Most bytes all instances' simulated devices may allocate.
+    pub host_memory_limit_bytes: u64,
+}
+
+/// The sized deployment.
+pub struct Deployment {
+    /// Pages per group per instance.
+    pub kv_pages: u32,
+    /// The scale in force.
+    pub kv_bytes_scale: f64,
+    /// Stored bytes of one page per group, layout order.
+    pub stored_page_bytes: Vec<(GroupId, usize)>,
+    /// Bytes all devices allocate.
+    pub device_bytes: u64,
+    /// The shared pool.
+    pub pool: Arc<MemoryPool>,
+    /// Its lease clock (simulated ms).
+    pub pool_clock: Arc<ManualClock>,
+    /// The pool's capacity in stored bytes.
+    pub pool_stored_capacity_bytes: u64,
+}
+
+/// Stored bytes of a page of `full` bytes at `scale` (S1).
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "page sizes are far below 2^52 and the scale is in (0, 1]"
+)]
+pub fn stored_page_bytes(full: u64, scale: f64) -> u64 {
+    if scale >= 1.0 {
+        return full;
+    }
+    let blocks = (full as f64 * scale / 64.0).round() as u64;
+    blocks.max(1) * 64
+}
+
+impl Deployment {
+    /// Sizes the deployment and builds the pool (module workflow).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::InvalidSetting`] for a scale outside `(0, 1]` or zero pages,
+    /// [`ReplayError::DeviceMemoryTooLarge`] (S2), [`ReplayError::UnsupportedPool`], or the
+    /// layout's and pool's errors.
+    pub fn build(
+        layout: &Layout,
+        config: &Config,
+        params: &DeploymentParams,
+    ) -> Result<Self, ReplayError> {
+        if config.pool.backend != PoolBackend::Memory {
+            return Err(ReplayError::UnsupportedPool {
+                backend: "mooncake",
+            });
+        }
+        let full: Vec<(GroupId, u64)> = layout
+            .groups
+            .iter()
+            .map(|group| Ok((group.id, layout.page_bytes(group)?)))
+            .collect::<Result<_, ReplayError>>()?;
+        let kv_pages = kv_pages(&full, params.kv_pages)?;
+        let needed = |scale: f64| -> u64 {
+            let per_rank: u64 = full
+                .iter()
+                .map(|&(_, bytes)| u64::from(kv_pages) * stored_page_bytes(bytes, scale))
+                .sum();
+            per_rank
+                .saturating_mul(u64::from(layout.world_size))
+                .saturating_mul(u64::try_from(params.instances).unwrap_or(u64::MAX))
+        };
+        let fits = |scale: f64| needed(scale) <= params.host_memory_limit_bytes;
+        let largest_fitting = (0..=MIN_AUTO_SCALE_LOG2)
+            .map(|log2| 0.5_f64.powi(log2))
+            .find(|&scale| fits(scale));
+        let smallest = 0.5_f64.powi(MIN_AUTO_SCALE_LOG2);
+        let scale = match params.kv_bytes_scale {
+            KvBytesScale::Fixed(scale) if !(scale > 0.0 && scale <= 1.0) => {
+                return Err(ReplayError::InvalidSetting {
+                    setting: "--kv-bytes-scale",
+                    value: scale.to_string(),
+                    working: "0.25",
+                });
+            }
+            KvBytesScale::Fixed(scale) => scale,
+            KvBytesScale::Auto => largest_fitting.unwrap_or(smallest),
+        };
+        if !fits(scale) {
+            return Err(ReplayError::DeviceMemoryTooLarge {
+                needed_bytes: needed(scale),
+                limit_bytes: params.host_memory_limit_bytes,
+                largest_scale: largest_fitting.unwrap_or(smallest),
+            });
+        }
+        let stored = full
+            .iter()
+            .map(|&(group, bytes)| {
+                let stored = stored_page_bytes(bytes, scale);
+                (group, usize::try_from(stored).unwrap_or(usize::MAX))
+            })
+            .collect();
+        let pool_stored_capacity_bytes = scaled_capacity(config.pool.capacity_bytes, scale);
+        let pool_clock = Arc::new(ManualClock::new(0));
+        let policy = EvictionPolicy {
+            capacity_bytes: pool_stored_capacity_bytes,
+            high_watermark_ratio: config.pool.eviction_high_watermark_ratio,
+            eviction_ratio: config.pool.eviction_ratio,
+            lease_ttl_ms: config.pool.kv_lease_ttl_ms,
+        };
+        let pool = Arc::new(MemoryPool::new(policy, pool_clock.clone())?);
+        Ok(Self {
+            kv_pages,
+            kv_bytes_scale: scale,
+            stored_page_bytes: stored,
+            device_bytes: needed(scale),
+            pool,
+            pool_clock,
+            pool_stored_capacity_bytes,
+        })
+    }
+
+    /// Opens the devices of one instance: one host device per rank, one page pool per
+    /// group of `kv_pages` stored pages.
+    ///
+    /// # Errors
+    ///
+    /// The device's errors (an empty or oversized pool).
+    pub fn open_devices(&self, world_size: u32) -> Result<Vec<Device>, ReplayError> {
+        let specs: Vec<PagePoolSpec> = self
+            .stored_page_bytes
+            .iter()
+            .map(|&(group, page_bytes)| PagePoolSpec {
+                group,
+                page_bytes,
+                num_pages: self.kv_pages,
+            })
+            .collect();
+        (0..world_size)
+            .map(|_| Device::open_host(&specs).map_err(ReplayError::from))
+            .collect()
+    }
+}
+
+/// Pages per group (workflow 1).
+fn kv_pages(full: &[(GroupId, u64)], kv_pages: KvPages) -> Result<u32, ReplayError> {
+    let pages = match kv_pages {
+        KvPages::Fixed(pages) => pages,
+        KvPages::Memory(bytes) => {
+            let per_block: u64 = full.iter().map(|&(_, bytes)| bytes).sum();
+            u32::try_from(bytes / per_block.max(1)).unwrap_or(u32::MAX)
+        }
+    };
+    let max = u32::try_from(i32::MAX).unwrap_or(u32::MAX);
+    if pages == 0 || pages > max {
+        return Err(ReplayError::InvalidSetting {
+            setting: "--kv-pages",
+            value: pages.to_string(),
+            working: "16384",
+        });
+    }
+    Ok(pages)
+}
+
+/// The pool's stored capacity for a modeled capacity (workflow 4), at least 1 byte.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "capacities are far below 2^52 and the scale is in (0, 1]"
+)]
+fn scaled_capacity(capacity_bytes: u64, scale: f64) -> u64 {
+    if scale >= 1.0 {
+        return capacity_bytes;
+    }
+    ((capacity_bytes as f64 * scale).ceil() as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(kv_pages: KvPages, scale: KvBytesScale, limit: u64) -> DeploymentParams {
+        DeploymentParams {
+            instances: 2,
+            kv_pages,
+            kv_bytes_scale: scale,
+            host_memory_limit_bytes: limit,
+        }
+    }
+
+    #[test]
+    fn stored_pages_are_multiples_of_64_and_at_least_64_s1() {
+        assert_eq!(stored_page_bytes(4096, 1.0), 4096);
+        assert_eq!(stored_page_bytes(100, 1.0), 100);
+        assert_eq!(stored_page_bytes(4096, 0.5), 2048);
+        assert_eq!(stored_page_bytes(4096, 0.001), 64);
+        assert_eq!(stored_page_bytes(4_194_304, 0.01), 41_920);
+        assert_eq!(stored_page_bytes(4_194_304, 0.01) % 64, 0);
+    }
+
+    #[test]
+    fn auto_scale_picks_the_largest_power_of_two_that_fits_s2() -> Result<(), ReplayError> {
+        let layout = Layout::preset("llama-3.1-8b")?;
+        let config = Config::default();
+        // 1000 pages of 4 MiB x 2 instances = 8000 MiB; 1 GiB fits at 1/8.
+        let deployment = Deployment::build(
+            &layout,
+            &config,
+            &params(KvPages::Fixed(1000), KvBytesScale::Auto, 1 << 30),
+        )?;
+        assert!((deployment.kv_bytes_scale - 0.125).abs() < f64::EPSILON);
+        assert_eq!(deployment.stored_page_bytes, vec![(GroupId(0), 512 << 10)]);
+        assert!(deployment.device_bytes <= 1 << 30);
+        assert_eq!(
+            deployment.pool_stored_capacity_bytes,
+            config.pool.capacity_bytes / 8
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_fixed_scale_that_does_not_fit_names_one_that_does_s2() -> Result<(), ReplayError> {
+        let layout = Layout::preset("llama-3.1-8b")?;
+        let result = Deployment::build(
+            &layout,
+            &Config::default(),
+            &params(KvPages::Fixed(1000), KvBytesScale::Fixed(1.0), 1 << 30),
+        );
+        match result {
+            Err(ReplayError::DeviceMemoryTooLarge { largest_scale, .. }) => {
+                assert!((largest_scale - 0.125).abs() < f64::EPSILON);
+            }
+            other => panic!("expected DeviceMemoryTooLarge, got {:?}", other.err()),
+        }
+        for bad in [0.0, -1.0, 1.5, f64::NAN] {
+            let result = Deployment::build(
+                &layout,
+                &Config::default(),
+                &params(KvPages::Fixed(10), KvBytesScale::Fixed(bad), 1 << 30),
+            );
+            assert!(
+                matches!(result, Err(ReplayError::InvalidSetting { .. })),
+                "{bad}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn pages_follow_from_memory_over_every_group() -> Result<(), ReplayError> {
+        let layout = Layout::preset("tiny-hybrid")?;
+        // Two groups of 4 KiB pages: 8 KiB per block.
+        let deployment = Deployment::build(
+            &layout,
+            &Config::default(),
+            &params(KvPages::Memory(8 << 20), KvBytesScale::Auto, 1 << 30),
+        )?;
+        assert_eq!(deployment.kv_pages, 1024);
+        assert!((deployment.kv_bytes_scale - 1.0).abs() < f64::EPSILON);
+        let devices = deployment.open_devices(2)?;
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[1].page_pool(GroupId(1))?.num_pages, 1024);
+        Ok(())
+    }
+}

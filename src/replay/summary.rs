@@ -1,0 +1,152 @@
+//! Sums what the driver and every engine counted into the [`ReplayReport`].
+
+use std::time::Duration;
+
+use crate::stats::Latency;
+
+use super::connectors::ConnectorReport;
+use super::cost::{micros_to_seconds, SimMicros};
+use super::driver::ReplayParams;
+use super::engine::{EngineCounters, EngineSummary};
+use super::report::{percentile, share, PageBytes, ReplayReport, SetupSummary, SimSummary};
+use super::setup::Deployment;
+use super::workload::Oracle;
+
+/// What the driver itself counts during a run.
+#[derive(Clone, Debug, Default)]
+pub(super) struct RunTotals {
+    /// Requests in the workload.
+    pub requests: u64,
+    /// Sum of delivered prompt lengths.
+    pub prompt_tokens: u64,
+    /// Requests with their first token.
+    pub completed: u64,
+    /// Time to first token of each completed request.
+    pub ttft_us: Vec<SimMicros>,
+    /// The last answer token of any request.
+    pub last_finish_us: SimMicros,
+}
+
+/// Merges per-step latencies of every engine.
+fn merge_latencies<'a>(latencies: impl Iterator<Item = &'a Latency>) -> Latency {
+    let mut merged = Latency::default();
+    for latency in latencies {
+        merged.merge(latency);
+    }
+    merged
+}
+
+/// Adds one engine's counters into `sum`.
+fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
+    sum.verified_pages += other.verified_pages;
+    sum.mismatched_pages += other.mismatched_pages;
+    sum.reused_tokens += other.reused_tokens;
+    sum.pages_loaded += other.pages_loaded;
+    sum.bytes_loaded += other.bytes_loaded;
+    sum.modeled_bytes_loaded += other.modeled_bytes_loaded;
+    sum.loads_filled += other.loads_filled;
+    sum.loads_failed += other.loads_failed;
+    sum.stale_load_reports += other.stale_load_reports;
+    sum.unexpected_save_reports += other.unexpected_save_reports;
+    sum.offers_trimmed += other.offers_trimmed;
+    sum.computed_tokens += other.computed_tokens;
+    sum.steps += other.steps;
+}
+
+/// The setup section of the report.
+fn setup_summary(params: &ReplayParams, deployment: &Deployment) -> SetupSummary {
+    let layout = &params.layout;
+    let page_bytes = layout
+        .groups
+        .iter()
+        .zip(&deployment.stored_page_bytes)
+        .map(|(group, &(_, stored))| PageBytes {
+            group: group.id.0,
+            full: layout.page_bytes(group).unwrap_or(0),
+            stored: u64::try_from(stored).unwrap_or(u64::MAX),
+        })
+        .collect();
+    SetupSummary {
+        connector: params.connector_name.clone(),
+        model: layout.name.clone(),
+        layout_fingerprint: layout.fingerprint().to_string(),
+        tokens_per_block: layout.tokens_per_block,
+        world_size: layout.world_size,
+        instances: params.deployment.instances,
+        routing: params.routing.as_str().to_owned(),
+        max_num_tokens: params.max_num_tokens,
+        kv_pages: deployment.kv_pages,
+        kv_bytes_scale: deployment.kv_bytes_scale,
+        page_bytes,
+        device_bytes: deployment.device_bytes,
+        pool: "memory".to_owned(),
+        pool_capacity_bytes: params.config.pool.capacity_bytes,
+        pool_stored_capacity_bytes: deployment.pool_stored_capacity_bytes,
+        cost_model: params.cost.clone(),
+    }
+}
+
+/// Builds the report from the run's totals and every engine's summary.
+pub(super) fn summarize(
+    params: &ReplayParams,
+    deployment: &Deployment,
+    mut totals: RunTotals,
+    oracle: &Oracle,
+    summaries: &[EngineSummary],
+    now: SimMicros,
+    wall: Duration,
+) -> ReplayReport {
+    let mut counters = EngineCounters::default();
+    let mut connector = ConnectorReport::default();
+    let mut held_at_end = 0_u64;
+    for summary in summaries {
+        add_counters(&mut counters, &summary.counters);
+        connector.add(&summary.connector);
+        held_at_end += u64::try_from(summary.held_at_end).unwrap_or(u64::MAX);
+    }
+    let latency = merge_latencies(summaries.iter().map(|summary| &summary.step_latency));
+    totals.ttft_us.sort_unstable();
+    let duration_s = micros_to_seconds(totals.last_finish_us.max(now));
+    let oracle_reusable_tokens = oracle.totals().reusable_tokens;
+    ReplayReport {
+        requests: totals.requests,
+        completed: totals.completed,
+        prompt_tokens: totals.prompt_tokens,
+        computed_tokens: counters.computed_tokens,
+        reused_tokens: counters.reused_tokens,
+        oracle_reusable_tokens,
+        reused_share_of_prompt: share(counters.reused_tokens, totals.prompt_tokens),
+        reused_share_of_oracle: share(counters.reused_tokens, oracle_reusable_tokens),
+        verified_pages: counters.verified_pages,
+        mismatched_pages: counters.mismatched_pages,
+        lookups: connector.lookups,
+        pages_loaded: counters.pages_loaded,
+        bytes_loaded: counters.bytes_loaded,
+        modeled_bytes_loaded: counters.modeled_bytes_loaded,
+        pages_saved: connector.pages_saved,
+        bytes_saved: connector.bytes_saved,
+        saves_skipped_present: connector.saves_skipped_present,
+        saves_dropped: connector.saves_dropped,
+        loads_filled: counters.loads_filled,
+        loads_failed: counters.loads_failed,
+        stale_load_reports: counters.stale_load_reports,
+        unexpected_save_reports: counters.unexpected_save_reports,
+        offers_trimmed: counters.offers_trimmed,
+        held_at_end,
+        sim: SimSummary {
+            duration_s,
+            throughput_rps: if duration_s > 0.0 {
+                share(totals.completed, 1) / duration_s
+            } else {
+                0.0
+            },
+            ttft_p50_s: micros_to_seconds(percentile(&totals.ttft_us, 0.5)),
+            ttft_p99_s: micros_to_seconds(percentile(&totals.ttft_us, 0.99)),
+            ttft_max_s: micros_to_seconds(totals.ttft_us.last().copied().unwrap_or(0)),
+            steps: counters.steps,
+        },
+        connector_step_us: latency.summary(),
+        wall_seconds: wall.as_secs_f64(),
+        setup: setup_summary(params, deployment),
+    }
+}
