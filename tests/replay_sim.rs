@@ -873,20 +873,36 @@ fn cli_json_has_every_field() -> TestResult {
 }
 
 #[test]
-fn cli_kvc_is_refused_until_wired() -> TestResult {
-    let cli = Cli::try_parse_from(["kv-connector", "replay", "--quiet", "--turns", "2"])?;
+fn cli_kvc_replays_with_the_real_connector_and_zero_mismatches() -> TestResult {
+    let cli = Cli::try_parse_from([
+        "kv-connector",
+        "replay",
+        "--quiet",
+        "--json",
+        "--turns",
+        "3",
+    ])?;
     let Command::Replay(args) = cli.command else {
         return Err("not the replay subcommand".into());
     };
-    let result = replay_cli::run(
+    let mut out = Vec::new();
+    replay_cli::run(
         &args,
         HashMap::<String, String>::new(),
+        &mut out,
         &mut Vec::new(),
-        &mut Vec::new(),
+    )?;
+    let report: serde_json::Value = serde_json::from_slice(&out)?;
+    assert_eq!(report["setup"]["connector"], "kvc");
+    assert_eq!(report["mismatched_pages"], 0);
+    assert_eq!(report["completed"], report["requests"]);
+    let reused = report["reused_tokens"].as_u64().ok_or("reused_tokens")?;
+    let oracle = report["oracle_reusable_tokens"].as_u64().ok_or("oracle")?;
+    assert!(
+        oracle > 0 && reused * 100 >= oracle * 97,
+        "reused {reused} of oracle {oracle}"
     );
-    let err = result.err().ok_or("kvc must fail until wired")?;
-    assert_eq!(err.kind(), "connector_not_wired");
-    assert!(err.to_string().contains("--connector none"));
+    assert!(report["verified_pages"].as_u64().ok_or("verified_pages")? > 0);
     Ok(())
 }
 

@@ -152,17 +152,24 @@ impl ConnectorHandle {
     pub fn shutdown(mut self) -> ConnectorStats {
         self.settle_saves();
         let stats = self.stats();
+        self.stop();
         tracing::info!(
             lookups = stats.lookups.lookups(),
             loads_done = stats.loads.loads_done,
             saves_done = stats.saves.saves_done,
             "connector stopped"
         );
-        self.system.stop();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
         stats
+    }
+
+    /// Stops the actor system and joins its thread (idempotent).
+    fn stop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.system.stop();
+            if thread.join().is_err() {
+                tracing::error!("the actor system thread panicked");
+            }
+        }
     }
 
     fn drain_lookups(&mut self) {
@@ -340,6 +347,13 @@ fn save_groups(layout: &Layout) -> Vec<SaveGroup> {
             replicated: group.replicated,
         })
         .collect()
+}
+
+impl Drop for ConnectorHandle {
+    /// A handle dropped without `shutdown` still stops its actors (queued saves are lost).
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl EngineConnector for ConnectorHandle {

@@ -1,22 +1,58 @@
 //! The `--connector kvc` hook: builds the real connector (the actor system behind
-//! `EngineConnector`) for one replay instance.
-//!
-//! The integrator replaces [`kvc_connector`]'s body: start the connector on
-//! `context.devices`, `context.pool` and `context.config`, with the stored page sizes of
-//! `context.stored_page_bytes`, and return it as a `Box<dyn ReplayConnector>` whose
-//! `report` drains it and returns its counters.
+//! `EngineConnector`) for one replay instance, on the instance's devices and the shared
+//! pool, with the default hash scope (the simulator's page content uses the same chain).
 
-use super::connectors::{InstanceContext, ReplayConnector};
+use super::connectors::{ConnectorReport, InstanceContext, LookupOutcomes, ReplayConnector};
 use super::error::ReplayError;
+use crate::connector::{ConnectorHandle, ConnectorParams};
+use crate::core::hash::{scope_seed, Scope};
 
 /// Builds the real connector for one instance.
 ///
 /// # Errors
 ///
-/// [`ReplayError::ConnectorNotWired`] until the real connector is wired in.
+/// [`ReplayError::Connector`] when the connector cannot start (layout refused, devices
+/// missing, bad key segments).
 pub fn kvc_connector(context: &InstanceContext) -> Result<Box<dyn ReplayConnector>, ReplayError> {
-    Err(ReplayError::ConnectorNotWired {
-        connector: "kvc",
+    let config = context.config.as_ref().clone();
+    let model_key = if config.keys.model_key.is_empty() {
+        context.layout.name.clone()
+    } else {
+        config.keys.model_key.clone()
+    };
+    let params = ConnectorParams {
+        config,
+        layout: context.layout.as_ref().clone(),
+        pool: context.pool.clone(),
+        devices: context.devices.clone(),
+        seed: scope_seed(&Scope::default()),
+        model_key,
+    };
+    let handle = ConnectorHandle::start(params).map_err(|source| ReplayError::Connector {
         instance: context.instance,
-    })
+        source: Box::new(source),
+    })?;
+    Ok(Box::new(handle))
+}
+
+impl ReplayConnector for ConnectorHandle {
+    fn report(&mut self) -> ConnectorReport {
+        use crate::connector::EngineConnector;
+        self.settle_saves();
+        let stats = self.stats();
+        let lookups = &stats.lookups;
+        ConnectorReport {
+            lookups: LookupOutcomes {
+                full: lookups.full,
+                rewound: lookups.rewound,
+                recovered: lookups.recovered,
+                window_miss: lookups.window_miss,
+                full_miss: lookups.full_miss,
+            },
+            pages_saved: stats.saves.saves_done,
+            bytes_saved: stats.saves.bytes_saved,
+            saves_skipped_present: stats.saves.saves_skipped_present,
+            saves_dropped: stats.saves.saves_dropped,
+        }
+    }
 }
