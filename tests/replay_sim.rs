@@ -792,6 +792,7 @@ fn identical_runs_give_identical_reports() -> TestResult {
     for report in [&mut first, &mut second] {
         report.wall_seconds = 0.0;
         report.connector_step_us = LatencySummary::default();
+        report.connector_step_cpu_us = LatencySummary::default();
     }
     assert_eq!(first, second);
     Ok(())
@@ -847,6 +848,7 @@ fn cli_json_has_every_field() -> TestResult {
         "loads_failed",
         "sim",
         "connector_step_us",
+        "connector_step_cpu_us",
         "wall_seconds",
     ] {
         assert!(json.get(field).is_some(), "missing {field}");

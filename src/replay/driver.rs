@@ -5,9 +5,11 @@
 //! 1. size the deployment and build the pool ([`Deployment`]); per instance open one
 //!    device per rank, build its connector through the factory and its [`Engine`];
 //! 2. loop, at simulated time `now`:
-//!    a. deliver every request that has arrived: `settle_saves` on every connector, hash
-//!    the prompt (R1, default scope), feed the oracle, route it, start its lookup;
-//!    b. step every idle instance; while any changed state, repeat at the same `now`;
+//!    a. deliver every request that has arrived: hash the prompt (R1, default scope), feed
+//!    the oracle, route it to an instance's waiting queue;
+//!    b. step every idle instance; while any changed state, repeat at the same `now`; when
+//!    a step will start a lookup (admission considers a request for the first time, as an
+//!    engine looks up at scheduling time), `settle_saves` on every connector first;
 //!    c. an idle instance that only its connector can unblock (a pending lookup, a load
 //!    past its modeled end, pages held for saves) gets `wait_for_progress` in real time,
 //!    and the clock stays where it is;
@@ -319,9 +321,6 @@ impl<'w> Driver<'w> {
 
     /// Hashes, feeds the oracle, routes and enqueues one request.
     fn deliver(&mut self, index: usize, arrival_us: SimMicros) -> Result<(), ReplayError> {
-        for engine in &mut self.engines {
-            engine.settle_saves();
-        }
         let request = &self.workload[index];
         request.write_prompt_tokens(&mut self.tokens);
         let tokens_per_block = usize::try_from(self.params.layout.tokens_per_block).unwrap_or(1);
@@ -355,6 +354,15 @@ impl<'w> Driver<'w> {
     /// Steps every idle engine once (step 2b); returns whether any changed state.
     fn step_idle_engines(&mut self, progress: &mut dyn ProgressSink) -> Result<bool, ReplayError> {
         let mut changed = false;
+        let lookups_due = self
+            .engines
+            .iter()
+            .any(|engine| engine.is_idle(self.now) && engine.wants_lookup());
+        if lookups_due {
+            for engine in &mut self.engines {
+                engine.settle_saves();
+            }
+        }
         for index in 0..self.engines.len() {
             if !self.engines[index].is_idle(self.now) {
                 continue;

@@ -13,7 +13,8 @@
 //! `saves_dropped`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
-//! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `wall_seconds`, `setup` {...}.
+//! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
+//! `wall_seconds`, `setup` {...}.
 
 use std::io::{self, Write};
 
@@ -146,6 +147,10 @@ pub struct ReplayReport {
     /// calls, plus `lookup_prefix` of requests that arrived since the previous step; not
     /// `wait_for_progress` or `settle_saves`, which only the simulator calls).
     pub connector_step_us: LatencySummary,
+    /// The same calls measured in engine-thread CPU time: what the connector costs the
+    /// engine thread itself, without the time the thread waited for a core (on a machine
+    /// with fewer cores than busy threads the wall figure includes preemption).
+    pub connector_step_cpu_us: LatencySummary,
     /// Wall-clock seconds of the whole replay.
     pub wall_seconds: f64,
     /// How the replay was set up.
@@ -284,6 +289,13 @@ impl ReplayReport {
             self.connector_step_us.p99,
             self.connector_step_us.max,
             self.connector_step_us.count
+        )?;
+        writeln!(
+            out,
+            "  ... in thread CPU   p50 {} us, p99 {} us, max {} us",
+            self.connector_step_cpu_us.p50,
+            self.connector_step_cpu_us.p99,
+            self.connector_step_cpu_us.max
         )?;
         writeln!(out, "  replay              {:>14.3} s", self.wall_seconds)?;
         Ok(())

@@ -105,6 +105,7 @@ pub(super) fn summarize(
         held_at_end += u64::try_from(summary.held_at_end).unwrap_or(u64::MAX);
     }
     let latency = merge_latencies(summaries.iter().map(|summary| &summary.step_latency));
+    let cpu_latency = merge_latencies(summaries.iter().map(|summary| &summary.step_cpu_latency));
     totals.ttft_us.sort_unstable();
     let duration_s = micros_to_seconds(totals.last_finish_us.max(now));
     let oracle_reusable_tokens = oracle.totals().reusable_tokens;
@@ -146,6 +147,7 @@ pub(super) fn summarize(
             steps: counters.steps,
         },
         connector_step_us: latency.summary(),
+        connector_step_cpu_us: cpu_latency.summary(),
         wall_seconds: wall.as_secs_f64(),
         setup: setup_summary(params, deployment),
     }

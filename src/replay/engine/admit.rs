@@ -6,11 +6,10 @@
 //! An offer is cut to whole blocks that end before the last prompt token (the engine must
 //! compute at least one token); the cut part is released at once.
 
-use std::time::Instant;
-
 use crate::connector::ReserveAnswer;
 use crate::core::ids::ReservationId;
 
+use super::types::HookTimer;
 use super::{Active, Engine, Phase, Waiting};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
@@ -45,9 +44,12 @@ impl Engine {
                 break;
             }
             let (request, reservation) = (head.request.id, head.reservation);
-            let started = Instant::now();
+            let started = HookTimer::start();
+            if let Some(prompt) = self.waiting[index].prompt.take() {
+                self.connector.lookup_prefix(request, prompt, 0);
+            }
             let answer = self.connector.reserve_prefix(request, 0, reservation);
-            self.connector_time += started.elapsed();
+            self.connector_time += started.stop();
             match answer {
                 ReserveAnswer::Pending => {
                     self.waiting[index].pending = true;
@@ -143,10 +145,10 @@ impl Engine {
         let kept = (extra_tokens / t * t).min(limit);
         if kept < extra_tokens {
             self.counters.offers_trimmed += 1;
-            let started = Instant::now();
+            let started = HookTimer::start();
             self.connector
                 .release_prefix_reservation(request.id, reservation, kept, extra_tokens);
-            self.connector_time += started.elapsed();
+            self.connector_time += started.stop();
         }
         kept
     }

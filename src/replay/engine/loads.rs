@@ -7,10 +7,9 @@
 //! end. A failed load releases the range (R25): the reserved pages get the stale pattern
 //! again, window pages are dropped, and the request computes the prefix itself.
 
-use std::time::Instant;
-
 use crate::connector::FinishedLoad;
 
+use super::types::HookTimer;
 use super::{Engine, Phase};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
@@ -19,9 +18,9 @@ impl Engine {
     /// Handles the loads the connector reports finished; returns whether any request
     /// changed state.
     pub(super) fn poll_loads(&mut self, now: SimMicros) -> Result<bool, ReplayError> {
-        let started = Instant::now();
+        let started = HookTimer::start();
         let finished = self.connector.get_finished_prefix_loads();
-        self.connector_time += started.elapsed();
+        self.connector_time += started.stop();
         let mut changed = false;
         for report in finished {
             let index = self.active.iter().position(|active| {
@@ -100,10 +99,10 @@ impl Engine {
         let Phase::Loading { start, end, .. } = self.active[index].phase else {
             return Ok(());
         };
-        let started = Instant::now();
+        let started = HookTimer::start();
         self.connector
             .release_prefix_reservation(report.request, report.reservation, start, end);
-        self.connector_time += started.elapsed();
+        self.connector_time += started.stop();
         self.counters.loads_failed += 1;
         let t = self.cache.tokens_per_block();
         let active = &mut self.active[index];

@@ -3,8 +3,9 @@
 //! (DESIGN section 2; the lifecycle is in `crate::connector`'s docs).
 //!
 //! Workflow of one request:
-//! 1. [`Engine::enqueue`]: the request arrives, `lookup_prefix` starts its lookup (no local
-//!    prefix cache: every reuse comes through the pool, so `local_match_tokens` is 0);
+//! 1. [`Engine::enqueue`]: the request arrives; `lookup_prefix` starts its lookup the first
+//!    time admission considers it (no local prefix cache: every reuse comes through the
+//!    pool, so `local_match_tokens` is 0);
 //! 2. admission (`admit`), in arrival order: a request waits while the KV cache lacks its
 //!    page quota; `reserve_prefix` answering `Pending` keeps it waiting (later ones may
 //!    still be admitted); an `Offer` allocates its pages and, for `extra_tokens > 0`, a
@@ -45,7 +46,7 @@ pub use types::{ArrivedRequest, EngineCounters, EngineSummary, PromptDone, StepR
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{Attention, Layout};
@@ -57,6 +58,7 @@ use super::content::{ContentGroup, PageChecker};
 use super::cost::{CostModel, SimMicros};
 use super::error::ReplayError;
 use super::kv_cache::{GroupPolicy, KvCache, RequestPages};
+use types::{HookTime, HookTimer};
 
 /// How one instance's engine is set up.
 pub struct EngineSetup {
@@ -79,6 +81,8 @@ pub struct EngineSetup {
 /// A request waiting for admission.
 struct Waiting {
     request: ArrivedRequest,
+    /// The prompt, until its lookup starts at the request's first admission attempt.
+    prompt: Option<Arc<[i64]>>,
     /// Used for every `reserve_prefix` call of this request.
     reservation: ReservationId,
     /// The last `reserve_prefix` answered `Pending`.
@@ -135,8 +139,9 @@ pub struct Engine {
     counters: EngineCounters,
     /// Time inside connector calls since the last recorded step: `lookup_prefix` of new
     /// arrivals and every hook the step calls; not `wait_for_progress` or `settle_saves`.
-    connector_time: Duration,
+    connector_time: HookTime,
     step_latency: Latency,
+    step_cpu_latency: Latency,
 }
 
 impl Engine {
@@ -200,12 +205,14 @@ impl Engine {
             next_reservation: 1,
             admission_blocked: false,
             counters: EngineCounters::default(),
-            connector_time: Duration::ZERO,
+            connector_time: HookTime::default(),
             step_latency: Latency::default(),
+            step_cpu_latency: Latency::default(),
         })
     }
 
-    /// Hands an arrived request to this instance and starts its lookup.
+    /// Hands an arrived request to this instance; its lookup starts when admission first
+    /// considers it (as an engine looks up at scheduling time, not at arrival).
     ///
     /// # Errors
     ///
@@ -224,17 +231,25 @@ impl Engine {
                 kv_pages: self.cache.num_pages(),
             });
         }
-        let started = Instant::now();
-        self.connector.lookup_prefix(request.id, prompt, 0);
-        self.connector_time += started.elapsed();
         let reservation = ReservationId(self.next_reservation);
         self.next_reservation += 1;
         self.waiting.push_back(Waiting {
             request,
+            prompt: Some(prompt),
             reservation,
             pending: false,
         });
         Ok(())
+    }
+
+    /// Whether the next admission round would start a lookup (a request admission will
+    /// consider has not been looked up yet): the driver settles every connector's saves
+    /// first, so the lookup sees what simulated time says is saved.
+    pub fn wants_lookup(&self) -> bool {
+        self.waiting
+            .iter()
+            .take_while(|waiting| self.cache.can_admit(waiting.request.prompt_len))
+            .any(|waiting| waiting.prompt.is_some())
     }
 
     /// One scheduler step at simulated time `now` (module workflow 2-5). The engine is busy
@@ -269,8 +284,9 @@ impl Engine {
         let done = self.after_step(&chunks, now + duration_us);
         self.busy_until_us = now + duration_us;
         self.counters.steps += 1;
-        self.step_latency
-            .record(std::mem::take(&mut self.connector_time));
+        let hooks = std::mem::take(&mut self.connector_time);
+        self.step_latency.record(hooks.wall);
+        self.step_cpu_latency.record(hooks.cpu);
         Ok(StepResult {
             changed: true,
             duration_us,
@@ -280,9 +296,9 @@ impl Engine {
 
     /// Asks the connector for finished saves and frees the pages of those requests (E3).
     fn poll_saves(&mut self) -> bool {
-        let started = Instant::now();
+        let started = HookTimer::start();
         let finished = self.connector.get_finished_saves();
-        self.connector_time += started.elapsed();
+        self.connector_time += started.stop();
         let mut changed = false;
         for request in finished {
             match self.held.iter().position(|(held, _)| *held == request) {
@@ -371,6 +387,7 @@ impl Engine {
         EngineSummary {
             counters: self.counters,
             step_latency: self.step_latency,
+            step_cpu_latency: self.step_cpu_latency,
             connector: self.connector.report(),
             held_at_end: self.held.len(),
         }

@@ -10,11 +10,10 @@
 //! 4. window pages out of the kept range are freed; requests whose prompt is done call
 //!    `request_finished`, and their pages are held for saves or freed (E3).
 
-use std::time::Instant;
-
 use crate::connector::{ScheduledRequest, SchedulerOutput};
 use crate::core::ids::ReservationId;
 
+use super::types::HookTimer;
 use super::{Engine, Phase, PromptDone};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
@@ -135,9 +134,9 @@ impl Engine {
                 })
                 .collect(),
         };
-        let started = Instant::now();
+        let started = HookTimer::start();
         self.connector.on_step(&output);
-        self.connector_time += started.elapsed();
+        self.connector_time += started.stop();
     }
 
     /// Frees out-of-window pages and ends finished prompts (step 4).
@@ -159,9 +158,9 @@ impl Engine {
         let mut hold = Vec::with_capacity(finished.len());
         for &index in &finished {
             let active = &self.active[index];
-            let started = Instant::now();
+            let started = HookTimer::start();
             hold.push(self.connector.request_finished(active.request.id));
-            self.connector_time += started.elapsed();
+            self.connector_time += started.stop();
             done.push(PromptDone {
                 workload_index: active.request.workload_index,
                 arrival_us: active.request.arrival_us,

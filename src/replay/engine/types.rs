@@ -86,8 +86,52 @@ pub struct EngineSummary {
     pub counters: EngineCounters,
     /// Wall-clock time inside connector calls per step.
     pub step_latency: Latency,
+    /// Thread CPU time inside connector calls per step (excludes time the engine thread
+    /// waited for a core).
+    pub step_cpu_latency: Latency,
     /// The connector's own counters.
     pub connector: ConnectorReport,
     /// Finished requests whose pages were still held at the end.
     pub held_at_end: usize,
+}
+
+/// Wall-clock and thread-CPU time spent inside connector hooks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HookTime {
+    /// Wall-clock time.
+    pub wall: std::time::Duration,
+    /// CPU time of the engine thread.
+    pub cpu: std::time::Duration,
+}
+
+impl std::ops::AddAssign for HookTime {
+    fn add_assign(&mut self, other: HookTime) {
+        self.wall += other.wall;
+        self.cpu += other.cpu;
+    }
+}
+
+/// Measures one stretch of connector calls on the engine thread.
+#[derive(Debug)]
+pub struct HookTimer {
+    wall: std::time::Instant,
+    cpu: cpu_time::ThreadTime,
+}
+
+impl HookTimer {
+    /// Starts measuring.
+    pub fn start() -> Self {
+        HookTimer {
+            wall: std::time::Instant::now(),
+            cpu: cpu_time::ThreadTime::now(),
+        }
+    }
+
+    /// Stops and returns what was measured.
+    pub fn stop(self) -> HookTime {
+        HookTime {
+            wall: self.wall.elapsed(),
+            cpu: self.cpu.elapsed(),
+        }
+    }
 }
