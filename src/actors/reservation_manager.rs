@@ -15,8 +15,13 @@ use super::keyspace::KeySpace;
 use super::loader::Loader;
 use crate::connector::transfer::LoadItem;
 use crate::connector::FinishedLoad;
+use crate::core::hash::BlockHash;
+use crate::core::ids::PageIndex;
 use crate::core::ids::{RequestId, ReservationId};
-use crate::core::ledger::{CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket};
+use crate::core::ledger::{
+    CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket, ReservedPage,
+};
+use crate::core::planner::LookupPlan;
 use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::{
     CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad,
@@ -170,9 +175,12 @@ impl Handler<StartLoad> for ReservationManager {
             request,
             reservation,
             tokens,
-            pages,
+            plan,
+            hashes,
+            pages: page_indices,
             ..
         } = message;
+        let pages = planned_pages(&plan, &hashes, &page_indices);
         let started_at = Instant::now();
         self.stats.loads_started += 1;
         let reserved = pages.iter().map(|(page, _)| *page).collect();
@@ -294,4 +302,30 @@ impl Handler<CollectLoadStats> for ReservationManager {
     fn handle(&mut self, _message: CollectLoadStats, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(std::mem::take(&mut self.stats))
     }
+}
+
+/// Pairs each planned (group, block) with its engine page and chain hash, in plan order.
+fn planned_pages(
+    plan: &LookupPlan,
+    hashes: &[BlockHash],
+    pages: &[u32],
+) -> Vec<(ReservedPage, BlockHash)> {
+    let blocks = plan
+        .loads
+        .iter()
+        .flat_map(|load| load.blocks.iter().map(move |&block| (load.group, block)));
+    blocks
+        .zip(pages)
+        .filter_map(|((group, block), &page)| {
+            let hash = *hashes.get(block)?;
+            Some((
+                ReservedPage {
+                    block_index: block as u64,
+                    group,
+                    page: PageIndex(page),
+                },
+                hash,
+            ))
+        })
+        .collect()
 }

@@ -19,7 +19,6 @@ use crate::actors::stats_reporter::StatsReporter;
 use crate::core::hash::BlockHash;
 use crate::core::ids::{PageIndex, RequestId, ReservationId};
 use crate::core::layout::{Attention, Layout};
-use crate::core::ledger::ReservedPage;
 use crate::core::planner::LookupPlan;
 use crate::core::save_order::{SaveItem, SavePriority};
 use crate::messages::lookup_planner::LookupPrefix;
@@ -35,7 +34,7 @@ const ENGINE_INBOX_CAPACITY: usize = 4096;
 /// The handle's record of one request.
 #[derive(Debug, Default)]
 struct RequestState {
-    lookup: Option<(Option<LookupPlan>, Arc<[BlockHash]>)>,
+    lookup: Option<(Option<Arc<LookupPlan>>, Arc<[BlockHash]>)>,
     lookup_sent: bool,
     /// Tokens that came from the pool or the local match: never saved again (R19).
     reused_until: usize,
@@ -180,7 +179,7 @@ impl ConnectorHandle {
 
     fn accept_lookup(&mut self, done: LookupCompleted) {
         if let Some(state) = self.requests.get_mut(&done.request) {
-            state.lookup = Some((done.plan, done.hashes));
+            state.lookup = Some((done.plan.map(Arc::new), done.hashes));
         }
     }
 
@@ -210,7 +209,9 @@ impl ConnectorHandle {
         let Some((Some(plan), hashes)) = &state.lookup else {
             return self.finished_loads.push(failed);
         };
-        let mut pages = Vec::new();
+        // Only the page indices are copied here (4 bytes a block); the reservation manager
+        // pairs them with blocks and hashes off the engine thread.
+        let mut pages = Vec::with_capacity(plan.load_blocks());
         for load in &plan.loads {
             let Some(position) = self.keys.index_of(load.group) else {
                 return self.finished_loads.push(failed);
@@ -221,17 +222,10 @@ impl ConnectorHandle {
                     .get(block)
                     .copied()
                     .and_then(|page| u32::try_from(page).ok());
-                let (Some(page), Some(hash)) = (page, hashes.get(block)) else {
+                let (Some(page), true) = (page, block < hashes.len()) else {
                     return self.finished_loads.push(failed);
                 };
-                pages.push((
-                    ReservedPage {
-                        block_index: block as u64,
-                        group: load.group,
-                        page: PageIndex(page),
-                    },
-                    *hash,
-                ));
+                pages.push(page);
             }
         }
         state.reused_until = plan.resume_tokens;
@@ -239,6 +233,8 @@ impl ConnectorHandle {
             request,
             reservation,
             tokens: scheduled.computed_before as u64..plan.resume_tokens as u64,
+            plan: Arc::clone(plan),
+            hashes: Arc::clone(hashes),
             pages,
             enqueued_at: Instant::now(),
         };

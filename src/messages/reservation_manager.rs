@@ -1,13 +1,15 @@
 //! Messages to the reservation manager.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Message;
 
 use crate::core::hash::BlockHash;
 use crate::core::ids::{RequestId, ReservationId};
-use crate::core::ledger::{LoadResult, LoadTicket, ReservedPage};
+use crate::core::ledger::{LoadResult, LoadTicket};
+use crate::core::planner::LookupPlan;
 use crate::stats::LoadStats;
 
 /// Record a reservation and start loading its pages (R23, R24).
@@ -29,8 +31,12 @@ pub struct StartLoad {
     pub reservation: ReservationId,
     /// Tokens the reservation covers.
     pub tokens: Range<u64>,
-    /// Pages to fill, one per (block, group), with the block's chain hash.
-    pub pages: Vec<(ReservedPage, BlockHash)>,
+    /// The lookup's plan: which blocks of which groups to load (R15).
+    pub plan: Arc<LookupPlan>,
+    /// The prompt's chain hashes.
+    pub hashes: Arc<[BlockHash]>,
+    /// The engine's page for each planned block, in plan order (groups, then blocks).
+    pub pages: Vec<u32>,
     /// When the handle sent it.
     pub enqueued_at: Instant,
 }
