@@ -31,10 +31,13 @@ use crate::stats::ConnectorStats;
 /// Capacity of each engine inbox channel: results wait here until the next step drains them.
 const ENGINE_INBOX_CAPACITY: usize = 4096;
 
+/// A finished lookup: its plan (`None` when it failed) and the prompt's chain hashes.
+type LookupAnswer = (Option<Arc<LookupPlan>>, Arc<[BlockHash]>);
+
 /// The handle's record of one request.
 #[derive(Debug, Default)]
 struct RequestState {
-    lookup: Option<(Option<Arc<LookupPlan>>, Arc<[BlockHash]>)>,
+    lookup: Option<LookupAnswer>,
     lookup_sent: bool,
     /// Tokens that came from the pool or the local match: never saved again (R19).
     reused_until: usize,
