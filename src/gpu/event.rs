@@ -53,7 +53,8 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// A copy that already finished with `outcome` (host backend).
+    /// A copy that already finished with `outcome` (host backend, or a submission that
+    /// failed while being issued).
     pub(crate) fn completed(
         staging: StagingPool,
         stream: StreamId,

@@ -46,8 +46,9 @@ pub struct StreamCounters {
     pub gathers_submitted: u64,
     /// Calls rejected before any byte moved ([`SubmitError`]).
     pub submissions_rejected: u64,
-    /// Submissions that failed while being issued (injected failures on the host backend,
-    /// enqueue errors on CUDA); their `wait` reports [`GpuError::CopyFailed`].
+    /// Submissions that failed while being issued (injected failures on either backend,
+    /// driver errors while queueing on CUDA); their `wait` reports the error
+    /// ([`GpuError::CopyFailed`] for injected ones).
     pub issue_failures: u64,
     /// Transfers issued after coalescing; compare with the page counts to see how much
     /// coalescing saved.
