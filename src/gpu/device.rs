@@ -2,15 +2,18 @@
 //! streams, engine-side page access, and the poison flag.
 //!
 //! Workflow:
-//! 1. At start, `Device::open_host(specs)` (later `open_cuda`) allocates every group's
-//!    pages; the handle is cloned into the engine simulator, each loader and the saver.
+//! 1. At start, `Device::open(request, specs)` (select.rs) picks a backend, or a caller
+//!    names one with [`Device::open_host`] / [`Device::open_cuda`]; every group's pages are
+//!    allocated, zeroed; the handle is cloned into the engine simulator, each loader and
+//!    the saver.
 //! 2. Each loader and the saver asks for its own [`StagingPool`] and [`CopyStream`].
 //! 3. The engine writes and reads pages directly with [`Device::write_page`] /
 //!    [`Device::read_page`]; loaders and the saver move pages only through their stream.
 //!
 //! `Device` is a cheap `Clone` (an `Arc`); it is `Send + Sync`. Dispatch is a closed enum
-//! over backends, so adding CUDA adds a variant and a match arm, never a trait object
-//! (STYLE A5).
+//! over backends, so CUDA is a variant and a match arm, never a trait object (STYLE A5).
+//! On CUDA, every call makes the device's primary context current on the calling thread
+//! first, so callers on any thread need no setup.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -19,11 +22,14 @@ use std::sync::Arc;
 use crate::core::layout::GroupId;
 
 use super::copy::{CopyDirection, CopyRun};
+#[cfg(feature = "cuda")]
+use super::cuda::{CudaDevice, PendingCopy};
 use super::error::GpuError;
+use super::event::InFlight;
 use super::host::HostDevice;
 use super::pages::{PageGeometry, PagePoolSpec};
 use super::staging::{StagingGeometry, StagingPool};
-use super::stream::{CopyStream, StreamId};
+use super::stream::{CopyStream, StreamBackend, StreamId};
 
 /// Which backend a device runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +37,9 @@ use super::stream::{CopyStream, StreamId};
 pub enum DeviceKind {
     /// Pages in host memory; copies are `memcpy` and complete at once.
     Host,
+    /// Pages in CUDA device memory; copies are asynchronous DMA on CUDA streams (only
+    /// with the `cuda` feature).
+    Cuda,
 }
 
 impl DeviceKind {
@@ -38,6 +47,7 @@ impl DeviceKind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Host => "host",
+            Self::Cuda => "cuda",
         }
     }
 }
@@ -49,8 +59,11 @@ impl fmt::Display for DeviceKind {
 }
 
 /// The backend behind a device.
+#[derive(Debug)]
 enum Backend {
     Host(HostDevice),
+    #[cfg(feature = "cuda")]
+    Cuda(CudaDevice),
 }
 
 /// State shared by every clone of a [`Device`].
@@ -61,6 +74,8 @@ struct Shared {
     poisoned: AtomicBool,
     /// Source of [`StreamId`]s, so log lines can tell streams apart.
     next_stream: AtomicU32,
+    /// Submissions still to fail, set by [`Device::inject_copy_failures`] (H3).
+    pending_copy_failures: AtomicU32,
 }
 
 /// A handle to one device's page memory. Clones share the same memory.
@@ -78,20 +93,58 @@ impl Device {
     pub fn open_host(specs: &[PagePoolSpec]) -> Result<Self, GpuError> {
         let geometry = PageGeometry::new(specs)?;
         let backend = Backend::Host(HostDevice::new(&geometry));
-        Ok(Self {
+        Ok(Self::from_parts(geometry, backend))
+    }
+
+    /// Opens CUDA device `ordinal` (its primary context) with one zeroed page pool per spec,
+    /// each one device allocation of `num_pages * page_bytes`.
+    ///
+    /// # Errors
+    /// The spec errors of [`PageGeometry::new`]; [`GpuError::CudaNotBuilt`] without the
+    /// `cuda` feature; [`GpuError::CudaDriverMissing`] when `libcuda` does not load;
+    /// `GpuError::CudaInit`, [`GpuError::CudaNoDevice`], or `GpuError::Driver` (e.g. out
+    /// of device memory).
+    pub fn open_cuda(ordinal: u32, specs: &[PagePoolSpec]) -> Result<Self, GpuError> {
+        let geometry = PageGeometry::new(specs)?;
+        #[cfg(feature = "cuda")]
+        {
+            let backend = Backend::Cuda(CudaDevice::open(ordinal, &geometry)?);
+            Ok(Self::from_parts(geometry, backend))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (ordinal, geometry);
+            Err(GpuError::CudaNotBuilt)
+        }
+    }
+
+    fn from_parts(geometry: PageGeometry, backend: Backend) -> Self {
+        Self {
             shared: Arc::new(Shared {
                 geometry,
                 backend,
                 poisoned: AtomicBool::new(false),
                 next_stream: AtomicU32::new(0),
+                pending_copy_failures: AtomicU32::new(0),
             }),
-        })
+        }
     }
 
     /// The backend this device runs on.
     pub fn kind(&self) -> DeviceKind {
         match self.shared.backend {
             Backend::Host(_) => DeviceKind::Host,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => DeviceKind::Cuda,
+        }
+    }
+
+    /// The CUDA device ordinal; `None` on the host backend.
+    pub fn cuda_ordinal(&self) -> Option<u32> {
+        match &self.shared.backend {
+            Backend::Host(_) => None,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => Some(cuda.ordinal()),
         }
     }
 
@@ -109,17 +162,22 @@ impl Device {
     }
 
     /// Overwrites page `page` of `group` with `bytes` (engine side: the simulator computing
-    /// KV). On CUDA this will be a synchronous copy.
+    /// KV). On CUDA this is a synchronous copy: the bytes are on the device on return.
     ///
     /// # Errors
-    /// [`GpuError::Poisoned`], [`GpuError::UnknownGroup`], [`GpuError::PageOutOfRange`], or
-    /// [`GpuError::LengthMismatch`] unless `bytes` is exactly one page.
+    /// [`GpuError::Poisoned`], [`GpuError::UnknownGroup`], [`GpuError::PageOutOfRange`],
+    /// [`GpuError::LengthMismatch`] unless `bytes` is exactly one page; on CUDA
+    /// `GpuError::Driver` (a sticky one poisons the device).
     pub fn write_page(&self, group: GroupId, page: u32, bytes: &[u8]) -> Result<(), GpuError> {
         let pool = self.check_page_buffer(group, page, bytes.len())?;
         match &self.shared.backend {
-            Backend::Host(host) => host.write_page(pool, page, bytes),
+            Backend::Host(host) => {
+                host.write_page(pool, page, bytes);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => self.poison_if_sticky(cuda.write_page(pool, page, bytes)),
         }
-        Ok(())
     }
 
     /// Copies page `page` of `group` into `out` (engine side: the replay page check).
@@ -129,15 +187,19 @@ impl Device {
     pub fn read_page(&self, group: GroupId, page: u32, out: &mut [u8]) -> Result<(), GpuError> {
         let pool = self.check_page_buffer(group, page, out.len())?;
         match &self.shared.backend {
-            Backend::Host(host) => host.read_page(pool, page, out),
+            Backend::Host(host) => {
+                host.read_page(pool, page, out);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => self.poison_if_sticky(cuda.read_page(pool, page, out)),
         }
-        Ok(())
     }
 
     /// Page `page` of `group` as a new vector.
     ///
     /// # Errors
-    /// [`GpuError::Poisoned`], [`GpuError::UnknownGroup`], [`GpuError::PageOutOfRange`].
+    /// As [`read_page`](Self::read_page).
     pub fn read_page_to_vec(&self, group: GroupId, page: u32) -> Result<Vec<u8>, GpuError> {
         let mut out = vec![0; self.page_pool(group)?.page_bytes];
         self.read_page(group, page, &mut out)?;
@@ -145,43 +207,56 @@ impl Device {
     }
 
     /// A new zeroed staging pool of `slots` slots of `slot_bytes` each, for one loader or
-    /// the saver (pinned host memory on CUDA).
+    /// the saver (pinned, cached host memory on CUDA).
     ///
     /// # Errors
-    /// [`GpuError::Poisoned`], [`GpuError::EmptyStagingPool`], [`GpuError::SizeOverflow`].
+    /// [`GpuError::Poisoned`], [`GpuError::EmptyStagingPool`], [`GpuError::SizeOverflow`];
+    /// on CUDA `GpuError::Driver` when pinned memory runs out.
     pub fn staging_pool(&self, slot_bytes: usize, slots: u32) -> Result<StagingPool, GpuError> {
         self.ensure_usable()?;
         let geometry = StagingGeometry::new(slot_bytes, slots)?;
-        Ok(match self.shared.backend {
-            Backend::Host(_) => StagingPool::new_host(geometry),
-        })
+        match &self.shared.backend {
+            Backend::Host(_) => Ok(StagingPool::new_host(geometry)),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => {
+                let pinned = self.poison_if_sticky(cuda.pinned(geometry.total_bytes()))?;
+                Ok(StagingPool::new_pinned(geometry, pinned))
+            }
+        }
     }
 
-    /// A new copy stream, for one loader or the saver.
+    /// A new copy stream, for one loader or the saver (a non-blocking stream on CUDA).
     ///
     /// # Errors
-    /// [`GpuError::Poisoned`].
+    /// [`GpuError::Poisoned`]; on CUDA `GpuError::Driver` from stream creation.
     pub fn stream(&self) -> Result<CopyStream, GpuError> {
         self.ensure_usable()?;
+        let backend = match &self.shared.backend {
+            Backend::Host(_) => StreamBackend::Host,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => StreamBackend::Cuda(self.poison_if_sticky(cuda.stream())?),
+        };
         let id = StreamId(self.shared.next_stream.fetch_add(1, Ordering::Relaxed));
-        Ok(CopyStream::new(id, self.clone()))
+        Ok(CopyStream::new(id, self.clone(), backend))
     }
 
     /// Test aid: the next `copies` submissions (each `scatter` or `gather` call that passes
-    /// validation) fail, on any stream of this device. A failed submission moves no bytes,
-    /// and its `InFlight::wait` reports [`GpuError::CopyFailed`] (I6). Calls add up.
+    /// validation) fail, on any stream of this device, on either backend. A failed
+    /// submission moves no bytes, and its `InFlight::wait` reports [`GpuError::CopyFailed`]
+    /// (I6). Calls add up.
     ///
     /// Meant for tests that show a failed copy becomes a failed load (R25); production code
     /// never calls it.
     pub fn inject_copy_failures(&self, copies: u32) {
-        match &self.shared.backend {
-            Backend::Host(host) => host.inject_copy_failures(copies),
-        }
+        self.shared
+            .pending_copy_failures
+            .fetch_add(copies, Ordering::Relaxed);
     }
 
     /// Marks the device unusable after an unrecoverable error (for CUDA, a sticky context
-    /// error). Every later call that starts device work fails with [`GpuError::Poisoned`]
-    /// (I7). Copies already issued still complete or fail on their own.
+    /// error, which the backend detects by itself). Every later call that starts device work
+    /// fails with [`GpuError::Poisoned`] (I7). Copies already issued still complete or fail
+    /// on their own.
     pub fn poison(&self) {
         if !self.shared.poisoned.swap(true, Ordering::AcqRel) {
             tracing::error!(device = %self.kind(), "device poisoned; all new device work is rejected");
@@ -201,38 +276,77 @@ impl Device {
         Ok(())
     }
 
+    /// Poisons the device when `result` is a sticky driver error (I7); passes it through.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn poison_if_sticky<T>(&self, result: Result<T, GpuError>) -> Result<T, GpuError> {
+        if let Err(error) = &result {
+            if error.is_sticky() {
+                self.poison();
+            }
+        }
+        result
+    }
+
     /// Consumes one injected failure, if any is pending (H3).
     pub(crate) fn take_copy_failure(&self) -> bool {
-        match &self.shared.backend {
-            Backend::Host(host) => host.take_copy_failure(),
+        self.shared
+            .pending_copy_failures
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Issues planned runs of one submission on `stream` (which this device made). The
+    /// host backend copies now, one page lock at a time (H2); CUDA queues one async copy
+    /// per run and records an event after them (K2). The runs come from `plan_copies`
+    /// against this device (C1).
+    ///
+    /// # Errors
+    /// The staging pool and the error when the submission could not be issued; no issued
+    /// copy still touches the pool then (K2). [`GpuError::UnknownGroup`] only if a run
+    /// names a group of another device; on CUDA `GpuError::Driver` (a sticky one poisons).
+    pub(crate) fn issue(
+        &self,
+        stream: &StreamBackend,
+        id: StreamId,
+        direction: CopyDirection,
+        runs: &[CopyRun],
+        mut staging: StagingPool,
+    ) -> Result<InFlight, (StagingPool, GpuError)> {
+        let bytes = runs.iter().map(|run| run.len).sum();
+        // Resolve every pool first, so an error cannot leave a copy half done.
+        let resolved = match self.resolve_runs(runs) {
+            Ok(resolved) => resolved,
+            Err(error) => return Err((staging, error)),
+        };
+        match (&self.shared.backend, stream) {
+            (Backend::Host(host), StreamBackend::Host) => {
+                let bytes_mut = staging.bytes_mut();
+                for (pool, run) in &resolved {
+                    host.copy_run(direction, *pool, run, bytes_mut);
+                }
+                Ok(InFlight::completed(staging, id, direction, bytes, Ok(())))
+            }
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(cuda), StreamBackend::Cuda(cuda_stream)) => {
+                let queued = cuda.issue(cuda_stream, direction, &resolved, staging.bytes_mut());
+                match self.poison_if_sticky(queued) {
+                    Ok(event) => {
+                        let pending = PendingCopy::new(event, self.clone(), id, direction, bytes);
+                        Ok(InFlight::pending(staging, id, direction, bytes, pending))
+                    }
+                    Err(error) => Err((staging, error)),
+                }
+            }
+            #[cfg(feature = "cuda")]
+            _ => Err((staging, GpuError::BackendMismatch { stream: id })),
         }
     }
 
-    /// Moves the bytes of planned runs between device pages and `staging` (host backend:
-    /// synchronously). The runs come from `plan_copies` against this device (C1).
-    ///
-    /// # Errors
-    /// [`GpuError::UnknownGroup`] only if a run names a group of another device.
-    pub(crate) fn copy_runs(
-        &self,
-        direction: CopyDirection,
-        runs: &[CopyRun],
-        staging: &mut StagingPool,
-    ) -> Result<(), GpuError> {
-        match &self.shared.backend {
-            Backend::Host(host) => {
-                // Resolve every pool first, so an error cannot leave a copy half done.
-                let pools = runs
-                    .iter()
-                    .map(|run| self.shared.geometry.index_of(run.group))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let bytes = staging.bytes_mut();
-                for (run, pool) in runs.iter().zip(pools) {
-                    host.copy_run(direction, pool, run, bytes);
-                }
-            }
-        }
-        Ok(())
+    /// Resolves each run's group to its pool index (K1), so no copy starts unless all can.
+    fn resolve_runs(&self, runs: &[CopyRun]) -> Result<Vec<(usize, CopyRun)>, GpuError> {
+        runs.iter()
+            .map(|run| Ok((self.shared.geometry.index_of(run.group)?, *run)))
+            .collect()
     }
 
     /// Checks poison, the page address and the buffer length; returns the pool index.
@@ -255,6 +369,7 @@ impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Device")
             .field("kind", &self.kind())
+            .field("cuda_ordinal", &self.cuda_ordinal())
             .field("pools", &self.shared.geometry.pools())
             .field("poisoned", &self.is_poisoned())
             .finish()
@@ -331,6 +446,26 @@ mod tests {
         assert!(matches!(device.staging_pool(4, 1), Err(GpuError::Poisoned)));
         assert!(matches!(device.stream(), Err(GpuError::Poisoned)));
         assert_eq!(stream.id(), StreamId(0));
+        Ok(())
+    }
+
+    #[test]
+    fn h3_injected_failures_are_counted_down() -> Result<(), GpuError> {
+        let device = device()?;
+        assert!(!device.take_copy_failure());
+        device.inject_copy_failures(2);
+        assert!(device.clone().take_copy_failure());
+        assert!(device.take_copy_failure());
+        assert!(!device.take_copy_failure());
+        Ok(())
+    }
+
+    #[test]
+    fn host_devices_have_no_cuda_ordinal_and_unpinned_staging() -> Result<(), GpuError> {
+        let device = device()?;
+        assert_eq!(device.cuda_ordinal(), None);
+        assert!(!device.staging_pool(4, 1)?.is_pinned());
+        assert!(format!("{device:?}").contains("cuda_ordinal: None"));
         Ok(())
     }
 

@@ -8,8 +8,12 @@
 //! from `InFlight::wait` as [`GpuError::CopyFailed`]. Once a device is poisoned, every call
 //! fails with [`GpuError::Poisoned`] (I7).
 //!
-//! The CUDA backend will add a variant that wraps `cudarc::driver::DriverError` as its
-//! `#[source]` (STYLE G10); no variant here carries a `String` built from another error.
+//! Opening a device reports why CUDA cannot be used ([`GpuError::CudaNotBuilt`],
+//! [`GpuError::CudaDriverMissing`], `GpuError::CudaInit`, [`GpuError::CudaNoDevice`]),
+//! each message naming `device.kind = "host"` as the setting that works without a GPU.
+//! With the `cuda` feature, driver failures keep `cudarc::driver::DriverError` as their
+//! `#[source]` (`GpuError::Driver`, `GpuError::CudaCopyFailed`; STYLE G10); no variant
+//! carries a `String` built from another error.
 
 use crate::core::layout::GroupId;
 
@@ -168,6 +172,80 @@ pub enum GpuError {
     /// The device met an unrecoverable error earlier and rejects all new work (I7).
     #[error("device is poisoned by an earlier unrecoverable error and rejects new work")]
     Poisoned,
+
+    /// CUDA was asked for, but this binary was built without the `cuda` feature.
+    #[error(
+        "device.kind = \"cuda\" needs a build with the cuda feature (cargo build --features cuda); \
+         set device.kind = \"host\" to keep pages in host memory"
+    )]
+    CudaNotBuilt,
+
+    /// CUDA was asked for, but the driver library (`libcuda.so`) does not load here.
+    #[error(
+        "no cuda driver on this machine (libcuda.so does not load); \
+         set device.kind = \"host\" to keep pages in host memory"
+    )]
+    CudaDriverMissing,
+
+    /// The CUDA driver loaded, but `cuInit` or the device count failed.
+    #[cfg(feature = "cuda")]
+    #[error(
+        "cuda driver initialization failed; \
+         set device.kind = \"host\" to keep pages in host memory"
+    )]
+    CudaInit {
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+
+    /// The CUDA device asked for does not exist (or the driver sees none).
+    #[error(
+        "cuda device {ordinal} does not exist (the driver reports {devices} devices); \
+         set device.kind = \"host\" to keep pages in host memory"
+    )]
+    CudaNoDevice {
+        /// The device ordinal asked for.
+        ordinal: u32,
+        /// Devices the driver reports.
+        devices: u32,
+    },
+
+    /// A CUDA driver call failed (allocation, stream or event management, engine copies).
+    #[cfg(feature = "cuda")]
+    #[error("cuda driver call {op} failed")]
+    Driver {
+        /// The driver function, e.g. `"cuMemAlloc"`.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+
+    /// A stream was used with a device of another backend; streams come from
+    /// `Device::stream`, so this is a bug in the caller.
+    #[cfg(feature = "cuda")]
+    #[error("stream {stream} belongs to a device of another backend")]
+    BackendMismatch {
+        /// The stream submitted on.
+        stream: StreamId,
+    },
+
+    /// An issued copy failed in the CUDA driver; its destination must be treated as not
+    /// written, and may be partly written (I6).
+    #[cfg(feature = "cuda")]
+    #[error("{direction} copy of {bytes} bytes on stream {stream} failed in the cuda driver")]
+    CudaCopyFailed {
+        /// The stream the copy ran on.
+        stream: StreamId,
+        /// Which way the bytes were going.
+        direction: CopyDirection,
+        /// Bytes the submission would have moved.
+        bytes: usize,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
 }
 
 impl GpuError {
@@ -188,7 +266,36 @@ impl GpuError {
             Self::OverlappingCopies { .. } => "overlapping_copies",
             Self::CopyFailed { .. } => "copy_failed",
             Self::Poisoned => "poisoned",
+            Self::CudaNotBuilt => "cuda_not_built",
+            Self::CudaDriverMissing => "cuda_driver_missing",
+            #[cfg(feature = "cuda")]
+            Self::CudaInit { .. } => "cuda_init",
+            Self::CudaNoDevice { .. } => "cuda_no_device",
+            #[cfg(feature = "cuda")]
+            Self::Driver { .. } => "cuda_driver",
+            #[cfg(feature = "cuda")]
+            Self::BackendMismatch { .. } => "backend_mismatch",
+            #[cfg(feature = "cuda")]
+            Self::CudaCopyFailed { .. } => "cuda_copy_failed",
         }
+    }
+
+    /// Whether the error is a sticky CUDA error that leaves the context unusable, so the
+    /// device must be poisoned (I7). Always `false` without the `cuda` feature.
+    pub fn is_sticky(&self) -> bool {
+        match self {
+            #[cfg(feature = "cuda")]
+            Self::Driver { source, .. } | Self::CudaCopyFailed { source, .. } => {
+                super::cuda::is_sticky(*source)
+            }
+            _ => false,
+        }
+    }
+
+    /// Maps a driver error of the driver function `op` to [`GpuError::Driver`].
+    #[cfg(feature = "cuda")]
+    pub(crate) fn driver(op: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
+        move |source| Self::Driver { op, source }
     }
 }
 
@@ -234,6 +341,26 @@ mod tests {
         assert!(text.starts_with("page 9 of layer group 3"), "{text}");
         assert!(text.contains("4 pages"), "{text}");
         assert_eq!(err.kind(), "page_out_of_range");
+    }
+
+    #[test]
+    fn cuda_refusals_name_the_setting_that_works() {
+        for err in [
+            GpuError::CudaNotBuilt,
+            GpuError::CudaDriverMissing,
+            GpuError::CudaNoDevice {
+                ordinal: 1,
+                devices: 1,
+            },
+        ] {
+            let text = err.to_string();
+            assert!(text.contains("device.kind = \"host\""), "{text}");
+            assert!(!err.is_sticky());
+        }
+        assert!(GpuError::CudaNotBuilt
+            .to_string()
+            .contains("--features cuda"));
+        assert_eq!(GpuError::CudaDriverMissing.kind(), "cuda_driver_missing");
     }
 
     #[test]

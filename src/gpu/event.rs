@@ -3,14 +3,16 @@
 //! Workflow:
 //! 1. `CopyStream::scatter` / `gather` returns an [`InFlight`] that owns the staging pool.
 //! 2. The loader moves it to its completion thread (it is `Send`), which calls
-//!    [`InFlight::wait`]. On CUDA that blocks on an event recorded with blocking sync after
-//!    the copies; on the host backend the copy is already done and `wait` returns at once.
+//!    [`InFlight::wait`]. On CUDA that sleeps in `cuEventSynchronize` on an event recorded
+//!    with `CU_EVENT_BLOCKING_SYNC` after the copies; on the host backend the copy is
+//!    already done and `wait` returns at once.
 //! 3. `wait` gives back the staging pool and the outcome; the loader replies with a message.
 //!
 //! Invariant I3 (module docs): the staging pool is reachable only through the `InFlight`
 //! until the copy is complete. Fields drop in declaration order, and `event` is declared
-//! before `staging`: the CUDA event's `Drop` will synchronize, so dropping an `InFlight`
-//! without waiting still never frees staging memory under a running copy.
+//! before `staging`: the CUDA completion's `Drop` synchronizes its event (queue.rs Q1), so
+//! dropping an `InFlight` without waiting still never frees staging memory under a
+//! running copy.
 
 use super::copy::CopyDirection;
 use super::error::GpuError;
@@ -20,8 +22,22 @@ use super::stream::StreamId;
 /// How completion is signalled, per backend.
 #[derive(Debug)]
 enum CopyEvent {
-    /// Host backend: the copy ran inside the submission; this is its outcome.
+    /// Host backend, or a submission that failed while being issued: the outcome is known.
     Done(Result<(), GpuError>),
+    /// CUDA: copies queued on a stream, an event recorded after them.
+    #[cfg(feature = "cuda")]
+    Cuda(super::cuda::PendingCopy),
+}
+
+impl CopyEvent {
+    /// Waits for the copy (CUDA) and returns its outcome.
+    fn finish(self) -> Result<(), GpuError> {
+        match self {
+            Self::Done(outcome) => outcome,
+            #[cfg(feature = "cuda")]
+            Self::Cuda(pending) => pending.wait(),
+        }
+    }
 }
 
 /// A submitted copy that owns its staging pool until [`wait`](Self::wait) returns it.
@@ -37,7 +53,8 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// A copy that already finished with `outcome` (host backend).
+    /// A copy that already finished with `outcome` (host backend, or a submission that
+    /// failed while being issued).
     pub(crate) fn completed(
         staging: StagingPool,
         stream: StreamId,
@@ -54,10 +71,30 @@ impl InFlight {
         }
     }
 
+    /// A copy queued on a CUDA stream; `pending` holds the recorded event.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn pending(
+        staging: StagingPool,
+        stream: StreamId,
+        direction: CopyDirection,
+        bytes: usize,
+        pending: super::cuda::PendingCopy,
+    ) -> Self {
+        Self {
+            event: CopyEvent::Cuda(pending),
+            staging,
+            stream,
+            direction,
+            bytes,
+        }
+    }
+
     /// Whether the copy has finished (successfully or not); never blocks.
     pub fn is_complete(&self) -> bool {
-        match self.event {
+        match &self.event {
             CopyEvent::Done(_) => true,
+            #[cfg(feature = "cuda")]
+            CopyEvent::Cuda(pending) => pending.is_complete(),
         }
     }
 
@@ -68,8 +105,8 @@ impl InFlight {
     /// not written (I6): the host backend leaves them unchanged; on CUDA they may be partly
     /// written.
     pub fn wait(self) -> (StagingPool, Result<(), GpuError>) {
-        // CUDA adds an arm here that synchronizes on the event first.
-        let CopyEvent::Done(outcome) = self.event;
+        // Blocks until the copy is done (or failed); only then is staging released (I3).
+        let outcome = self.event.finish();
         (self.staging, outcome)
     }
 

@@ -3,7 +3,7 @@
 //! `fake.rs`), and what every actor test and the replay simulator run on.
 //!
 //! This is the bottom layer of the sandwich for the host backend; the CUDA backend's bottom
-//! layer will be cudarc `driver::result` calls instead. Callers above (`Device`,
+//! layer is `cuda/driver.rs` (cudarc driver calls) instead. Callers above (`Device`,
 //! `CopyStream`) have already bounds-checked every access (I1, C1), so nothing here
 //! re-validates, and no `unsafe` is needed.
 //!
@@ -11,10 +11,11 @@
 //! - H1. Each page has its own lock; concurrent work on different pages never contends,
 //!   and work on one page is serialized (I2).
 //! - H2. No code path holds two page locks at once, so the backend cannot deadlock.
-//! - H3. An injected copy failure is taken before any byte moves, so a failed copy leaves
-//!   its destination unchanged (I6).
+//! - H3. An injected copy failure (`Device::inject_copy_failures`, counted on the device for
+//!   every backend) is taken before any byte moves, so a failed copy leaves its
+//!   destination unchanged (I6).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::fmt;
 
 use parking_lot::RwLock;
 
@@ -27,12 +28,10 @@ struct HostPagePool {
     pages: Vec<RwLock<Box<[u8]>>>,
 }
 
-/// Page memory of every group, plus the test aid that fails copies on demand.
+/// Page memory of every group.
 pub(crate) struct HostDevice {
     /// In the order of [`PageGeometry::pools`], so a pool index from the geometry works here.
     pools: Vec<HostPagePool>,
-    /// Submissions still to fail, set by `Device::inject_copy_failures` (H3).
-    pending_copy_failures: AtomicU32,
 }
 
 impl HostDevice {
@@ -48,10 +47,7 @@ impl HostDevice {
                     .collect(),
             })
             .collect();
-        Self {
-            pools,
-            pending_copy_failures: AtomicU32::new(0),
-        }
+        Self { pools }
     }
 
     /// Overwrites a whole page. `bytes.len()` is the page size (checked by the caller).
@@ -64,19 +60,6 @@ impl HostDevice {
     /// Copies a whole page out. `out.len()` is the page size (checked by the caller).
     pub(crate) fn read_page(&self, pool: usize, page: u32, out: &mut [u8]) {
         out.copy_from_slice(&self.pools[pool].pages[page as usize].read());
-    }
-
-    /// Makes the next `copies` submissions fail (adds to any still pending).
-    pub(crate) fn inject_copy_failures(&self, copies: u32) {
-        self.pending_copy_failures
-            .fetch_add(copies, Ordering::Relaxed);
-    }
-
-    /// Consumes one pending injected failure, if any (H3).
-    pub(crate) fn take_copy_failure(&self) -> bool {
-        self.pending_copy_failures
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
     }
 
     /// Moves one run's bytes, one page lock at a time (H2). `pool` is the run's group's
@@ -107,6 +90,14 @@ impl HostDevice {
             }
             done += len;
         }
+    }
+}
+
+impl fmt::Debug for HostDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostDevice")
+            .field("pools", &self.pools.len())
+            .finish()
     }
 }
 
@@ -147,17 +138,6 @@ mod tests {
         host.copy_run(CopyDirection::DeviceToHost, 0, &run, &mut back);
         assert_eq!(back[3..11], staging[3..11]);
         assert_eq!(back[..3], [0, 0, 0]);
-        Ok(())
-    }
-
-    #[test]
-    fn h3_injected_failures_are_counted_down() -> Result<(), GpuError> {
-        let host = device()?;
-        assert!(!host.take_copy_failure());
-        host.inject_copy_failures(2);
-        assert!(host.take_copy_failure());
-        assert!(host.take_copy_failure());
-        assert!(!host.take_copy_failure());
         Ok(())
     }
 }

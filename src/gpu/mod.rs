@@ -1,6 +1,6 @@
 //! Device memory and copies: page pools per layer group, staging pools, copy streams and
-//! completion handles (DESIGN sections 2 and 7; STYLE G8, G9). This release has the
-//! host-memory backend; a CUDA backend (cudarc) comes later behind the same API.
+//! completion handles (DESIGN sections 2 and 7; STYLE G8, G9). Two backends sit behind
+//! one API: host memory (always built) and CUDA through cudarc (feature `cuda`).
 //!
 //! # The three-layer sandwich
 //!
@@ -12,9 +12,10 @@
 //!      | owns memory, streams and events; frees them on Drop; validates every address;
 //!      | dispatches over a closed enum of backends (no trait objects, no downcasts)
 //!      v
-//!  bottom layer: host.rs today (memcpy under per-page locks, no unsafe);
-//!                cudarc `driver::result` for CUDA (one FFI call per `unsafe` block,
-//!                each with a `// SAFETY:` note)
+//!  bottom layer: host.rs (memcpy under per-page locks, no unsafe);
+//!                cuda/ (feature `cuda`): cudarc driver calls in cuda/driver.rs, one FFI
+//!                call per `unsafe` block, each with a `// SAFETY:` note, under RAII
+//!                types for context, device memory, pinned memory, streams and events
 //! ```
 //!
 //! Only this module may contain `unsafe` (the crate root denies it elsewhere). Host-pinned
@@ -23,8 +24,10 @@
 //!
 //! # Workflow
 //!
-//! 1. Start: `Device::open_host(&[PagePoolSpec { group, page_bytes, num_pages }, ..])`.
-//!    The handle is cloned into the engine simulator, every loader and the saver.
+//! 1. Start: `Device::open(request, &[PagePoolSpec { group, page_bytes, num_pages }, ..])`
+//!    with the configured [`DeviceRequest`] (`device.kind`: auto, cuda or host), or
+//!    `Device::open_host` / `Device::open_cuda` directly. The handle is cloned into the
+//!    engine simulator, every loader and the saver.
 //! 2. Each loader (and the saver) takes one [`StagingPool`] (`device.staging_pool`) and one
 //!    [`CopyStream`] (`device.stream`), and owns both by value.
 //! 3. A load: the pool transport fills staging slots, the loader verifies headers, then
@@ -58,28 +61,43 @@
 //!   and reordered ([`plan_copies`]) without changing the bytes moved.
 //! - I6. A copy that fails reports [`GpuError::CopyFailed`] from `wait`, and its destination
 //!   must be treated as not written. The host backend moves no byte of a failed copy (the
-//!   destination keeps its old contents); CUDA may leave it partly written. A loader reports
-//!   such a load as failed and never as computed (R25).
+//!   destination keeps its old contents); CUDA may leave it partly written (the error is
+//!   then `CudaCopyFailed`). A loader reports such a load as failed and never as computed
+//!   (R25).
 //! - I7. [`Device::poison`] marks the device unusable after an unrecoverable error; from then
 //!   on every call that starts device work fails with [`GpuError::Poisoned`]. Poison is
-//!   never cleared (fjall's `PoisonDart`). The CUDA backend will poison on sticky driver
-//!   errors.
+//!   never cleared (fjall's `PoisonDart`). The CUDA backend poisons by itself when a driver
+//!   call reports a sticky error ([`GpuError::is_sticky`]).
 //! - I8. `InFlight::wait` blocks; it runs on a loader's own completion thread or in
 //!   `spawn_blocking`, never on a shared arbiter.
 //!
 //! # Test aid
 //!
-//! [`Device::inject_copy_failures`] makes the next N submissions fail, on the host backend,
+//! [`Device::inject_copy_failures`] makes the next N submissions fail, on either backend,
 //! so tests can show that a failed copy becomes a failed load.
+//!
+//! # CUDA specifics
+//!
+//! - Context: the device's primary context is retained once per `Device` and made current
+//!   on the calling thread at the start of every backend call, so loader threads, the
+//!   saver and the engine thread need no setup.
+//! - Memory: one `cuMemAlloc` per page pool; staging is `cuMemHostAlloc` with flags 0
+//!   (pinned and cached, never write-combined, since the CPU reads staging).
+//! - Copies: one non-blocking stream per [`CopyStream`]; one `cuMemcpy*Async` per planned
+//!   run; an event (`BLOCKING_SYNC | DISABLE_TIMING`) after each submission, which
+//!   [`InFlight::wait`] synchronizes on the waiting thread.
 
 #![deny(missing_docs)]
 
 mod copy;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod device;
 mod error;
 mod event;
 mod host;
 mod pages;
+mod select;
 mod staging;
 mod stream;
 
@@ -88,5 +106,6 @@ pub use device::{Device, DeviceKind};
 pub use error::{GpuError, SubmitError};
 pub use event::InFlight;
 pub use pages::{PageGeometry, PagePoolSpec};
+pub use select::{cuda_devices, DeviceRequest};
 pub use staging::{StagingGeometry, StagingPool};
 pub use stream::{CopyStream, StreamCounters, StreamId};

@@ -10,8 +10,9 @@
 //!
 //! A save runs the other way with the saver's own pool: `gather`, wait, then put slots.
 //!
-//! On the host backend the memory is an ordinary zeroed heap buffer; on CUDA it will be
-//! pinned (page-locked) host memory, so DMA can read and write it. Slot `i` covers bytes
+//! On the host backend the memory is an ordinary zeroed heap buffer; on CUDA it is zeroed
+//! pinned (page-locked) host memory, cached and never write-combined, so DMA can read and
+//! write it and the CPU reads it at full speed. Slot `i` covers bytes
 //! `i * slot_bytes .. (i + 1) * slot_bytes` of one contiguous buffer, which is what lets
 //! copies of neighbouring slots coalesce.
 //!
@@ -84,11 +85,13 @@ impl StagingGeometry {
     }
 }
 
-/// Where the bytes live. A closed enum over backends (STYLE A5): CUDA adds a pinned
-/// variant that frees itself with the driver on drop.
+/// Where the bytes live. A closed enum over backends (STYLE A5).
 enum StagingMemory {
     /// An ordinary heap buffer (host backend).
     Host(Box<[u8]>),
+    /// Pinned host memory of a CUDA context; frees itself with the driver on drop.
+    #[cfg(feature = "cuda")]
+    Pinned(super::cuda::PinnedBuffer),
 }
 
 /// A CPU-accessible buffer of fixed-size slots, owned by value by one loader or the saver.
@@ -106,6 +109,15 @@ impl StagingPool {
         Self {
             geometry,
             memory: StagingMemory::Host(vec![0; geometry.total_bytes()].into_boxed_slice()),
+        }
+    }
+
+    /// A pool over pinned memory of `geometry.total_bytes()` bytes (CUDA backend).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn new_pinned(geometry: StagingGeometry, memory: super::cuda::PinnedBuffer) -> Self {
+        Self {
+            geometry,
+            memory: StagingMemory::Pinned(memory),
         }
     }
 
@@ -174,6 +186,8 @@ impl StagingPool {
     pub(crate) fn bytes(&self) -> &[u8] {
         match &self.memory {
             StagingMemory::Host(bytes) => bytes,
+            #[cfg(feature = "cuda")]
+            StagingMemory::Pinned(pinned) => pinned.as_slice(),
         }
     }
 
@@ -181,15 +195,24 @@ impl StagingPool {
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         match &mut self.memory {
             StagingMemory::Host(bytes) => bytes,
+            #[cfg(feature = "cuda")]
+            StagingMemory::Pinned(pinned) => pinned.as_mut_slice(),
+        }
+    }
+
+    /// Whether the memory is pinned (page-locked) host memory of a CUDA context.
+    pub fn is_pinned(&self) -> bool {
+        match self.memory {
+            StagingMemory::Host(_) => false,
+            #[cfg(feature = "cuda")]
+            StagingMemory::Pinned(_) => true,
         }
     }
 }
 
 impl fmt::Debug for StagingPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let memory = match self.memory {
-            StagingMemory::Host(_) => "host",
-        };
+        let memory = if self.is_pinned() { "pinned" } else { "host" };
         f.debug_struct("StagingPool")
             .field("slot_bytes", &self.geometry.slot_bytes)
             .field("slots", &self.geometry.slots)

@@ -10,9 +10,9 @@
 //!    `InFlight::wait` and replies with the staging pool and the outcome.
 //!
 //! On the host backend the copy happens inside `scatter` / `gather` and the returned
-//! `InFlight` is already complete. On CUDA, the copies are enqueued on the loader's stream
-//! with `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync`, an event is recorded with blocking sync,
-//! and `wait` sleeps on that event.
+//! `InFlight` is already complete. On CUDA, the copies are queued on the owner's stream
+//! with one `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` per planned run, an event is
+//! recorded with blocking sync, and `wait` sleeps on that event.
 //!
 //! Counters count at submission, on the owner's thread, with no atomics (STYLE G12);
 //! failures that surface only at `wait` are counted by whoever waits.
@@ -20,7 +20,9 @@
 use std::fmt;
 
 use super::copy::{plan_copies, CopyDirection, CopyRun, PageCopy};
-use super::device::{Device, DeviceKind};
+#[cfg(feature = "cuda")]
+use super::cuda::CudaStream;
+use super::device::Device;
 use super::error::{GpuError, SubmitError};
 use super::event::InFlight;
 use super::staging::StagingPool;
@@ -44,8 +46,9 @@ pub struct StreamCounters {
     pub gathers_submitted: u64,
     /// Calls rejected before any byte moved ([`SubmitError`]).
     pub submissions_rejected: u64,
-    /// Submissions that failed while being issued (injected failures on the host backend,
-    /// enqueue errors on CUDA); their `wait` reports [`GpuError::CopyFailed`].
+    /// Submissions that failed while being issued (injected failures on either backend,
+    /// driver errors while queueing on CUDA); their `wait` reports the error
+    /// ([`GpuError::CopyFailed`] for injected ones).
     pub issue_failures: u64,
     /// Transfers issued after coalescing; compare with the page counts to see how much
     /// coalescing saved.
@@ -74,11 +77,15 @@ impl StreamCounters {
     }
 }
 
-/// The backend's stream. The host backend needs no state; CUDA adds a variant holding the
-/// driver stream, destroyed on drop.
+/// The backend's stream. The host backend needs no state; the CUDA variant holds the
+/// driver stream, synchronized and destroyed on drop.
 #[derive(Debug)]
-enum StreamBackend {
+pub(crate) enum StreamBackend {
+    /// Host backend: copies run inside the submission.
     Host,
+    /// A non-blocking CUDA stream.
+    #[cfg(feature = "cuda")]
+    Cuda(CudaStream),
 }
 
 /// An ordered copy queue owned by one loader or the saver. `Send`, not `Clone`.
@@ -92,11 +99,8 @@ pub struct CopyStream {
 }
 
 impl CopyStream {
-    /// A stream on `device`; made only by `Device::stream`.
-    pub(crate) fn new(id: StreamId, device: Device) -> Self {
-        let backend = match device.kind() {
-            DeviceKind::Host => StreamBackend::Host,
-        };
+    /// A stream on `device`; made only by `Device::stream`, which creates `backend`.
+    pub(crate) fn new(id: StreamId, device: Device, backend: StreamBackend) -> Self {
         Self {
             id,
             device,
@@ -147,7 +151,7 @@ impl CopyStream {
     fn submit(
         &mut self,
         direction: CopyDirection,
-        mut staging: StagingPool,
+        staging: StagingPool,
         copies: &[PageCopy],
     ) -> Result<InFlight, SubmitError> {
         let planned = self.device.ensure_usable().and_then(|()| {
@@ -170,35 +174,39 @@ impl CopyStream {
             CopyDirection::DeviceToHost => self.counters.gathers_submitted += 1,
         }
         let bytes = runs.iter().map(|run| run.len).sum();
-        let outcome = self.issue(direction, &runs, &mut staging, bytes);
-        match outcome {
-            Ok(()) => self.counters.record_issued(direction, copies.len(), &runs),
-            Err(_) => self.counters.issue_failures += 1,
+        if self.device.take_copy_failure() {
+            // H3: an injected failure is taken before any byte moves, on every backend.
+            self.counters.issue_failures += 1;
+            let failed = GpuError::CopyFailed {
+                stream: self.id,
+                direction,
+                bytes,
+            };
+            return Ok(InFlight::completed(
+                staging,
+                self.id,
+                direction,
+                bytes,
+                Err(failed),
+            ));
         }
-        Ok(InFlight::completed(
-            staging, self.id, direction, bytes, outcome,
-        ))
-    }
-
-    /// Issues planned runs on the backend. The host backend copies now (one page lock at a
-    /// time, H2), after first taking any injected failure, so a failure moves nothing (H3).
-    fn issue(
-        &mut self,
-        direction: CopyDirection,
-        runs: &[CopyRun],
-        staging: &mut StagingPool,
-        bytes: usize,
-    ) -> Result<(), GpuError> {
-        match self.backend {
-            StreamBackend::Host => {
-                if self.device.take_copy_failure() {
-                    return Err(GpuError::CopyFailed {
-                        stream: self.id,
-                        direction,
-                        bytes,
-                    });
-                }
-                self.device.copy_runs(direction, runs, staging)
+        match self
+            .device
+            .issue(&self.backend, self.id, direction, &runs, staging)
+        {
+            Ok(in_flight) => {
+                self.counters.record_issued(direction, copies.len(), &runs);
+                Ok(in_flight)
+            }
+            Err((staging, error)) => {
+                self.counters.issue_failures += 1;
+                Ok(InFlight::completed(
+                    staging,
+                    self.id,
+                    direction,
+                    bytes,
+                    Err(error),
+                ))
             }
         }
     }

@@ -1,0 +1,210 @@
+//! The CUDA backend (feature `cuda`): device page memory, pinned staging, streams and
+//! events over the CUDA driver API through cudarc, behind the same `Device` /
+//! `StagingPool` / `CopyStream` / `InFlight` API as the host backend.
+//!
+//! ```text
+//!  Device, StagingPool, CopyStream, InFlight   (safe API, closed enums over backends)
+//!      v
+//!  CudaDevice (this file)      one DeviceRegion per page pool, an engine stream
+//!  context.rs                  primary context retain, made current on every entry (X2)
+//!  memory.rs                   DeviceRegion (cuMemAlloc), PinnedBuffer (cuMemHostAlloc 0)
+//!  queue.rs                    CudaStream, CudaEvent, PendingCopy
+//!      v
+//!  driver.rs                   one driver call per `unsafe` block, each with SAFETY
+//! ```
+//!
+//! Workflow:
+//! 1. `Device::open_cuda(ordinal, specs)` probes the driver (library present first, then
+//!    `cuInit`, then a device count), retains the device's primary context and allocates
+//!    one zeroed region of `num_pages * page_bytes` per page pool ([`CudaDevice::open`]).
+//! 2. `Device::staging_pool` allocates pinned, cached memory; `Device::stream` creates a
+//!    non-blocking stream per loader and for the saver.
+//! 3. `scatter` / `gather` plan runs with `plan_copies`, then [`CudaDevice::issue`] queues
+//!    one `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` per run and records an event; the
+//!    `InFlight` waits on that event on the waiter's own thread.
+//! 4. The engine's `write_page` / `read_page` copy on a device-internal stream and
+//!    synchronize it before returning, so a page written by the engine is on the device
+//!    before any loader or saver stream can see it.
+//!
+//! Invariants:
+//! - K1. Regions are in [`PageGeometry::pools`] order, so a pool index from the geometry
+//!   indexes `regions`; every offset is bounds-checked by the caller (module I1).
+//! - K2. A submission is queued as a whole or not at all from the caller's view: if queueing
+//!   a run fails, the stream is synchronized before the staging pool is handed back with
+//!   the error, so no queued run still touches it (module I3, I6).
+//! - K3. The context is made current at the start of every entry point (X2).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod context;
+mod driver;
+mod memory;
+mod queue;
+
+use std::sync::Arc;
+
+pub(crate) use context::probe;
+pub(crate) use memory::PinnedBuffer;
+pub(crate) use queue::{CudaStream, PendingCopy};
+
+use self::context::Context;
+use self::memory::DeviceRegion;
+use self::queue::CudaEvent;
+use super::copy::{CopyDirection, CopyRun};
+use super::error::GpuError;
+use super::pages::PageGeometry;
+
+/// Page memory of every group on one CUDA device, plus the engine's copy stream.
+#[derive(Debug)]
+pub(crate) struct CudaDevice {
+    context: Arc<Context>,
+    /// In the order of [`PageGeometry::pools`] (K1).
+    regions: Vec<DeviceRegion>,
+    /// Carries `write_page` / `read_page`; synchronized by each of them (workflow step 4).
+    engine_stream: CudaStream,
+}
+
+impl CudaDevice {
+    /// Retains device `ordinal`'s primary context and allocates zeroed page memory for every
+    /// pool of `geometry`.
+    ///
+    /// # Errors
+    /// [`GpuError::CudaDriverMissing`], [`GpuError::CudaInit`], [`GpuError::CudaNoDevice`],
+    /// or [`GpuError::Driver`] (e.g. out of device memory).
+    pub(crate) fn open(ordinal: u32, geometry: &PageGeometry) -> Result<Self, GpuError> {
+        let context = Arc::new(Context::retain(ordinal)?);
+        let regions = geometry
+            .pools()
+            .iter()
+            .map(|spec| DeviceRegion::zeroed(Arc::clone(&context), spec))
+            .collect::<Result<Vec<_>, _>>()?;
+        let engine_stream = CudaStream::create(Arc::clone(&context))?;
+        Ok(Self {
+            context,
+            regions,
+            engine_stream,
+        })
+    }
+
+    /// The device's ordinal.
+    pub(crate) fn ordinal(&self) -> u32 {
+        self.context.ordinal()
+    }
+
+    /// Pinned, zeroed staging memory of `len` bytes.
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from `cuMemHostAlloc`.
+    pub(crate) fn pinned(&self, len: usize) -> Result<PinnedBuffer, GpuError> {
+        PinnedBuffer::zeroed(Arc::clone(&self.context), len)
+    }
+
+    /// A new non-blocking stream.
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from `cuStreamCreate`.
+    pub(crate) fn stream(&self) -> Result<CudaStream, GpuError> {
+        CudaStream::create(Arc::clone(&self.context))
+    }
+
+    /// Overwrites page `page` of pool `pool` with `bytes` (one page) and waits until they
+    /// are on the device. The caller checked the page and the length (K1).
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from the copy or the synchronize.
+    pub(crate) fn write_page(&self, pool: usize, page: u32, bytes: &[u8]) -> Result<(), GpuError> {
+        self.context.make_current()?;
+        let dst = self.regions[pool].page_address(page);
+        let stream = self.engine_stream.raw();
+        // SAFETY: the range was bounds-checked against the region (K1); `bytes` is borrowed
+        // until the synchronize below returns, so it outlives the copy.
+        unsafe { driver::memcpy_to_device_async(dst, bytes.as_ptr(), bytes.len(), stream) }
+            .map_err(GpuError::driver("cuMemcpyHtoDAsync"))?;
+        self.engine_stream.synchronize()
+    }
+
+    /// Copies page `page` of pool `pool` into `out` (one page) and waits for it.
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from the copy or the synchronize.
+    pub(crate) fn read_page(&self, pool: usize, page: u32, out: &mut [u8]) -> Result<(), GpuError> {
+        self.context.make_current()?;
+        let src = self.regions[pool].page_address(page);
+        let stream = self.engine_stream.raw();
+        // SAFETY: the range was bounds-checked (K1); `out` is exclusively borrowed until
+        // the synchronize below returns, so nothing else touches it during the copy.
+        unsafe { driver::memcpy_to_host_async(out.as_mut_ptr(), src, out.len(), stream) }
+            .map_err(GpuError::driver("cuMemcpyDtoHAsync"))?;
+        self.engine_stream.synchronize()
+    }
+
+    /// Queues one copy per run on `stream` and records an event after them (K2).
+    /// `runs[i].0` is the run's pool index; the runs were planned against this device's
+    /// geometry and the staging geometry of `staging` (C1).
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] when creating the event, queueing a run or recording fails;
+    /// the stream has been synchronized by then (K2).
+    pub(crate) fn issue(
+        &self,
+        stream: &CudaStream,
+        direction: CopyDirection,
+        runs: &[(usize, CopyRun)],
+        staging: &mut [u8],
+    ) -> Result<CudaEvent, GpuError> {
+        self.context.make_current()?;
+        let event = CudaEvent::create(Arc::clone(&self.context))?;
+        let queued = runs
+            .iter()
+            .try_for_each(|(pool, run)| self.queue_run(stream, direction, *pool, run, staging))
+            .and_then(|()| event.record(stream));
+        match queued {
+            Ok(()) => Ok(event),
+            Err(error) => {
+                // K2: runs already queued must finish before the staging pool goes back.
+                if let Err(sync_error) = stream.synchronize() {
+                    tracing::warn!(error = %sync_error, "synchronizing after a failed submission failed");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Queues one run's copy.
+    fn queue_run(
+        &self,
+        stream: &CudaStream,
+        direction: CopyDirection,
+        pool: usize,
+        run: &CopyRun,
+        staging: &mut [u8],
+    ) -> Result<(), GpuError> {
+        let device = self.regions[pool].address(run.device_offset);
+        let host = &mut staging[run.staging_offset..run.staging_end()];
+        match direction {
+            CopyDirection::HostToDevice => {
+                // SAFETY: the device range lies in the region (C1, K1); the staging range
+                // lies in the pool's pinned memory, which the `InFlight` owns and nobody
+                // touches until the recorded event completes (module I3).
+                unsafe {
+                    driver::memcpy_to_device_async(device, host.as_ptr(), run.len, stream.raw())
+                }
+                .map_err(GpuError::driver("cuMemcpyHtoDAsync"))
+            }
+            CopyDirection::DeviceToHost => {
+                // SAFETY: as above; the staging range is written only by this copy until
+                // the event completes (I3), and the destinations of one submission are
+                // disjoint (I5).
+                unsafe {
+                    driver::memcpy_to_host_async(host.as_mut_ptr(), device, run.len, stream.raw())
+                }
+                .map_err(GpuError::driver("cuMemcpyDtoHAsync"))
+            }
+        }
+    }
+}
+
+/// Whether `error` came from the driver and leaves the context unusable (module I7).
+pub(crate) fn is_sticky(error: cudarc::driver::DriverError) -> bool {
+    driver::is_sticky(error)
+}
