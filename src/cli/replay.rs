@@ -142,6 +142,11 @@ pub struct ReplayArgs {
     /// --kv-bytes-scale times it (default: the configuration's pool capacity).
     #[arg(long, value_name = "BYTES")]
     pub pool_capacity: Option<String>,
+    /// Where pages live: `cuda` (GPU memory through cudarc; needs a build with
+    /// `--features cuda` and a driver), `host` (host memory), or `auto` (the GPU when one
+    /// is present). Default: the configuration's device.kind (`auto`); env KVC_DEVICE_KIND.
+    #[arg(long, value_name = "KIND", value_parser = ["auto", "cuda", "host"])]
+    pub device: Option<String>,
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
@@ -311,6 +316,7 @@ fn load_config<S: std::hash::BuildHasher>(
         args.pool_capacity
             .clone()
             .map(|bytes| ("pool.capacity_bytes", bytes)),
+        args.device.clone().map(|kind| ("device.kind", kind)),
     ];
     cli_overrides.extend(
         dedicated

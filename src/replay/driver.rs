@@ -182,7 +182,8 @@ fn build_engines(
     let instances = params.deployment.instances;
     let mut engines = Vec::with_capacity(instances);
     for instance in 0..instances {
-        let devices = deployment.open_devices(params.layout.world_size)?;
+        let devices =
+            deployment.open_devices(params.layout.world_size, params.config.device.kind.into())?;
         let context = InstanceContext {
             instance,
             instances,

@@ -58,6 +58,8 @@ pub struct PageBytes {
 pub struct SetupSummary {
     /// `kvc` or `none`.
     pub connector: String,
+    /// Where pages lived: `host` or `cuda` (`device.kind` resolved).
+    pub device: String,
     /// The layout's name.
     pub model: String,
     /// The layout fingerprint (R4), hex.

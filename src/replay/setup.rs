@@ -24,7 +24,7 @@ use std::sync::Arc;
 use crate::config::{Config, PoolBackend};
 use crate::core::eviction::EvictionPolicy;
 use crate::core::layout::{GroupId, Layout};
-use crate::gpu::{Device, PagePoolSpec};
+use crate::gpu::{Device, DeviceRequest, PagePoolSpec};
 use crate::pool::{ManualClock, MemoryPool};
 
 use super::error::ReplayError;
@@ -185,7 +185,11 @@ impl Deployment {
     /// # Errors
     ///
     /// The device's errors (an empty or oversized pool).
-    pub fn open_devices(&self, world_size: u32) -> Result<Vec<Device>, ReplayError> {
+    pub fn open_devices(
+        &self,
+        world_size: u32,
+        request: DeviceRequest,
+    ) -> Result<Vec<Device>, ReplayError> {
         let specs: Vec<PagePoolSpec> = self
             .stored_page_bytes
             .iter()
@@ -196,7 +200,7 @@ impl Deployment {
             })
             .collect();
         (0..world_size)
-            .map(|_| Device::open_host(&specs).map_err(ReplayError::from))
+            .map(|_| Device::open(request, &specs).map_err(ReplayError::from))
             .collect()
     }
 }
@@ -317,7 +321,7 @@ mod tests {
         )?;
         assert_eq!(deployment.kv_pages, 1024);
         assert!((deployment.kv_bytes_scale - 1.0).abs() < f64::EPSILON);
-        let devices = deployment.open_devices(2)?;
+        let devices = deployment.open_devices(2, DeviceRequest::Host)?;
         assert_eq!(devices.len(), 2);
         assert_eq!(devices[1].page_pool(GroupId(1))?.num_pages, 1024);
         Ok(())

@@ -54,7 +54,7 @@ fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
 }
 
 /// The setup section of the report.
-fn setup_summary(params: &ReplayParams, deployment: &Deployment) -> SetupSummary {
+fn setup_summary(params: &ReplayParams, deployment: &Deployment, device: &str) -> SetupSummary {
     let layout = &params.layout;
     let page_bytes = layout
         .groups
@@ -68,6 +68,7 @@ fn setup_summary(params: &ReplayParams, deployment: &Deployment) -> SetupSummary
         .collect();
     SetupSummary {
         connector: params.connector_name.clone(),
+        device: device.to_owned(),
         model: layout.name.clone(),
         layout_fingerprint: layout.fingerprint().to_string(),
         tokens_per_block: layout.tokens_per_block,
@@ -149,6 +150,10 @@ pub(super) fn summarize(
         connector_step_us: latency.summary(),
         connector_step_cpu_us: cpu_latency.summary(),
         wall_seconds: wall.as_secs_f64(),
-        setup: setup_summary(params, deployment),
+        setup: setup_summary(
+            params,
+            deployment,
+            summaries.first().map_or("none", |summary| summary.device),
+        ),
     }
 }

@@ -386,6 +386,10 @@ impl Engine {
     pub fn finish(mut self) -> EngineSummary {
         EngineSummary {
             counters: self.counters,
+            device: self
+                .devices
+                .first()
+                .map_or("none", |device| device.kind().as_str()),
             step_latency: self.step_latency,
             step_cpu_latency: self.step_cpu_latency,
             connector: self.connector.report(),

@@ -82,6 +82,8 @@ pub struct EngineCounters {
 /// What an engine hands back at the end of a replay.
 #[derive(Debug)]
 pub struct EngineSummary {
+    /// Where this instance's pages lived (`host` or `cuda`).
+    pub device: &'static str,
     /// The engine's counters.
     pub counters: EngineCounters,
     /// Wall-clock time inside connector calls per step.
