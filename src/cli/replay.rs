@@ -144,7 +144,7 @@ pub struct ReplayArgs {
     pub pool_capacity: Option<String>,
     /// Where pages live: `cuda` (GPU memory through cudarc; needs a build with
     /// `--features cuda` and a driver), `host` (host memory), or `auto` (the GPU when one
-    /// is present). Default: the configuration's device.kind (`auto`); env KVC_DEVICE_KIND.
+    /// is present). Default: the configuration's `device.kind` (`auto`); env `KVC_DEVICE_KIND`.
     #[arg(long, value_name = "KIND", value_parser = ["auto", "cuda", "host"])]
     pub device: Option<String>,
     /// Replay only the first N requests.
