@@ -260,9 +260,13 @@ impl ConnectorHandle {
         }
     }
 
-    /// Plans the saves of one scheduled request (R16-R21, see `save_plan`) and enqueues
-    /// them on every rank's saver (replicated groups on rank 0 only).
-    fn plan_saves(&mut self, scheduled: &ScheduledRequest<'_>) {
+    /// Plans the saves of one scheduled request (R16-R21, see `save_plan`) into the step's
+    /// per-rank batches (replicated groups on rank 0 only).
+    fn plan_saves(
+        &mut self,
+        scheduled: &ScheduledRequest<'_>,
+        per_rank: &mut [Vec<(SaveItem, SavePriority)>],
+    ) {
         let Some(state) = self.requests.get_mut(&scheduled.request) else {
             return;
         };
@@ -283,7 +287,6 @@ impl ConnectorHandle {
             rewind_tokens: self.rewind_tokens,
             resave_min_tokens: self.resave_min_tokens,
         };
-        let mut per_rank: Vec<Vec<(SaveItem, SavePriority)>> = vec![Vec::new(); self.savers.len()];
         for (position, group) in self.groups.iter().enumerate() {
             let (Some(keys), Some(table)) = (
                 self.keys.group(position),
@@ -313,26 +316,38 @@ impl ConnectorHandle {
                 }
             }
         }
-        let mut pending = 0;
+    }
+
+    /// Sends one step's saves: one message per rank, so a step costs each saver one
+    /// wake-up however many requests it covers. Pages a full mailbox refuses are counted
+    /// dropped and never become pending (R22).
+    fn send_saves(&mut self, per_rank: Vec<Vec<(SaveItem, SavePriority)>>) {
         for (saver, items) in self.savers.iter().zip(per_rank) {
-            let pages = items.len() as u64;
-            if pages == 0 {
+            if items.is_empty() {
                 continue;
+            }
+            let mut pages: Vec<(RequestId, u64)> = Vec::new();
+            for (item, _) in &items {
+                match pages.last_mut() {
+                    Some((request, count)) if *request == item.request => *count += 1,
+                    _ => pages.push((item.request, 1)),
+                }
             }
             if saver
                 .try_send(EnqueueSave {
                     items,
                     enqueued_at: Instant::now(),
                 })
-                .is_ok()
+                .is_err()
             {
-                pending += pages;
-            } else {
-                self.saves_refused += pages;
+                self.saves_refused += pages.iter().map(|(_, count)| count).sum::<u64>();
+                continue;
             }
-        }
-        if let Some(state) = self.requests.get_mut(&scheduled.request) {
-            state.pending_saves += pending;
+            for (request, count) in pages {
+                if let Some(state) = self.requests.get_mut(&request) {
+                    state.pending_saves += count;
+                }
+            }
         }
     }
 }
@@ -425,14 +440,16 @@ impl EngineConnector for ConnectorHandle {
 
     fn on_step(&mut self, output: &SchedulerOutput<'_>) {
         self.drain_lookups();
+        let mut per_rank: Vec<Vec<(SaveItem, SavePriority)>> = vec![Vec::new(); self.savers.len()];
         for scheduled in &output.requests {
             if let Some(reservation) = scheduled.new_reservation {
                 self.start_load(scheduled, reservation);
             }
             if scheduled.computed_after > scheduled.computed_before {
-                self.plan_saves(scheduled);
+                self.plan_saves(scheduled, &mut per_rank);
             }
         }
+        self.send_saves(per_rank);
     }
 
     fn request_finished(&mut self, request: RequestId) -> bool {
