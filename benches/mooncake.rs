@@ -53,6 +53,20 @@ fn prompt_keys(tag: &str) -> Vec<String> {
         .collect()
 }
 
+/// Page size; staging memory of loaders and savers is page aligned (pinned host memory).
+const PAGE: usize = 4096;
+
+/// `len` bytes plus room to start on a page.
+fn page_aligned(len: usize) -> Vec<u8> {
+    vec![0u8; len + PAGE]
+}
+
+/// The page-aligned `len` bytes of `memory` (from [`page_aligned`]).
+fn aligned_mut(memory: &mut [u8], len: usize) -> &mut [u8] {
+    let start = memory.as_ptr().align_offset(PAGE).min(PAGE);
+    &mut memory[start..start + len]
+}
+
 fn bench_probes(criterion: &mut Criterion, pool: &MooncakePool, name: &str, keys: &[&str]) {
     let mut group = criterion.benchmark_group(name);
     group.throughput(Throughput::Elements(keys.len() as u64));
@@ -68,13 +82,18 @@ fn bench_probes(criterion: &mut Criterion, pool: &MooncakePool, name: &str, keys
 }
 
 fn bench_transfers(criterion: &mut Criterion, pool: &MooncakePool) -> Result<(), MooncakeError> {
-    let source: Vec<u8> = (0..OBJECTS * OBJECT_BYTES)
-        .map(|i| (i % 251).to_le_bytes()[0])
-        .collect();
-    let mut registered = vec![0u8; OBJECTS * OBJECT_BYTES];
-    let mut unregistered = vec![0u8; OBJECTS * OBJECT_BYTES];
-    pool.register_slice(&source)?;
-    pool.register_slice(&registered)?;
+    let mut source_memory = page_aligned(OBJECTS * OBJECT_BYTES);
+    let source = aligned_mut(&mut source_memory, OBJECTS * OBJECT_BYTES);
+    for (i, byte) in source.iter_mut().enumerate() {
+        *byte = (i % 251).to_le_bytes()[0];
+    }
+    let source: &[u8] = source;
+    let mut registered_memory = page_aligned(OBJECTS * OBJECT_BYTES);
+    let registered = aligned_mut(&mut registered_memory, OBJECTS * OBJECT_BYTES);
+    let mut unregistered_memory = page_aligned(OBJECTS * OBJECT_BYTES);
+    let unregistered = aligned_mut(&mut unregistered_memory, OBJECTS * OBJECT_BYTES);
+    pool.register_slice(source)?;
+    pool.register_slice(registered)?;
     let values: Vec<&[u8]> = source.chunks(OBJECT_BYTES).collect();
     let mut group = criterion.benchmark_group("transfer");
     group.throughput(Throughput::Bytes((OBJECTS * OBJECT_BYTES) as u64));
@@ -102,10 +121,7 @@ fn bench_transfers(criterion: &mut Criterion, pool: &MooncakePool) -> Result<(),
     let keys: Vec<String> = (0..OBJECTS).map(|i| format!("get/{i}")).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     assert!(pool.put(&key_refs, &values).iter().all(Result::is_ok));
-    for (name, buffer) in [
-        ("get_registered", &mut registered),
-        ("get_staged", &mut unregistered),
-    ] {
+    for (name, buffer) in [("get_registered", registered), ("get_staged", unregistered)] {
         group.bench_function(name, |bench| {
             bench.iter(|| {
                 let mut slots: Vec<&mut [u8]> = buffer.chunks_mut(OBJECT_BYTES).collect();
@@ -113,7 +129,7 @@ fn bench_transfers(criterion: &mut Criterion, pool: &MooncakePool) -> Result<(),
             });
         });
         assert!(
-            *buffer == source,
+            &*buffer == source,
             "{name}: read bytes differ from the written ones"
         );
     }
@@ -172,11 +188,13 @@ fn run(criterion: &mut Criterion, install: &MooncakeInstall) -> Result<(), Moonc
     let absent_refs: Vec<&str> = absent.iter().map(String::as_str).collect();
     bench_probes(criterion, &pool, "probe_absent", &absent_refs);
     bench_transfers(criterion, &pool)?;
+    // The master places objects in any mounted segment: close this client first, so the
+    // baseline's objects stay in its own segment as this client's did.
+    pool.close()?;
     // `cargo test --all-targets` runs benches once as a smoke test, without `--bench`.
     if std::env::args().any(|arg| arg == "--bench") {
         run_python_baseline(install, &master);
     }
-    pool.close()?;
     Ok(())
 }
 

@@ -15,6 +15,9 @@
 //!   they wait on the network. `setup`, `register_buffer` and `close` do not; `close` holds
 //!   it for about two seconds (it joins the client's threads).
 
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -54,6 +57,10 @@ pub(crate) struct StoreClient {
 impl StoreClient {
     /// Imports the client and runs `setup` with `settings`.
     pub(crate) fn connect(settings: &MooncakeSettings) -> Result<Self, MooncakeError> {
+        check_reachable("master_address", &settings.master_address)?;
+        if let Some(host_port) = http_host_port(&settings.metadata_server) {
+            check_reachable("metadata_server", host_port)?;
+        }
         python::prepare(settings)?;
         let store = Python::attach(|py| -> Result<Py<PyAny>, MooncakeError> {
             let store = py
@@ -222,8 +229,65 @@ impl StoreClient {
     }
 }
 
+/// How long the pre-`setup` reachability check waits per address.
+const REACH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Fails fast when nothing listens at `address` (`HOST:PORT`).
+fn check_reachable(setting: &'static str, address: &str) -> Result<(), MooncakeError> {
+    let unreachable = |source| MooncakeError::Unreachable {
+        setting,
+        address: address.to_string(),
+        source,
+    };
+    let mut last_error = None;
+    for candidate in address.to_socket_addrs().map_err(unreachable)? {
+        match TcpStream::connect_timeout(&candidate, REACH_TIMEOUT) {
+            Ok(_) => return Ok(()),
+            Err(err) => last_error = Some(err),
+        }
+    }
+    Err(unreachable(last_error.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
+    })))
+}
+
+/// `HOST:PORT` of an `http://HOST:PORT/...` metadata server; `None` for other kinds
+/// (etcd, `P2PHANDSHAKE`), which are not checked.
+fn http_host_port(metadata_server: &str) -> Option<&str> {
+    let rest = metadata_server.strip_prefix("http://")?;
+    Some(rest.split('/').next().unwrap_or(rest))
+}
+
 /// Logs a raised call; its keys get [`PYTHON_CALL_FAILED`].
 fn log_failure(method: &'static str, err: &PyErr) -> CallError {
     tracing::warn!(method, error = %err, "mooncake python call raised");
     CallError::Failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_host_port_is_read_from_http_urls_only() {
+        assert_eq!(
+            http_host_port("http://127.0.0.1:8080/metadata"),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(http_host_port("http://h:1"), Some("h:1"));
+        assert_eq!(http_host_port("etcd://h:2379"), None);
+        assert_eq!(http_host_port("P2PHANDSHAKE"), None);
+    }
+
+    #[test]
+    fn an_unreachable_master_fails_fast_naming_the_setting() -> Result<(), std::io::Error> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let err = check_reachable("master_address", &format!("127.0.0.1:{port}"))
+            .expect_err("nothing listens there");
+        assert_eq!(err.kind(), "unreachable");
+        assert!(err.to_string().contains("master_address"), "{err}");
+        Ok(())
+    }
 }

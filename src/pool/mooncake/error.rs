@@ -63,6 +63,18 @@ pub enum MooncakeError {
         /// The configured metadata server.
         metadata_server: String,
     },
+    /// The master or the HTTP metadata server does not accept connections (checked before
+    /// `setup`, which would otherwise wait about 90 seconds holding the GIL).
+    #[error("cannot reach {setting} = {address:?}: {source}; start mooncake_master there or fix {setting}")]
+    Unreachable {
+        /// `master_address` or `metadata_server`.
+        setting: &'static str,
+        /// The address tried.
+        address: String,
+        /// The connect error.
+        #[source]
+        source: std::io::Error,
+    },
     /// `register_buffer` or `unregister_buffer` answered a nonzero code.
     #[error("mooncake {call} returned {code} for {len} bytes at {addr:#x}")]
     Register {
@@ -145,6 +157,7 @@ impl MooncakeError {
             Self::VenvMissing { .. } => "venv_missing",
             Self::Python { .. } => "python",
             Self::Setup { .. } => "setup",
+            Self::Unreachable { .. } => "unreachable",
             Self::Register { .. } => "register",
             Self::Closed => "closed",
             Self::Close { .. } => "close",
