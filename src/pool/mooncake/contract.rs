@@ -29,7 +29,7 @@ impl Pool for MooncakePool {
     fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
         let (_, probe_chunk) = self.settings().call_limits();
         let results = self.probe(keys, probe_chunk);
-        self.count_lookups(
+        self.counters.lookups(
             results
                 .iter()
                 .map(|result| result.as_ref().map(|present| *present)),
@@ -57,7 +57,7 @@ impl Pool for MooncakePool {
                     continue;
                 }
                 Ok(_) => {
-                    self.counters_put_existing();
+                    self.counters.put_existing();
                     Err(PoolError::AlreadyExists)
                 }
                 Err(err) => Err(err),
@@ -109,12 +109,13 @@ impl Pool for MooncakePool {
                 *result = Err(self.explain_invalid_get(keys[index], buffers[index].len()));
             }
         }
-        self.count_lookups(results.iter().map(|result| result.as_ref().map(|_| true)));
+        self.counters
+            .lookups(results.iter().map(|result| result.as_ref().map(|_| true)));
         let read: usize = results
             .iter()
             .filter_map(|result| result.as_ref().ok())
             .sum();
-        self.counters_bytes_read(read);
+        self.counters.bytes_read(read);
         results
     }
 
@@ -124,9 +125,8 @@ impl Pool for MooncakePool {
     }
 
     fn counters(&self) -> PoolCounters {
-        let mut counters = self.counter_snapshot();
-        counters.capacity_bytes = self.settings().global_segment_size_bytes;
-        counters
+        self.counters
+            .snapshot(self.settings().global_segment_size_bytes)
     }
 
     fn name(&self) -> &'static str {

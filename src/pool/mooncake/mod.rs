@@ -47,6 +47,7 @@
 
 mod client;
 mod contract;
+mod counters;
 pub mod error;
 mod master;
 mod pool;

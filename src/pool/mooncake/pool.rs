@@ -22,16 +22,16 @@
 //!   queue; above 1024 a batch partly fails with -800).
 //! - I3. Calls after [`MooncakePool::close`] answer [`PoolError::Unavailable`] per key.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
 use super::client::StoreClient;
-use super::error::{exists_result, get_result, put_result, INVALID_PARAMS, NO_AVAILABLE_HANDLE};
+use super::counters::Counters;
+use super::error::{exists_result, get_result, put_result, INVALID_PARAMS};
 use super::staging::{plan_rounds, staging_len_for, FallbackStaging, Regions, Slot};
 use super::{MooncakeError, MooncakeSettings};
-use crate::pool::{PoolCounters, PoolError};
+use crate::pool::PoolError;
 
 /// Most threads one probe fans out to; larger probes get larger chunks.
 const MAX_PROBE_THREADS: usize = 8;
@@ -44,7 +44,8 @@ const MAX_PROBE_THREADS: usize = 8;
 ///
 /// [`close`](Self::close) it at shutdown from a thread that may block for about two
 /// seconds (not an actor's arbiter); dropping an open pool closes it on the dropping thread.
-/// Objects this client put live in its segment and leave the pool when it closes.
+/// The master places each object in some mounted segment (any client's); the objects held
+/// in this client's segment leave the pool when it closes.
 pub struct MooncakePool {
     settings: MooncakeSettings,
     client: StoreClient,
@@ -52,19 +53,8 @@ pub struct MooncakePool {
     regions: Regions,
     /// The fallback buffer, made on first use (lock before entering Python, `client.rs` I1).
     staging: Mutex<Option<FallbackStaging>>,
-    counters: Counters,
-}
-
-/// Counters since the pool was built; each is updated on its own (no joint snapshot).
-#[derive(Debug, Default)]
-struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    puts: AtomicU64,
-    put_rejected: AtomicU64,
-    put_existing: AtomicU64,
-    bytes_written: AtomicU64,
-    bytes_read: AtomicU64,
+    /// What this client did; public as [`Pool::counters`](crate::pool::Pool::counters).
+    pub(super) counters: Counters,
 }
 
 impl MooncakePool {
@@ -285,7 +275,7 @@ impl MooncakePool {
                     Ok(codes) => put_result(codes[position], started.elapsed()),
                     Err(err) => Err(err.pool_error()),
                 };
-                self.count_put(&results[index], values[index].len());
+                self.counters.put(&results[index], values[index].len());
             }
         }
     }
@@ -299,66 +289,6 @@ impl MooncakePool {
             self.staging_for(items).map(Some)
         } else {
             Ok(None)
-        }
-    }
-
-    /// Counts lookups: `Ok(true)` (or a too-small buffer) a hit, absent a miss.
-    pub(super) fn count_lookups<'r>(
-        &self,
-        results: impl Iterator<Item = Result<bool, &'r PoolError>>,
-    ) {
-        for result in results {
-            match result {
-                Ok(true) | Err(PoolError::BufferTooSmall { .. }) => {
-                    self.counters.hits.fetch_add(1, Ordering::Relaxed)
-                }
-                Ok(false) | Err(PoolError::NotFound) => {
-                    self.counters.misses.fetch_add(1, Ordering::Relaxed)
-                }
-                Err(_) => continue,
-            };
-        }
-    }
-
-    pub(super) fn counters_put_existing(&self) {
-        self.counters.put_existing.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(super) fn counters_bytes_read(&self, bytes: usize) {
-        self.counters
-            .bytes_read
-            .fetch_add(bytes as u64, Ordering::Relaxed);
-    }
-
-    /// The counters this client keeps (`capacity_bytes`, `used_bytes`, `objects` left 0).
-    pub(super) fn counter_snapshot(&self) -> PoolCounters {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        PoolCounters {
-            hits: load(&self.counters.hits),
-            misses: load(&self.counters.misses),
-            puts: load(&self.counters.puts),
-            put_rejected: load(&self.counters.put_rejected),
-            put_existing: load(&self.counters.put_existing),
-            bytes_written: load(&self.counters.bytes_written),
-            bytes_read: load(&self.counters.bytes_read),
-            ..PoolCounters::default()
-        }
-    }
-
-    fn count_put(&self, result: &Result<(), PoolError>, len: usize) {
-        match result {
-            Ok(()) => {
-                self.counters.puts.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .bytes_written
-                    .fetch_add(len as u64, Ordering::Relaxed);
-            }
-            Err(PoolError::Backend {
-                code: NO_AVAILABLE_HANDLE,
-            }) => {
-                self.counters.put_rejected.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(_) => {}
         }
     }
 

@@ -22,9 +22,9 @@ pub struct MooncakeSettings {
     /// metadata server (`http://HOST:PORT/metadata`, master flag
     /// `--enable_http_metadata_server=true`).
     pub metadata_server: String,
-    /// Bytes of memory this client contributes to the pool. Objects this client puts live
-    /// here, and leave the pool when the client closes; counts against the node's memory
-    /// budget (R9).
+    /// Bytes of memory this client contributes to the pool. The master places objects in
+    /// any mounted segment; those held here leave the pool when the client closes. Counts
+    /// against the node's memory budget (R9).
     pub global_segment_size_bytes: u64,
     /// Bytes of the client's own transfer buffer, used by Mooncake's copying calls; this
     /// pool passes registered memory instead, so a small buffer suffices.
