@@ -147,12 +147,12 @@ impl MooncakePool {
         let mut results = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(max_keys) {
             let started = Instant::now();
-            match self.client.batch_remove(chunk) {
-                Ok(codes) => results.extend(
-                    codes
-                        .into_iter()
-                        .map(|code| put_result(code, started.elapsed())),
-                ),
+            let answers = self.client.batch_remove(chunk);
+            let elapsed = started.elapsed();
+            match answers {
+                Ok(codes) => {
+                    results.extend(codes.into_iter().map(|code| put_result(code, elapsed)));
+                }
                 Err(err) => results.extend(err.pool_error().for_every_key(chunk.len())),
             }
         }
@@ -174,10 +174,12 @@ impl MooncakePool {
             return Vec::new();
         }
         let started = Instant::now();
-        match self.client.batch_is_exist(keys) {
+        let answers = self.client.batch_is_exist(keys);
+        let elapsed = started.elapsed();
+        match answers {
             Ok(codes) => codes
                 .into_iter()
-                .map(|code| exists_result(code, started.elapsed()))
+                .map(|code| exists_result(code, elapsed))
                 .collect(),
             Err(err) => err.pool_error().for_every_key(keys.len()),
         }
@@ -269,10 +271,11 @@ impl MooncakePool {
             let answers = self
                 .client
                 .batch_put_from(&call.keys, &call.addrs, &call.sizes);
+            let elapsed = started.elapsed();
             for (position, slot) in round.iter().enumerate() {
                 let index = pending[slot.item];
                 results[index] = match &answers {
-                    Ok(codes) => put_result(codes[position], started.elapsed()),
+                    Ok(codes) => put_result(codes[position], elapsed),
                     Err(err) => Err(err.pool_error()),
                 };
                 self.counters.put(&results[index], values[index].len());
@@ -315,10 +318,11 @@ impl MooncakePool {
         let answers = self
             .client
             .batch_get_into(&call.keys, &call.addrs, &call.sizes);
+        let elapsed = started.elapsed();
         for (position, slot) in round.iter().enumerate() {
             let buffer = &mut buffers[slot.item];
             let result = match &answers {
-                Ok(codes) => get_result(codes[position], buffer.len(), started.elapsed()),
+                Ok(codes) => get_result(codes[position], buffer.len(), elapsed),
                 Err(err) => Err(err.pool_error()),
             };
             if let (Ok(read), Some(offset), Some(staging)) =
