@@ -29,6 +29,8 @@
 
 pub mod clock;
 pub mod memory;
+#[cfg(feature = "mooncake")]
+pub mod mooncake;
 
 pub use clock::{ManualClock, PoolClock, SystemClock};
 pub use memory::MemoryPool;

@@ -1,0 +1,293 @@
+//! The thin layer over the Python `MooncakeDistributedStore` object: one Rust method per
+//! store call, integers in and out. Pointers cross as integers (`addr as usize`), so no
+//! `unsafe` is needed here; what they point at is the pool's business (`pool.rs`).
+//!
+//! # Invariants (the lock-then-GIL order)
+//!
+//! - I1. A Rust lock is only ever taken *before* entering Python (`Python::attach`), never
+//!   inside: a thread holding the GIL never waits on a Rust lock, so no thread can hold a
+//!   lock while another holding the GIL waits for it.
+//! - I2. Every call holds the `store` read lock for its whole length; [`StoreClient::close`]
+//!   takes the write lock, so it waits for calls in flight, and later calls find `None`
+//!   (the pybind object must not be used after its `close`).
+//! - I3. The GIL is held only to build argument lists and read results: the batch calls
+//!   (`batch_is_exist`, `batch_put_from`, `batch_get_into`) release it inside Mooncake while
+//!   they wait on the network. `setup`, `register_buffer` and `close` do not; `close` holds
+//!   it for about two seconds (it joins the client's threads).
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use super::error::PYTHON_CALL_FAILED;
+use super::python::{self, python_error};
+use super::{MooncakeError, MooncakeSettings};
+use crate::pool::PoolError;
+
+/// Why a store call gave no per-key answers.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The client was closed (I2).
+    Closed,
+    /// The call raised, or answered a list of the wrong length.
+    Failed,
+}
+
+impl CallError {
+    /// The per-key error every key of the call gets.
+    pub(crate) fn pool_error(&self) -> PoolError {
+        match self {
+            Self::Closed => PoolError::Unavailable,
+            Self::Failed => PoolError::Backend {
+                code: PYTHON_CALL_FAILED,
+            },
+        }
+    }
+}
+
+/// One Mooncake Store client, driven through the embedded interpreter.
+pub(crate) struct StoreClient {
+    /// The Python store object; `None` once closed (I2).
+    store: RwLock<Option<Py<PyAny>>>,
+}
+
+impl StoreClient {
+    /// Imports the client and runs `setup` with `settings`.
+    pub(crate) fn connect(settings: &MooncakeSettings) -> Result<Self, MooncakeError> {
+        check_reachable("master_address", &settings.master_address)?;
+        if let Some(host_port) = http_host_port(&settings.metadata_server) {
+            check_reachable("metadata_server", host_port)?;
+        }
+        python::prepare(settings)?;
+        let store = Python::attach(|py| -> Result<Py<PyAny>, MooncakeError> {
+            let store = py
+                .import("mooncake.store")
+                .and_then(|module| module.getattr("MooncakeDistributedStore"))
+                .and_then(|class| class.call0())
+                .map_err(python_error("create MooncakeDistributedStore"))?;
+            let code: i64 = store
+                .call_method1(
+                    "setup",
+                    (
+                        &settings.local_hostname,
+                        &settings.metadata_server,
+                        settings.global_segment_size_bytes,
+                        settings.local_buffer_size_bytes,
+                        &settings.protocol,
+                        &settings.device_name,
+                        &settings.master_address,
+                    ),
+                )
+                .and_then(|answer| answer.extract())
+                .map_err(python_error("setup"))?;
+            if code != 0 {
+                return Err(MooncakeError::Setup {
+                    code,
+                    master_address: settings.master_address.clone(),
+                    metadata_server: settings.metadata_server.clone(),
+                });
+            }
+            Ok(store.unbind())
+        })?;
+        Ok(Self {
+            store: RwLock::new(Some(store)),
+        })
+    }
+
+    /// `register_buffer(addr, len)` or `unregister_buffer(addr)`; `Ok` for code 0.
+    pub(crate) fn register(
+        &self,
+        call: &'static str,
+        addr: usize,
+        len: usize,
+    ) -> Result<(), MooncakeError> {
+        let guard = self.store.read(); // I1
+        let store = guard.as_ref().ok_or(MooncakeError::Closed)?;
+        let code: i64 = Python::attach(|py| {
+            let store = store.bind(py);
+            let answer = if call == "register_buffer" {
+                store.call_method1(call, (addr, len))
+            } else {
+                store.call_method1(call, (addr,))
+            };
+            answer.and_then(|answer| answer.extract())
+        })
+        .map_err(python_error(call))?;
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(MooncakeError::Register {
+                call,
+                code,
+                addr,
+                len,
+            })
+        }
+    }
+
+    /// `batch_is_exist(keys)`: `1` present, `0` absent, negative an error.
+    pub(crate) fn batch_is_exist(&self, keys: &[&str]) -> Result<Vec<i64>, CallError> {
+        self.call_per_key("batch_is_exist", keys.len(), |py| {
+            (PyList::new(py, keys)?,).into_pyobject(py)
+        })
+    }
+
+    /// `batch_put_from(keys, addrs, sizes)`: `0` stored, negative an error.
+    pub(crate) fn batch_put_from(
+        &self,
+        keys: &[&str],
+        addrs: &[usize],
+        sizes: &[usize],
+    ) -> Result<Vec<i64>, CallError> {
+        self.call_per_key("batch_put_from", keys.len(), |py| {
+            (PyList::new(py, keys)?, addrs, sizes).into_pyobject(py)
+        })
+    }
+
+    /// `batch_get_into(keys, addrs, sizes)`: bytes read, negative an error.
+    pub(crate) fn batch_get_into(
+        &self,
+        keys: &[&str],
+        addrs: &[usize],
+        sizes: &[usize],
+    ) -> Result<Vec<i64>, CallError> {
+        self.call_per_key("batch_get_into", keys.len(), |py| {
+            (PyList::new(py, keys)?, addrs, sizes).into_pyobject(py)
+        })
+    }
+
+    /// `batch_remove(keys, force=True)`: `0` removed, negative an error.
+    pub(crate) fn batch_remove(&self, keys: &[&str]) -> Result<Vec<i64>, CallError> {
+        self.call_per_key("batch_remove", keys.len(), |py| {
+            (PyList::new(py, keys)?, true).into_pyobject(py)
+        })
+    }
+
+    /// `get_size(key)`: the object's bytes, negative an error.
+    pub(crate) fn get_size(&self, key: &str) -> Result<i64, CallError> {
+        let guard = self.store.read(); // I1
+        let store = guard.as_ref().ok_or(CallError::Closed)?;
+        Python::attach(|py| {
+            store
+                .bind(py)
+                .call_method1("get_size", (key,))
+                .and_then(|answer| answer.extract())
+                .map_err(|err| log_failure("get_size", &err))
+        })
+    }
+
+    /// Tears the client down; later calls answer [`CallError::Closed`]. Idempotent.
+    /// Blocks for about two seconds with the GIL held (I3).
+    pub(crate) fn close(&self) -> Result<(), MooncakeError> {
+        let Some(store) = self.store.write().take() else {
+            return Ok(());
+        };
+        let code: i64 = Python::attach(|py| {
+            let answer = store.bind(py).call_method0("close");
+            drop(store);
+            answer.and_then(|answer| answer.extract())
+        })
+        .map_err(python_error("close"))?;
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(MooncakeError::Close { code })
+        }
+    }
+
+    /// Calls `method` with the arguments `args` builds and reads one integer per key.
+    fn call_per_key<F>(
+        &self,
+        method: &'static str,
+        keys: usize,
+        args: F,
+    ) -> Result<Vec<i64>, CallError>
+    where
+        F: for<'py> FnOnce(Python<'py>) -> PyResult<Bound<'py, PyTuple>>,
+    {
+        let guard = self.store.read(); // I1, I2
+        let store = guard.as_ref().ok_or(CallError::Closed)?;
+        let answers: Vec<i64> = Python::attach(|py| {
+            let args = args(py)?;
+            store.bind(py).call_method1(method, args)?.extract()
+        })
+        .map_err(|err| log_failure(method, &err))?;
+        if answers.len() == keys {
+            Ok(answers)
+        } else {
+            tracing::warn!(
+                method,
+                keys,
+                answers = answers.len(),
+                "mooncake answered the wrong number of results"
+            );
+            Err(CallError::Failed)
+        }
+    }
+}
+
+/// How long the pre-`setup` reachability check waits per address.
+const REACH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Fails fast when nothing listens at `address` (`HOST:PORT`).
+fn check_reachable(setting: &'static str, address: &str) -> Result<(), MooncakeError> {
+    let unreachable = |source| MooncakeError::Unreachable {
+        setting,
+        address: address.to_string(),
+        source,
+    };
+    let mut last_error = None;
+    for candidate in address.to_socket_addrs().map_err(unreachable)? {
+        match TcpStream::connect_timeout(&candidate, REACH_TIMEOUT) {
+            Ok(_) => return Ok(()),
+            Err(err) => last_error = Some(err),
+        }
+    }
+    Err(unreachable(last_error.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
+    })))
+}
+
+/// `HOST:PORT` of an `http://HOST:PORT/...` metadata server; `None` for other kinds
+/// (etcd, `P2PHANDSHAKE`), which are not checked.
+fn http_host_port(metadata_server: &str) -> Option<&str> {
+    let rest = metadata_server.strip_prefix("http://")?;
+    Some(rest.split('/').next().unwrap_or(rest))
+}
+
+/// Logs a raised call; its keys get [`PYTHON_CALL_FAILED`].
+fn log_failure(method: &'static str, err: &PyErr) -> CallError {
+    tracing::warn!(method, error = %err, "mooncake python call raised");
+    CallError::Failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_host_port_is_read_from_http_urls_only() {
+        assert_eq!(
+            http_host_port("http://127.0.0.1:8080/metadata"),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(http_host_port("http://h:1"), Some("h:1"));
+        assert_eq!(http_host_port("etcd://h:2379"), None);
+        assert_eq!(http_host_port("P2PHANDSHAKE"), None);
+    }
+
+    #[test]
+    fn an_unreachable_master_fails_fast_naming_the_setting() -> Result<(), std::io::Error> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let err = check_reachable("master_address", &format!("127.0.0.1:{port}"))
+            .expect_err("nothing listens there");
+        assert_eq!(err.kind(), "unreachable");
+        assert!(err.to_string().contains("master_address"), "{err}");
+        Ok(())
+    }
+}

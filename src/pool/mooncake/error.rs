@@ -1,0 +1,288 @@
+//! Errors of the Mooncake backend: [`MooncakeError`] for starting, registering and closing,
+//! and the mapping of Mooncake's per-key return codes onto [`PoolError`].
+//!
+//! Mooncake's batch calls answer one integer per key: `0` (put done), the bytes read (get),
+//! `1`/`0` (exists), or a negative `ErrorCode` of `mooncake-store/include/types.h`. The
+//! codes this backend gives a meaning of its own are the constants below; every other
+//! negative code is [`PoolError::Backend`] with the code kept.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::pool::PoolError;
+
+/// `INVALID_PARAMS`: among others, a get into a buffer shorter than the object (the buffer
+/// is left unwritten) and a put of zero bytes.
+pub const INVALID_PARAMS: i32 = -600;
+/// `OBJECT_NOT_FOUND`: no object under the key.
+pub const OBJECT_NOT_FOUND: i32 = -704;
+/// `OBJECT_ALREADY_EXISTS`. The client turns it into `0` for puts (a put of a present key
+/// reports success and writes nothing), so the pool probes before it puts.
+pub const OBJECT_ALREADY_EXISTS: i32 = -705;
+/// `NO_AVAILABLE_HANDLE`: no segment has room right now. The master evicts in the
+/// background (every few milliseconds above the high watermark), so a later put succeeds.
+pub const NO_AVAILABLE_HANDLE: i32 = -200;
+/// `TRANSFER_FAIL`: the transport failed, for example a batch above the per-peer queue.
+pub const TRANSFER_FAIL: i32 = -800;
+/// `RPC_FAIL`: the master cannot be reached.
+pub const RPC_FAIL: i32 = -900;
+/// `RPC_TIMEOUT`: the master did not answer before the client's deadline.
+pub const RPC_TIMEOUT: i32 = -901;
+/// Not a Mooncake code: the Python call itself raised (logged with the exception) or
+/// answered a list of the wrong length.
+pub const PYTHON_CALL_FAILED: i32 = -99_999;
+
+/// Why the Mooncake backend could not start, register memory, or stop.
+#[derive(Debug, thiserror::Error)]
+pub enum MooncakeError {
+    /// The virtual environment with the wheel is not where the settings say.
+    #[error("no mooncake wheel in the virtual environment {venv_dir:?} (looked for {looked_for:?}); run scripts/setup-mooncake, or set venv_dir to a venv with mooncake-transfer-engine-non-cuda installed")]
+    VenvMissing {
+        /// The configured `venv_dir`.
+        venv_dir: PathBuf,
+        /// The path that is missing.
+        looked_for: PathBuf,
+    },
+    /// A Python step (adding the venv, importing `mooncake.store`, a client call) raised.
+    #[error("python step '{step}' failed: {source}")]
+    Python {
+        /// What was being done.
+        step: &'static str,
+        /// The Python exception.
+        #[source]
+        source: pyo3::PyErr,
+    },
+    /// `setup` answered a nonzero code: the master or the metadata server is unreachable,
+    /// or the segment could not be mounted.
+    #[error("mooncake setup returned {code} for master_address = {master_address:?}, metadata_server = {metadata_server:?}; check that mooncake_master runs there with --enable_http_metadata_server=true")]
+    Setup {
+        /// The code `setup` returned.
+        code: i64,
+        /// The configured master.
+        master_address: String,
+        /// The configured metadata server.
+        metadata_server: String,
+    },
+    /// The master or the HTTP metadata server does not accept connections (checked before
+    /// `setup`, which would otherwise wait about 90 seconds holding the GIL).
+    #[error("cannot reach {setting} = {address:?}: {source}; start mooncake_master there or fix {setting}")]
+    Unreachable {
+        /// `master_address` or `metadata_server`.
+        setting: &'static str,
+        /// The address tried.
+        address: String,
+        /// The connect error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `register_buffer` or `unregister_buffer` answered a nonzero code.
+    #[error("mooncake {call} returned {code} for {len} bytes at {addr:#x}")]
+    Register {
+        /// `register_buffer` or `unregister_buffer`.
+        call: &'static str,
+        /// The code returned.
+        code: i64,
+        /// Start of the region.
+        addr: usize,
+        /// Length of the region.
+        len: usize,
+    },
+    /// The pool was closed; it takes no more calls.
+    #[error("the mooncake client is closed")]
+    Closed,
+    /// `close` answered a nonzero code.
+    #[error("mooncake close returned {code}")]
+    Close {
+        /// The code returned.
+        code: i64,
+    },
+    /// No free loopback port for the master could be found.
+    #[error("no free loopback port for mooncake_master: {source}")]
+    NoFreePort {
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The master binary could not be started.
+    #[error("could not start {binary:?}: {source}; run scripts/setup-mooncake")]
+    MasterSpawn {
+        /// The binary.
+        binary: PathBuf,
+        /// The spawn error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The master exited while starting (its log has why).
+    #[error("mooncake_master exited while starting with {status}; see {log:?}")]
+    MasterExited {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// Where its log went (`None`: discarded; set `log_file` to keep it).
+        log: Option<PathBuf>,
+    },
+    /// The master did not listen on its ports in time.
+    #[error(
+        "mooncake_master did not listen on {address} within {waited_ms} ms; raise ready_timeout_ms"
+    )]
+    MasterNotReady {
+        /// The address that stayed closed.
+        address: String,
+        /// How long start waited.
+        waited_ms: u64,
+    },
+    /// Stopping the master failed.
+    #[error("could not stop mooncake_master (pid {pid}): {source}")]
+    MasterStop {
+        /// The master's process id.
+        pid: u32,
+        /// The kill or wait error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The master's log file could not be created.
+    #[error("could not create the mooncake_master log {path:?}: {source}")]
+    MasterLog {
+        /// The log path.
+        path: PathBuf,
+        /// The create error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl MooncakeError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::VenvMissing { .. } => "venv_missing",
+            Self::Python { .. } => "python",
+            Self::Setup { .. } => "setup",
+            Self::Unreachable { .. } => "unreachable",
+            Self::Register { .. } => "register",
+            Self::Closed => "closed",
+            Self::Close { .. } => "close",
+            Self::NoFreePort { .. } => "no_free_port",
+            Self::MasterSpawn { .. } => "master_spawn",
+            Self::MasterExited { .. } => "master_exited",
+            Self::MasterNotReady { .. } => "master_not_ready",
+            Self::MasterStop { .. } => "master_stop",
+            Self::MasterLog { .. } => "master_log",
+        }
+    }
+}
+
+/// The pool error for a negative code, where it needs no more context.
+/// `elapsed` is how long the call took, reported by [`PoolError::Timeout`].
+pub fn pool_error(code: i64, elapsed: Duration) -> PoolError {
+    let Ok(code) = i32::try_from(code) else {
+        return PoolError::Backend {
+            code: PYTHON_CALL_FAILED,
+        };
+    };
+    match code {
+        OBJECT_NOT_FOUND => PoolError::NotFound,
+        OBJECT_ALREADY_EXISTS => PoolError::AlreadyExists,
+        RPC_FAIL => PoolError::Unavailable,
+        RPC_TIMEOUT => PoolError::Timeout {
+            after_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        },
+        code => PoolError::Backend { code },
+    }
+}
+
+/// A put's per-key answer.
+pub(crate) fn put_result(code: i64, elapsed: Duration) -> Result<(), PoolError> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(pool_error(code, elapsed))
+    }
+}
+
+/// An existence probe's per-key answer: `1` present, `0` absent.
+pub(crate) fn exists_result(code: i64, elapsed: Duration) -> Result<bool, PoolError> {
+    match code {
+        1 => Ok(true),
+        0 => Ok(false),
+        code if code > 1 => Err(PoolError::Backend {
+            code: PYTHON_CALL_FAILED,
+        }),
+        code => Err(pool_error(code, elapsed)),
+    }
+}
+
+/// A get's per-key answer: bytes read, which must fit the buffer of `capacity` bytes.
+pub(crate) fn get_result(
+    code: i64,
+    capacity: usize,
+    elapsed: Duration,
+) -> Result<usize, PoolError> {
+    match usize::try_from(code) {
+        Ok(read) if read <= capacity => Ok(read),
+        Ok(_) => Err(PoolError::Backend {
+            code: PYTHON_CALL_FAILED,
+        }),
+        Err(_) => Err(pool_error(code, elapsed)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NO_TIME: Duration = Duration::ZERO;
+
+    #[test]
+    fn known_codes_map_to_their_pool_errors() {
+        assert_eq!(pool_error(-704, NO_TIME), PoolError::NotFound);
+        assert_eq!(pool_error(-705, NO_TIME), PoolError::AlreadyExists);
+        assert_eq!(pool_error(-900, NO_TIME), PoolError::Unavailable);
+        assert_eq!(
+            pool_error(-901, Duration::from_millis(1500)),
+            PoolError::Timeout { after_ms: 1500 }
+        );
+        assert_eq!(pool_error(-200, NO_TIME), PoolError::Backend { code: -200 });
+        assert_eq!(
+            pool_error(i64::MIN, NO_TIME),
+            PoolError::Backend {
+                code: PYTHON_CALL_FAILED
+            }
+        );
+    }
+
+    #[test]
+    fn per_call_results_read_success_values() {
+        assert_eq!(put_result(0, NO_TIME), Ok(()));
+        assert_eq!(
+            put_result(-800, NO_TIME),
+            Err(PoolError::Backend { code: -800 })
+        );
+        assert_eq!(exists_result(1, NO_TIME), Ok(true));
+        assert_eq!(exists_result(0, NO_TIME), Ok(false));
+        assert_eq!(exists_result(-900, NO_TIME), Err(PoolError::Unavailable));
+        assert!(exists_result(2, NO_TIME).is_err());
+        assert_eq!(get_result(100, 100, NO_TIME), Ok(100));
+        assert_eq!(get_result(-704, 100, NO_TIME), Err(PoolError::NotFound));
+        assert!(
+            get_result(101, 100, NO_TIME).is_err(),
+            "more than the buffer"
+        );
+    }
+
+    #[test]
+    fn messages_name_the_fix() {
+        let message = MooncakeError::VenvMissing {
+            venv_dir: ".venv".into(),
+            looked_for: ".venv/lib".into(),
+        }
+        .to_string();
+        assert!(message.contains("scripts/setup-mooncake"), "{message}");
+        let message = MooncakeError::Setup {
+            code: -1,
+            master_address: "127.0.0.1:1".into(),
+            metadata_server: "http://127.0.0.1:2/metadata".into(),
+        }
+        .to_string();
+        assert!(message.contains("master_address"), "{message}");
+    }
+}

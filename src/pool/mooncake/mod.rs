@@ -1,0 +1,62 @@
+//! The Mooncake Store pool backend (DESIGN section 10; cargo feature `mooncake`).
+//!
+//! [`MooncakePool`] implements [`Pool`](crate::pool::Pool) over the Mooncake Store client
+//! of the Python package index wheel `mooncake-transfer-engine-non-cuda`, driven in-process through `pyo3`: an
+//! embedded `CPython` 3.11 (shared `libpython`) with the wheel's virtual environment added at
+//! start. [`MooncakeMaster`] runs a `mooncake_master` on loopback for tests and for
+//! `replay --pool mooncake` without `--master`.
+//!
+//! ```text
+//!  Pool calls (any thread)        MooncakePool                     mooncake_master
+//!  exists / touch ───────────► batch_is_exist, chunks concurrent ──► metadata RPC (lease)
+//!  put ─────────► probe, then batch_put_from (<= 1024 keys/call) ──► alloc in a segment
+//!  get_into ─────► batch_get_into (<= 1024 keys/call) ─────────────► replica lookup
+//!                        │  registered buffer: direct
+//!                        └─ other buffer: copied through the fallback staging buffer
+//! ```
+//!
+//! # Workflow
+//!
+//! 1. `scripts/setup-mooncake` makes `.venv` (Python 3.11, the wheel) and installs
+//!    `libibverbs1`; build with `PYO3_PYTHON=.venv/bin/python` (`build.rs` puts libpython's
+//!    folder in the run path).
+//! 2. Either start a master ([`MooncakeMaster::start`], then
+//!    [`MooncakeMaster::client_settings`]) or point [`MooncakeSettings::master_address`] and
+//!    [`MooncakeSettings::metadata_server`] at a running one.
+//! 3. [`MooncakePool::connect`]; register the loaders' and the saver's staging pools once
+//!    with [`MooncakePool::register_buffer`]; share the pool as `Arc<dyn Pool>`.
+//! 4. At shutdown, [`MooncakePool::close`] on a thread that may block (about two seconds,
+//!    GIL held), then stop the master if this process started it.
+//!
+//! # Invariants
+//!
+//! - I1. Lock then GIL: no thread waits on a Rust lock while holding the GIL (`client.rs`).
+//! - I2. At most `max_keys_per_call` keys per put or get call (`pool.rs`).
+//! - I3. One result per key in key order, even when a call raises or the master is gone.
+//! - I4. No `unsafe`: pointers cross to Python as integers and Rust never dereferences them.
+//!
+//! # Failure behaviour
+//!
+//! A stopped master turns calls into per-key errors ([`PoolError::Unavailable`] for
+//! Mooncake's `RPC_FAIL`), bounded by the client's own RPC timeouts (a get waits up to about
+//! five seconds). After the master restarts on the same address the same client works again
+//! once its heartbeat re-mounts its segment (about a second); until then puts answer
+//! `NO_AVAILABLE_HANDLE`. A new client is not needed.
+//!
+//! [`PoolError::Unavailable`]: crate::pool::PoolError::Unavailable
+
+mod client;
+mod contract;
+mod counters;
+pub mod error;
+mod master;
+mod pool;
+mod python;
+mod settings;
+mod staging;
+
+pub use error::MooncakeError;
+pub use master::{MasterPorts, MasterSettings, MooncakeMaster};
+pub use pool::MooncakePool;
+pub use python::MooncakeInstall;
+pub use settings::MooncakeSettings;

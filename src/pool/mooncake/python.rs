@@ -1,0 +1,171 @@
+//! Embedding: finding the Mooncake wheel in a virtual environment and making it importable
+//! in this process's Python (pyo3 with `auto-initialize` starts the interpreter on first use).
+//!
+//! # Workflow
+//!
+//! 1. [`MooncakeInstall::discover`] finds `<venv>/lib/python3.X/site-packages/mooncake`
+//!    and the `mooncake_master` binary the wheel ships beside the client; no Python runs.
+//! 2. [`prepare`] (called by every client start) checks that the venv was made for the
+//!    embedded interpreter's version, adds its site-packages once (`site.addsitedir`, so its
+//!    `.pth` files apply), exports the transfer engine's environment (`MC_TCP_BIND_ADDRESS`,
+//!    `MC_LOG_LEVEL`) through `os.environ`, and imports `mooncake.store`.
+//!
+//! # Invariants
+//!
+//! - I1. The registry lock is taken before the interpreter is entered, never while inside it
+//!   (the lock-then-GIL order of the whole backend; see `client.rs`).
+//! - I2. A site-packages folder is added to `sys.path` at most once per process.
+
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+
+use super::{MooncakeError, MooncakeSettings};
+
+/// Site-packages folders already added to the embedded interpreter (I2).
+static ADDED_SITE_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Where the wheel is installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MooncakeInstall {
+    /// The virtual environment.
+    pub venv_dir: PathBuf,
+    /// Its site-packages folder (the one holding `mooncake/`).
+    pub site_packages: PathBuf,
+    /// The `mooncake_master` binary shipped in the wheel.
+    pub master_binary: PathBuf,
+}
+
+impl MooncakeInstall {
+    /// Finds the wheel under `venv_dir`.
+    ///
+    /// # Errors
+    ///
+    /// [`MooncakeError::VenvMissing`] when no `lib/python3.*/site-packages/mooncake` with a
+    /// `mooncake_master` exists there.
+    pub fn discover(venv_dir: &Path) -> Result<Self, MooncakeError> {
+        let lib = venv_dir.join("lib");
+        let missing = |looked_for: PathBuf| MooncakeError::VenvMissing {
+            venv_dir: venv_dir.to_path_buf(),
+            looked_for,
+        };
+        let Ok(entries) = std::fs::read_dir(&lib) else {
+            return Err(missing(lib));
+        };
+        let mut candidates: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("python3"))
+            .map(|entry| entry.path().join("site-packages"))
+            .filter(|site_packages| {
+                site_packages
+                    .join("mooncake")
+                    .join("mooncake_master")
+                    .is_file()
+            })
+            .collect();
+        candidates.sort();
+        let Some(site_packages) = candidates.pop() else {
+            return Err(missing(
+                lib.join("python3.11/site-packages/mooncake/mooncake_master"),
+            ));
+        };
+        Ok(Self {
+            venv_dir: venv_dir.to_path_buf(),
+            master_binary: site_packages.join("mooncake").join("mooncake_master"),
+            site_packages,
+        })
+    }
+}
+
+/// Makes `mooncake.store` importable in the embedded interpreter and exports the transfer
+/// engine's environment from `settings`. Idempotent; cheap after the first call.
+///
+/// # Errors
+///
+/// [`MooncakeError::VenvMissing`] when the wheel is not in `settings.venv_dir` or the venv
+/// belongs to another Python version; [`MooncakeError::Python`] when a step raises.
+pub fn prepare(settings: &MooncakeSettings) -> Result<MooncakeInstall, MooncakeError> {
+    let install = MooncakeInstall::discover(&settings.venv_dir)?;
+    let mut added = ADDED_SITE_DIRS.lock(); // I1: before the interpreter
+    Python::attach(|py| {
+        let version = py.version_info();
+        let expected = install
+            .venv_dir
+            .join("lib")
+            .join(format!("python{}.{}", version.major, version.minor))
+            .join("site-packages");
+        if expected != install.site_packages {
+            return Err(MooncakeError::VenvMissing {
+                venv_dir: install.venv_dir.clone(),
+                looked_for: expected,
+            });
+        }
+        if !added.contains(&install.site_packages) {
+            py.import("site")
+                .and_then(|site| site.call_method1("addsitedir", (&install.site_packages,)))
+                .map_err(python_error("add the venv's site-packages"))?;
+            added.push(install.site_packages.clone());
+        }
+        export_environment(py, settings).map_err(python_error("export MC_* variables"))?;
+        py.import("mooncake.store")
+            .map_err(python_error("import mooncake.store"))?;
+        Ok(())
+    })?;
+    Ok(install)
+}
+
+/// Sets the variables the transfer engine reads when a client starts.
+fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<()> {
+    let environ = py.import("os")?.getattr("environ")?;
+    for (name, value) in [
+        ("MC_TCP_BIND_ADDRESS", &settings.tcp_bind_address),
+        ("MC_LOG_LEVEL", &settings.log_level),
+    ] {
+        if !value.is_empty() {
+            environ.set_item(name, value)?;
+        }
+    }
+    Ok(())
+}
+
+/// Wraps a Python exception of `step` as a [`MooncakeError`].
+pub(crate) fn python_error(step: &'static str) -> impl Fn(PyErr) -> MooncakeError {
+    move |source| MooncakeError::Python { step, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kvc-mooncake-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_missing_venv_names_the_setup_script() {
+        let dir = scratch_dir("missing");
+        let err = MooncakeInstall::discover(&dir).expect_err("no venv there");
+        assert_eq!(err.kind(), "venv_missing");
+        assert!(err.to_string().contains("scripts/setup-mooncake"), "{err}");
+    }
+
+    #[test]
+    fn discover_finds_the_master_beside_the_client() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = scratch_dir("fake");
+        let package = dir.join("lib/python3.11/site-packages/mooncake");
+        std::fs::create_dir_all(&package)?;
+        std::fs::write(package.join("mooncake_master"), b"")?;
+        std::fs::create_dir_all(dir.join("lib/python3.10/site-packages"))?;
+        let install = MooncakeInstall::discover(&dir)?;
+        assert_eq!(
+            install.site_packages,
+            dir.join("lib/python3.11/site-packages")
+        );
+        assert_eq!(install.master_binary, package.join("mooncake_master"));
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,118 @@
+//! What a Mooncake client is built with: [`MooncakeSettings`].
+//!
+//! The first seven fields are the arguments of the store client's `setup` call; the rest
+//! say how this process embeds the client (where the wheel is, the environment the
+//! transfer engine reads at start) and how the pool splits its calls. Every default works
+//! on one machine over loopback TCP against a master on Mooncake's default ports; tests and
+//! `replay` without `--master` take the addresses from a started
+//! [`MooncakeMaster`](super::MooncakeMaster) instead
+//! ([`MooncakeMaster::client_settings`](super::MooncakeMaster::client_settings)).
+
+use std::path::PathBuf;
+
+/// Settings of one Mooncake Store client (one `MooncakePool`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MooncakeSettings {
+    /// Address other clients reach this client's segment at. Loopback keeps a one-machine
+    /// deployment off the network; across machines use this node's RDMA- or TCP-reachable
+    /// address.
+    pub local_hostname: String,
+    /// Where the transfer engine publishes segment descriptors: the master's built-in HTTP
+    /// metadata server (`http://HOST:PORT/metadata`, master flag
+    /// `--enable_http_metadata_server=true`).
+    pub metadata_server: String,
+    /// Bytes of memory this client contributes to the pool. The master places objects in
+    /// any mounted segment; those held here leave the pool when the client closes. Counts
+    /// against the node's memory budget (R9).
+    pub global_segment_size_bytes: u64,
+    /// Bytes of the client's own transfer buffer, used by Mooncake's copying calls; this
+    /// pool passes registered memory instead, so a small buffer suffices.
+    pub local_buffer_size_bytes: u64,
+    /// Transport: `tcp` (one machine, or no RDMA NICs) or `rdma`.
+    pub protocol: String,
+    /// RDMA device names (for example `mlx5_0`); empty for TCP.
+    pub device_name: String,
+    /// The master's RPC address, `HOST:PORT`.
+    pub master_address: String,
+    /// The virtual environment holding the `mooncake-transfer-engine-non-cuda` wheel; its
+    /// site-packages is added to the embedded interpreter (`scripts/setup-mooncake` makes
+    /// `.venv`). A relative path is taken from the working directory.
+    pub venv_dir: PathBuf,
+    /// Exported as `MC_TCP_BIND_ADDRESS` before the first client starts, so the TCP
+    /// transport listens on this address only; empty leaves the environment as it is.
+    pub tcp_bind_address: String,
+    /// Exported as `MC_LOG_LEVEL` before the first client starts; empty leaves it as is.
+    pub log_level: String,
+    /// Most keys one put or get call carries. The TCP transport queues at most 1024
+    /// transfers per peer; a larger batch partly fails with code -800.
+    pub max_keys_per_call: usize,
+    /// Keys per existence call; larger probes are split into chunks that run concurrently
+    /// (R10). Matches `planner.probe_chunk`.
+    pub probe_chunk_keys: usize,
+    /// Bytes of the registered buffer that caller buffers outside any registered region
+    /// are staged through. Grows to fit a single larger object.
+    pub fallback_staging_bytes: usize,
+}
+
+impl Default for MooncakeSettings {
+    fn default() -> Self {
+        Self {
+            local_hostname: "127.0.0.1".into(),
+            metadata_server: "http://127.0.0.1:8080/metadata".into(),
+            global_segment_size_bytes: 1 << 30,
+            local_buffer_size_bytes: 16 << 20,
+            protocol: "tcp".into(),
+            device_name: String::new(),
+            master_address: "127.0.0.1:50051".into(),
+            venv_dir: PathBuf::from(".venv"),
+            tcp_bind_address: "127.0.0.1".into(),
+            log_level: "WARNING".into(),
+            max_keys_per_call: 1024,
+            probe_chunk_keys: 4096,
+            fallback_staging_bytes: 16 << 20,
+        }
+    }
+}
+
+impl MooncakeSettings {
+    /// `max_keys_per_call` and `probe_chunk_keys`, each at least one.
+    pub(crate) fn call_limits(&self) -> (usize, usize) {
+        (self.max_keys_per_call.max(1), self.probe_chunk_keys.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_stay_on_loopback_and_split_below_the_tcp_queue() {
+        let settings = MooncakeSettings::default();
+        assert!(settings.local_hostname.starts_with("127."));
+        assert!(settings.metadata_server.starts_with("http://127.0.0.1:"));
+        assert!(settings.master_address.starts_with("127.0.0.1:"));
+        assert_eq!(settings.tcp_bind_address, "127.0.0.1");
+        assert!(settings.max_keys_per_call <= 1024);
+    }
+
+    #[test]
+    fn partial_toml_keeps_the_other_defaults_and_unknown_keys_are_errors(
+    ) -> Result<(), toml::de::Error> {
+        let settings: MooncakeSettings = toml::from_str("master_address = \"10.0.0.5:50051\"")?;
+        assert_eq!(settings.master_address, "10.0.0.5:50051");
+        assert_eq!(settings.protocol, "tcp");
+        assert!(toml::from_str::<MooncakeSettings>("master = \"x\"").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn zero_limits_are_raised_to_one() {
+        let settings = MooncakeSettings {
+            max_keys_per_call: 0,
+            probe_chunk_keys: 0,
+            ..MooncakeSettings::default()
+        };
+        assert_eq!(settings.call_limits(), (1, 1));
+    }
+}
