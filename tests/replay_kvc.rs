@@ -1,0 +1,123 @@
+//! Replays of the shared Mooncake trace through the real connector on the embedded pool:
+//! every loaded page verified, outcomes accounted, reuse close to the oracle.
+
+use std::collections::HashMap;
+
+use clap::Parser;
+use kv_connector::cli::replay as replay_cli;
+use kv_connector::cli::{Cli, Command};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn replay(args: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let mut argv = vec!["kv-connector", "replay", "--quiet", "--json"];
+    argv.extend_from_slice(args);
+    let Command::Replay(args) = Cli::try_parse_from(argv)?.command else {
+        return Err("not the replay subcommand".into());
+    };
+    let mut out = Vec::new();
+    replay_cli::run(
+        &args,
+        HashMap::<String, String>::new(),
+        &mut out,
+        &mut Vec::new(),
+    )?;
+    Ok(serde_json::from_slice(&out)?)
+}
+
+fn field(report: &serde_json::Value, name: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    report[name]
+        .as_u64()
+        .ok_or_else(|| format!("missing {name}").into())
+}
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/traces/mooncake_synthetic_trace.jsonl"
+);
+
+/// The whole shared trace, two instances round robin (issue 3's acceptance run): about
+/// 20 s in a release build on two cores.
+#[test]
+fn the_shared_trace_reuses_its_oracle_with_zero_mismatches() -> TestResult {
+    let report = replay(&[
+        "--trace",
+        TRACE,
+        "--model",
+        "llama-3.1-8b",
+        "--instances",
+        "2",
+        "--pool-capacity",
+        "4TiB",
+        "--kv-bytes-scale",
+        "0.0009765625",
+    ])?;
+    assert_eq!(field(&report, "mismatched_pages")?, 0);
+    assert!(field(&report, "verified_pages")? > 0);
+    assert_eq!(field(&report, "completed")?, 3993);
+    let lookups = &report["lookups"];
+    let outcomes: u64 = ["full", "rewound", "recovered", "window_miss", "full_miss"]
+        .iter()
+        .map(|name| lookups[*name].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        outcomes, 3993,
+        "every request ends its lookup with one outcome"
+    );
+    let (reused, oracle) = (
+        field(&report, "reused_tokens")?,
+        field(&report, "oracle_reusable_tokens")?,
+    );
+    assert!(
+        oracle > 0 && reused * 100 >= oracle * 97,
+        "reused {reused} of oracle {oracle}"
+    );
+    Ok(())
+}
+
+#[test]
+fn tensor_parallel_ranks_reuse_the_same_share() -> TestResult {
+    // Turns of a session wait for the previous one, so timing cannot change what is
+    // reusable: both world sizes must reuse exactly the same tokens.
+    let base = [
+        "--generate",
+        "long-multiturn",
+        "--sessions",
+        "2",
+        "--turns",
+        "4",
+        "--first-turn-tokens",
+        "20000",
+        "--last-turn-tokens",
+        "30000",
+        "--system-prefix-tokens",
+        "8000",
+        "--model",
+        "llama-3.1-8b",
+        "--instances",
+        "2",
+        "--pool-capacity",
+        "4TiB",
+        "--kv-bytes-scale",
+        "0.0009765625",
+    ];
+    let one = replay(&base)?;
+    let mut with_two = base.to_vec();
+    with_two.extend_from_slice(&["--world", "2"]);
+    let two = replay(&with_two)?;
+    for report in [&one, &two] {
+        assert_eq!(field(report, "mismatched_pages")?, 0);
+    }
+    assert!(field(&one, "reused_tokens")? > 0);
+    assert_eq!(field(&two, "reused_tokens")?, field(&one, "reused_tokens")?);
+    assert_eq!(
+        field(&two, "reused_tokens")?,
+        field(&two, "oracle_reusable_tokens")?
+    );
+    assert_eq!(
+        field(&two, "verified_pages")?,
+        2 * field(&one, "verified_pages")?,
+        "each rank's pages are checked"
+    );
+    Ok(())
+}
