@@ -10,9 +10,9 @@ use kv_connector::cli::{Cli, Command};
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn replay(args: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let mut argv = vec!["kv-connector", "replay", "--quiet", "--json"];
-    argv.extend_from_slice(args);
-    let Command::Replay(args) = Cli::try_parse_from(argv)?.command else {
+    let mut command_line = vec!["kv-connector", "replay", "--quiet", "--json"];
+    command_line.extend_from_slice(args);
+    let Command::Replay(args) = Cli::try_parse_from(command_line)?.command else {
         return Err("not the replay subcommand".into());
     };
     let mut out = Vec::new();
