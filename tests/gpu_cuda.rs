@@ -334,7 +334,7 @@ fn connector_save_then_load_is_byte_identical() -> TestResult {
     assert_eq!(again, vec![SaveResult::SkippedPresent; 2], "R19");
     let loads: Vec<LoadItem> = (0..10).map(|b| load_item(b, 16 + b)).collect();
     let moved;
-    (load_staging, moved) = load_pages(&pool, &mut load_stream, load_staging, &loads);
+    (load_staging, moved) = load_pages(&pool, &mut load_stream, load_staging, &loads, None);
     assert_eq!(
         moved,
         Ok(LoadMoved {
@@ -373,16 +373,16 @@ fn failed_copies_are_failed_loads_and_saves() -> TestResult {
 
     device.inject_copy_failures(1);
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 3)]);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 3)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy));
     assert_eq!(stream.counters().issue_failures, 2);
 
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 99)]);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 99)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy), "page out of range");
 
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 3)]);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 3)], None);
     assert_eq!(loaded.map(|m| m.pages), Ok(1));
     assert_eq!(
         device.read_page_to_vec(group, 3)?,
@@ -391,7 +391,7 @@ fn failed_copies_are_failed_loads_and_saves() -> TestResult {
 
     device.poison();
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 4)]);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 4)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy));
     let results;
     (staging, results) = save_pages(&pool, &mut stream, staging, &[save_item(2, 0)]);

@@ -189,6 +189,7 @@ fn loader(
             &mut stream,
             staging.take().ok_or("staging lost")?,
             &items,
+            None,
         );
         staging = Some(returned);
         Ok(moved

@@ -114,6 +114,7 @@ fn zero_copy_loader(
             &mut stream,
             staging.take().ok_or("staging lost")?,
             &items,
+            None,
         );
         staging = Some(returned);
         Ok(moved

@@ -27,6 +27,8 @@ pub struct Loader {
     staging: Option<StagingPool>,
     manager: Addr<ReservationManager>,
     mailbox_capacity: usize,
+    /// `loaders.load_timeout_ms`: a load still running this long after it started fails.
+    load_timeout: std::time::Duration,
 }
 
 impl Loader {
@@ -37,6 +39,7 @@ impl Loader {
         staging: StagingPool,
         manager: Addr<ReservationManager>,
         mailbox_capacity: usize,
+        load_timeout: std::time::Duration,
     ) -> Self {
         Loader {
             pool,
@@ -44,6 +47,7 @@ impl Loader {
             staging: Some(staging),
             manager,
             mailbox_capacity,
+            load_timeout,
         }
     }
 }
@@ -68,6 +72,7 @@ impl Handler<LoadBlocks> for Loader {
                     &mut self.stream,
                     staging,
                     &message.items,
+                    Some(message.started_at + self.load_timeout),
                 );
                 self.staging = Some(staging);
                 match outcome {

@@ -207,9 +207,10 @@ async fn spawn_all(
                 manager.clone(),
                 config.loaders.mailbox_capacity,
             );
+            let load_timeout = Duration::from_millis(config.loaders.load_timeout_ms);
             let arbiter = Arbiter::new();
             rank_loaders.push(Loader::start_in_arbiter(&arbiter.handle(), move |_| {
-                Loader::new(pool, stream, staging, manager, capacity)
+                Loader::new(pool, stream, staging, manager, capacity, load_timeout)
             }));
         }
         loaders.push(rank_loaders);

@@ -68,12 +68,19 @@ pub enum SaveResult {
 }
 
 /// Loads `items` into device pages. Returns the staging pool in every case.
+///
+/// `deadline` (`loaders.load_timeout_ms` after the load started) is checked before each
+/// batch's pool call and before its device copy: a load past it fails as
+/// [`LoadFailure::Timeout`] (R25). A pool call already running is not interrupted; its
+/// own timeouts bound it.
 pub fn load_pages(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
     items: &[LoadItem],
+    deadline: Option<std::time::Instant>,
 ) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
+    let expired = || deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline);
     let batch_len = usize::try_from(staging.slots())
         .unwrap_or(usize::MAX)
         .max(1);
@@ -86,10 +93,16 @@ pub fn load_pages(
             tracing::warn!(key = %too_big.key, slot_bytes = staging.slot_bytes(), "object larger than a staging slot");
             return (staging, Err(LoadFailure::DeviceCopy));
         }
+        if expired() {
+            return (staging, Err(LoadFailure::Timeout));
+        }
         let copies = match fetch_and_verify(pool, &mut staging, batch) {
             Ok(copies) => copies,
             Err(failure) => return (staging, Err(failure)),
         };
+        if expired() {
+            return (staging, Err(LoadFailure::Timeout));
+        }
         let in_flight = match stream.scatter(staging, &copies) {
             Ok(in_flight) => in_flight,
             Err(refused) => return (refused.staging, Err(LoadFailure::DeviceCopy)),

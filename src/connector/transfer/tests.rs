@@ -89,7 +89,7 @@ impl Rig {
 
     fn load(&mut self, items: &[LoadItem]) -> Result<LoadMoved, LoadFailure> {
         let staging = self.staging.take().unwrap();
-        let (staging, result) = load_pages(&self.pool, &mut self.stream, staging, items);
+        let (staging, result) = load_pages(&self.pool, &mut self.stream, staging, items, None);
         self.staging = Some(staging);
         result
     }
@@ -202,5 +202,30 @@ fn failed_copies_fail_loads_and_saves_r25() {
             pages: 1,
             bytes: PAGE as u64
         })
+    );
+}
+
+/// R25: a load past its deadline fails as a timeout and places nothing.
+#[test]
+fn a_load_past_its_deadline_times_out_r25() {
+    let mut rig = rig(4);
+    rig.device
+        .write_page(GroupId(0), 0, &page_bytes(1))
+        .unwrap();
+    rig.save(&[save_item(1, 0)]);
+    let staging = rig.staging.take().unwrap();
+    let past = std::time::Instant::now();
+    let (staging, result) = load_pages(
+        &rig.pool,
+        &mut rig.stream,
+        staging,
+        &[load_item(1, 5)],
+        Some(past),
+    );
+    rig.staging = Some(staging);
+    assert_eq!(result, Err(LoadFailure::Timeout));
+    assert_ne!(
+        rig.device.read_page_to_vec(GroupId(0), 5).unwrap(),
+        page_bytes(1)
     );
 }
