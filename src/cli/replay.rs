@@ -4,7 +4,8 @@
 //! ## Workflow
 //!
 //! 1. Load the configuration: defaults < `--config` < environment < `--set` < the
-//!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`).
+//!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`, `--device`,
+//!    `--swa-rewind-tokens`, `--window-fallback`).
 //! 2. Load the layout (the preset or layout file of the configuration), at `--world` ranks.
 //! 3. Build the workload: `--trace FILE`, `--generate long-multiturn`, or with neither the
 //!    built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
@@ -147,6 +148,16 @@ pub struct ReplayArgs {
     /// is present). Default: the configuration's `device.kind` (`auto`); env `KVC_DEVICE_KIND`.
     #[arg(long, value_name = "KIND", value_parser = ["auto", "cuda", "host"])]
     pub device: Option<String>,
+    /// `R`: how far before a prompt end a later request may resume and still find window
+    /// KV (`planner.swa_endpoint_rewind_tokens`, R12, R17); window groups keep and save
+    /// `W + R` tokens at each prompt end (default: the configuration's, 1024).
+    #[arg(long, value_name = "TOKENS")]
+    pub swa_rewind_tokens: Option<u64>,
+    /// Probe further back for an earlier prompt end with a complete window when none is
+    /// complete within the rewind (`planner.window_fallback`, R13; default: the
+    /// configuration's, true).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub window_fallback: Option<bool>,
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
@@ -317,6 +328,10 @@ fn load_config<S: std::hash::BuildHasher>(
             .clone()
             .map(|bytes| ("pool.capacity_bytes", bytes)),
         args.device.clone().map(|kind| ("device.kind", kind)),
+        args.swa_rewind_tokens
+            .map(|tokens| ("planner.swa_endpoint_rewind_tokens", tokens.to_string())),
+        args.window_fallback
+            .map(|on| ("planner.window_fallback", on.to_string())),
     ];
     cli_overrides.extend(
         dedicated
@@ -429,5 +444,50 @@ impl ProgressSink for BarProgress {
 
     fn finish(&mut self) {
         self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+    fn replay_args(flags: &[&str]) -> TestResult<ReplayArgs> {
+        let cli = Cli::try_parse_from(["kv-connector", "replay"].iter().chain(flags))?;
+        let Command::Replay(args) = cli.command else {
+            return Err("not the replay subcommand".into());
+        };
+        Ok(args)
+    }
+
+    /// The dedicated planner flags override the environment and `--set` (step 1).
+    #[test]
+    fn rewind_and_fallback_flags_set_the_planner_keys() -> TestResult<()> {
+        let defaults = load_config(&replay_args(&[])?, HashMap::<String, String>::new())?;
+        assert_eq!(defaults.planner, Config::default().planner);
+        let args = replay_args(&[
+            "--swa-rewind-tokens",
+            "512",
+            "--window-fallback",
+            "false",
+            "--set",
+            "planner.swa_endpoint_rewind_tokens=64",
+        ])?;
+        let env = HashMap::from([("KVC_PLANNER_WINDOW_FALLBACK".to_owned(), "1".to_owned())]);
+        let config = load_config(&args, env)?;
+        assert_eq!(config.planner.swa_endpoint_rewind_tokens, 512);
+        assert!(!config.planner.window_fallback);
+        let on = load_config(
+            &replay_args(&["--window-fallback", "true"])?,
+            HashMap::<String, String>::new(),
+        )?;
+        assert!(on.planner.window_fallback);
+        assert!(replay_args(&["--window-fallback", "maybe"]).is_err());
+        assert!(replay_args(&["--swa-rewind-tokens", "-1"]).is_err());
+        Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! Harness for the connector's integration tests: an embedded pool, host devices, a
-//! connector per instance, and a pool wrapper that can hold or fail gets.
+//! connector per instance, and a pool wrapper that can hold or fail gets and logs the keys
+//! it is asked to put, in order.
 
 #![allow(
     dead_code,
@@ -127,26 +128,46 @@ impl Instance {
         layout: &Layout,
         first_page: i32,
     ) {
+        self.write_pages(prompt.len(), layout, first_page);
+        self.chunk(request, prompt.len(), layout, first_page, 0..prompt.len());
+    }
+
+    /// Writes the content of every full block of a `prompt_len`-token prompt into pages
+    /// `first_page..` of every group on every rank.
+    pub fn write_pages(&mut self, prompt_len: usize, layout: &Layout, first_page: i32) {
         let t = layout.tokens_per_block as usize;
-        let blocks = prompt.len().div_ceil(t);
-        let table: Vec<i32> = (first_page..first_page + i32::try_from(blocks).unwrap()).collect();
         for (rank, device) in self.devices.iter().enumerate() {
             for group in &layout.groups {
                 let len = device.page_pool(group.id).unwrap().page_bytes;
-                for (block, &page) in table.iter().enumerate().take(prompt.len() / t) {
-                    let page = u32::try_from(page).unwrap();
+                for block in 0..prompt_len / t {
+                    let page = u32::try_from(first_page).unwrap() + u32::try_from(block).unwrap();
                     device
                         .write_page(group.id, page, &page_content(group.id, rank, block, len))
                         .unwrap();
                 }
             }
         }
+    }
+
+    /// Reports one chunk `tokens` of a `prompt_len`-token prompt whose pages are
+    /// `first_page..` in every group (the connector plans its saves, R16-R21).
+    pub fn chunk(
+        &mut self,
+        request: RequestId,
+        prompt_len: usize,
+        layout: &Layout,
+        first_page: i32,
+        tokens: std::ops::Range<usize>,
+    ) {
+        let t = layout.tokens_per_block as usize;
+        let blocks = prompt_len.div_ceil(t);
+        let table: Vec<i32> = (first_page..first_page + i32::try_from(blocks).unwrap()).collect();
         let tables: Vec<&[i32]> = layout.groups.iter().map(|_| table.as_slice()).collect();
         let step = ScheduledRequest {
             request,
-            prompt_len: prompt.len(),
-            computed_before: 0,
-            computed_after: prompt.len(),
+            prompt_len,
+            computed_before: tokens.start,
+            computed_after: tokens.end,
             new_reservation: None,
             page_tables: &tables,
         };
@@ -190,6 +211,8 @@ pub struct TestPool {
     pub gets_evicted: AtomicBool,
     /// Puts of keys containing this text fail (a shard that never saved).
     pub refuse_puts_containing: parking_lot::Mutex<Option<String>>,
+    /// Every key given to `put`, in call order (the saver's put order).
+    pub put_log: parking_lot::Mutex<Vec<String>>,
     gate: (flume::Sender<()>, flume::Receiver<()>),
 }
 
@@ -202,6 +225,7 @@ impl TestPool {
             hold_puts: AtomicBool::new(false),
             gets_evicted: AtomicBool::new(false),
             refuse_puts_containing: parking_lot::Mutex::new(None),
+            put_log: parking_lot::Mutex::new(Vec::new()),
             gate: flume::bounded(16),
         }
     }
@@ -218,6 +242,9 @@ impl Pool for TestPool {
     }
 
     fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        self.put_log
+            .lock()
+            .extend(keys.iter().map(|key| (*key).to_owned()));
         if self.hold_puts.load(Ordering::SeqCst) {
             self.gate.1.recv().unwrap();
         }
