@@ -94,6 +94,8 @@ pub struct LookupStats {
     pub full_miss: u64,
     /// Lookups that failed (pool error, bad request): counted as offering nothing.
     pub failed: u64,
+    /// Lookups a full planner mailbox deferred to a later step (counted by the handle).
+    pub deferred: u64,
     /// Tokens offered to the engine.
     pub tokens_offered: u64,
     /// Keys probed.
@@ -111,6 +113,7 @@ impl LookupStats {
         self.window_miss += other.window_miss;
         self.full_miss += other.full_miss;
         self.failed += other.failed;
+        self.deferred += other.deferred;
         self.tokens_offered += other.tokens_offered;
         self.keys_probed += other.keys_probed;
         self.probe_time.merge(&other.probe_time);

@@ -40,3 +40,30 @@ fn a_full_save_queue_sheds_counts_and_releases_pages_r22() {
         saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed
     );
 }
+
+/// A full planner mailbox defers lookups instead of refusing them: every request is
+/// still looked up, offered what the pool has, and saves its prompt.
+#[test]
+fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let mut config = Config::default();
+    config.planner.mailbox_capacity = 1;
+    let mut instance = start(memory_pool(64 << 20), &layout, config);
+    let prompts: Vec<_> = (0..16_i64)
+        .map(|i| prompt(i * 1_000_000, 4 * 16 + 1))
+        .collect();
+    for (index, tokens) in prompts.iter().enumerate() {
+        instance
+            .handle
+            .lookup_prefix(RequestId(index as u64), Arc::clone(tokens), 0);
+    }
+    for (index, tokens) in prompts.iter().enumerate() {
+        let request = RequestId(index as u64);
+        reserve(&mut instance.handle, request, ReservationId(request.0));
+        instance.compute(request, tokens, &layout, i32::try_from(index).unwrap() * 8);
+    }
+    let stats = instance.handle.shutdown();
+    assert!(stats.lookups.deferred > 0, "the mailbox of one refused some lookups at first");
+    assert_eq!(stats.lookups.full_miss, 16, "every request was looked up");
+    assert_eq!(stats.saves.saves_done, 16 * 4, "and saved its prompt");
+}

@@ -38,7 +38,10 @@ type LookupAnswer = (Option<Arc<LookupPlan>>, Arc<[BlockHash]>);
 #[derive(Debug, Default)]
 struct RequestState {
     lookup: Option<LookupAnswer>,
-    lookup_sent: bool,
+    /// A lookup the planner's full mailbox refused: retried at every `reserve_prefix`
+    /// (which answers `Pending` meanwhile), so no request goes without its hashes and
+    /// therefore without its saves.
+    unsent_lookup: Option<LookupPrefix>,
     /// Tokens that came from the pool or the local match: never saved again (R19).
     reused_until: usize,
     pending_saves: u64,
@@ -74,6 +77,8 @@ pub struct ConnectorHandle {
     sync_load: bool,
     /// Pages refused by a full saver mailbox (R22), counted here.
     saves_refused: u64,
+    /// Lookups a full planner mailbox deferred to a later step.
+    lookups_deferred: u64,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -131,6 +136,7 @@ impl ConnectorHandle {
             resave_min_tokens,
             sync_load,
             saves_refused: 0,
+            lookups_deferred: 0,
             runtime,
         })
     }
@@ -147,6 +153,7 @@ impl ConnectorHandle {
             .block_on(self.reporter.send(CollectNow))
             .unwrap_or_default();
         stats.saves.saves_dropped += self.saves_refused;
+        stats.lookups.deferred += self.lookups_deferred;
         stats
     }
 
@@ -170,6 +177,28 @@ impl ConnectorHandle {
             self.system.stop();
             if thread.join().is_err() {
                 tracing::error!("the actor system thread panicked");
+            }
+        }
+    }
+
+    /// Sends a request's lookup if it has not gone out yet. A full mailbox keeps it for the
+    /// next attempt; a planner that is gone ends the lookup with nothing offered.
+    fn send_lookup(&mut self, request: RequestId) {
+        let Some(state) = self.requests.get_mut(&request) else {
+            return;
+        };
+        let Some(message) = state.unsent_lookup.take() else {
+            return;
+        };
+        match self.planner.try_send(message) {
+            Ok(()) => {}
+            Err(actix::prelude::SendError::Full(message)) => {
+                self.lookups_deferred += 1;
+                state.unsent_lookup = Some(message);
+            }
+            Err(actix::prelude::SendError::Closed(_)) => {
+                tracing::error!(%request, "lookup planner gone; nothing offered, nothing saved");
+                state.lookup = Some((None, Arc::from(Vec::new())));
             }
         }
     }
@@ -378,14 +407,10 @@ impl EngineConnector for ConnectorHandle {
             local_match_tokens,
             enqueued_at: Instant::now(),
         };
-        let sent = self.planner.try_send(message).is_ok();
         let state = self.requests.entry(request).or_default();
-        state.lookup_sent = sent;
         state.reused_until = local_match_tokens;
-        if !sent {
-            tracing::warn!(%request, "lookup planner full or gone; nothing offered");
-            state.lookup = Some((None, Arc::from(Vec::new())));
-        }
+        state.unsent_lookup = Some(message);
+        self.send_lookup(request);
     }
 
     fn reserve_prefix(
@@ -395,6 +420,7 @@ impl EngineConnector for ConnectorHandle {
         _reservation: ReservationId,
     ) -> ReserveAnswer {
         self.drain_lookups();
+        self.send_lookup(request);
         let Some(state) = self.requests.get(&request) else {
             return ReserveAnswer::Offer {
                 extra_tokens: 0,
