@@ -148,6 +148,12 @@ fn defaults_are_the_documented_ones() -> TestResult {
     assert_eq!(config.stats.interval_s, 30);
     assert_eq!(config.device.kind, DeviceKind::Auto);
     assert_eq!(config.node.memory_budget_bytes, 0);
+    assert_eq!(config.mooncake.master_address, "127.0.0.1:50051");
+    assert_eq!(config.mooncake.metadata_server, "");
+    assert_eq!(config.mooncake.protocol, "tcp");
+    assert_eq!(config.mooncake.global_segment_size_bytes, GIB);
+    assert_eq!(config.mooncake.local_buffer_size_bytes, 16 * MIB);
+    assert_eq!(config.mooncake.tcp_bind_address, "127.0.0.1");
     Ok(())
 }
 
@@ -558,6 +564,52 @@ fn budget_refusal_names_the_largest_affordable_pool_capacity() {
     );
     assert!(
         message.contains("KVC_NODE_MEMORY_BUDGET_BYTES"),
+        "{message}"
+    );
+}
+
+#[test]
+fn mooncake_keys_load_from_every_layer() -> TestResult {
+    let path = write_toml(
+        "mooncake.toml",
+        "[mooncake]\nmaster_address = \"10.0.0.5:50051\"\nprotocol = \"RDMA\"\n",
+    )?;
+    let loaded = Config::load(&ConfigSources {
+        toml_path: Some(path),
+        env: env(&[
+            ("KVC_MOONCAKE_GLOBAL_SEGMENT_SIZE_BYTES", "4GiB"),
+            ("KVC_MOONCAKE_DEVICE_NAME", "mlx5_0"),
+        ]),
+        cli_overrides: cli(&[("mooncake.venv_dir", "/opt/mooncake-venv")]),
+    })?;
+    let mooncake = &loaded.config.mooncake;
+    assert_eq!(mooncake.master_address, "10.0.0.5:50051");
+    assert_eq!(mooncake.protocol, "rdma", "choices are lower-cased");
+    assert_eq!(mooncake.global_segment_size_bytes, 4 * GIB);
+    assert_eq!(mooncake.device_name, "mlx5_0");
+    assert_eq!(mooncake.venv_dir, PathBuf::from("/opt/mooncake-venv"));
+    assert_eq!(
+        mooncake.effective_metadata_server(),
+        "http://10.0.0.5:8080/metadata"
+    );
+    let err = expect_err(load_cli(&[("mooncake.protocol", "udp")]));
+    assert!(err.to_string().contains("tcp, rdma"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn budget_refusal_for_mooncake_names_the_largest_affordable_segment() {
+    // 2 GiB budget - 768 MiB staging = 1280 MiB of segment at most (R9); the 8 GiB
+    // pool.capacity_bytes is not this node's memory on Mooncake.
+    let err = expect_err(load_env(&[
+        ("KVC_POOL_BACKEND", "mooncake"),
+        ("KVC_NODE_MEMORY_BUDGET_BYTES", "2GiB"),
+        ("KVC_MOONCAKE_GLOBAL_SEGMENT_SIZE_BYTES", "2GiB"),
+    ]));
+    let message = err.to_string();
+    assert_eq!(err.kind(), "budget");
+    assert!(
+        message.contains("set mooncake.global_segment_size_bytes to at most 1342177280"),
         "{message}"
     );
 }

@@ -34,8 +34,8 @@ use kv_connector::replay::workload::{
     generate_long_multiturn, LongMultiturnParams, PromptSource, TokenSegment, WorkloadRequest,
 };
 use kv_connector::replay::{
-    kvc_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, NoProgress, ReplayParams,
-    ReplayReport, Routing,
+    kvc_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, NoProgress, PoolMaster,
+    ReplayParams, ReplayReport, Routing,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -56,6 +56,7 @@ fn replay_params(
             kv_pages: KvPages::Fixed(8192),
             kv_bytes_scale: KvBytesScale::Fixed(kv_bytes_scale),
             host_memory_limit_bytes: 1 << 30,
+            pool_master: PoolMaster::Start,
         },
         routing: Routing::RoundRobin,
         max_num_tokens: 8192,

@@ -63,7 +63,10 @@ fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
         instance.compute(request, tokens, &layout, i32::try_from(index).unwrap() * 8);
     }
     let stats = instance.handle.shutdown();
-    assert!(stats.lookups.deferred > 0, "the mailbox of one refused some lookups at first");
+    assert!(
+        stats.lookups.deferred > 0,
+        "the mailbox of one refused some lookups at first"
+    );
     assert_eq!(stats.lookups.full_miss, 16, "every request was looked up");
     assert_eq!(stats.saves.saves_done, 16 * 4, "and saved its prompt");
 }

@@ -28,7 +28,8 @@ use kv_connector::replay::workload::{
 };
 use kv_connector::replay::{
     no_connector, run_replay, ConnectorReport, DeploymentParams, InstanceContext, KvBytesScale,
-    KvPages, NoProgress, ReplayConnector, ReplayError, ReplayParams, ReplayReport, Routing,
+    KvPages, NoProgress, PoolMaster, ReplayConnector, ReplayError, ReplayParams, ReplayReport,
+    Routing,
 };
 use kv_connector::stats::LatencySummary;
 use parking_lot::Mutex;
@@ -442,6 +443,7 @@ fn params(
             kv_pages: KvPages::Fixed(2048),
             kv_bytes_scale: KvBytesScale::Fixed(1.0),
             host_memory_limit_bytes: 1 << 30,
+            pool_master: PoolMaster::Start,
         },
         routing: Routing::RoundRobin,
         max_num_tokens,

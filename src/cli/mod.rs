@@ -30,7 +30,7 @@ pub enum Command {
     Keys(keys::KeysArgs),
     /// Replay a workload through simulated serving instances sharing one pool, and report
     /// the prefix reuse, page checks and simulated latency the connector achieved.
-    Replay(replay::ReplayArgs),
+    Replay(Box<replay::ReplayArgs>),
 }
 
 /// Why a subcommand failed; one variant per subcommand.

@@ -4,8 +4,8 @@
 //! ## Workflow
 //!
 //! 1. Load the configuration: defaults < `--config` < environment < `--set` < the
-//!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`, `--device`,
-//!    `--swa-rewind-tokens`, `--window-fallback`).
+//!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`, `--master`,
+//!    `--device`, `--swa-rewind-tokens`, `--window-fallback`).
 //! 2. Load the layout (the preset or layout file of the configuration), at `--world` ranks.
 //! 3. Build the workload: `--trace FILE`, `--generate long-multiturn`, or with neither the
 //!    built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
@@ -24,15 +24,15 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{parse_byte_size, parse_override, Config, ConfigSources};
+use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, PoolBackend};
 use crate::core::layout::Layout;
 use crate::replay::cost::CostModel;
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
 use crate::replay::{
-    kvc_connector, no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, ProgressSink,
-    ReplayError, ReplayParams, ReplayReport, Routing,
+    kvc_connector, no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, PoolMaster,
+    ProgressSink, ReplayError, ReplayParams, ReplayReport, Routing,
 };
 
 /// Which workload generator `--generate` runs.
@@ -52,10 +52,27 @@ pub enum ConnectorKind {
 }
 
 /// The pool backend.
+///
+/// `mooncake` is always accepted on the command line; a build without the `mooncake` cargo
+/// feature refuses it when the replay starts, naming the feature, as it does for
+/// `pool.backend = "mooncake"` from a file or the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PoolKind {
     /// The embedded in-process pool.
     Memory,
+    /// Mooncake Store: a master (started by the replay, or `--master`) and one client per
+    /// instance (needs a build with `--features mooncake`).
+    Mooncake,
+}
+
+impl PoolKind {
+    /// The `pool.backend` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Mooncake => "mooncake",
+        }
+    }
 }
 
 /// The routing policy.
@@ -135,12 +152,20 @@ pub struct ReplayArgs {
     /// How requests are spread over instances.
     #[arg(long, value_enum, default_value_t = RoutingKind::RoundRobin)]
     pub routing: RoutingKind,
-    /// The pool backend (only the embedded memory pool so far; default: the
-    /// configuration's pool.backend).
+    /// The pool backend: memory (embedded) or mooncake (Mooncake Store, one client per
+    /// instance; needs a build with --features mooncake). Default: the configuration's
+    /// pool.backend.
     #[arg(long, value_enum)]
     pub pool: Option<PoolKind>,
+    /// With --pool mooncake: use the running `mooncake_master` at HOST:PORT (its RPC port;
+    /// the metadata server is `mooncake.metadata_server`, by default
+    /// `http://HOST:8080/metadata`) instead of starting one on free loopback ports for the
+    /// run.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub master: Option<String>,
     /// Modeled pool capacity at full page size (e.g. 64GiB); the pool holds
-    /// --kv-bytes-scale times it (default: the configuration's pool capacity).
+    /// --kv-bytes-scale times it (for Mooncake, split evenly into one segment per
+    /// instance). Default: the configuration's `pool.capacity_bytes`.
     #[arg(long, value_name = "BYTES")]
     pub pool_capacity: Option<String>,
     /// Where pages live: `cuda` (GPU memory through cudarc; needs a build with
@@ -260,6 +285,13 @@ pub fn run<S: std::hash::BuildHasher>(
     err: &mut dyn Write,
 ) -> Result<(), ReplayCliError> {
     let config = load_config(args, env)?;
+    if let (Some(master), PoolBackend::Memory) = (&args.master, config.pool.backend) {
+        return Err(ReplayError::MasterWithoutMooncake {
+            master: master.clone(),
+            backend: "memory",
+        }
+        .into());
+    }
     let mut layout = match config.model.layout_file() {
         Some(path) => Layout::from_file(path).map_err(ReplayError::from)?,
         None => Layout::preset(&config.model.preset).map_err(ReplayError::from)?,
@@ -284,6 +316,11 @@ pub fn run<S: std::hash::BuildHasher>(
                 .kv_bytes_scale
                 .map_or(KvBytesScale::Auto, KvBytesScale::Fixed),
             host_memory_limit_bytes: args.host_memory_limit,
+            pool_master: if args.master.is_some() {
+                PoolMaster::Configured
+            } else {
+                PoolMaster::Start
+            },
         },
         routing: match args.routing {
             RoutingKind::RoundRobin => Routing::RoundRobin,
@@ -323,7 +360,11 @@ fn load_config<S: std::hash::BuildHasher>(
         args.layout
             .as_ref()
             .map(|file| ("model.layout_file", path(file))),
-        args.pool.map(|_| ("pool.backend", "memory".to_owned())),
+        args.pool
+            .map(|kind| ("pool.backend", kind.as_str().to_owned())),
+        args.master
+            .clone()
+            .map(|address| ("mooncake.master_address", address)),
         args.pool_capacity
             .clone()
             .map(|bytes| ("pool.capacity_bytes", bytes)),
@@ -454,6 +495,52 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
 
+    fn args(flags: &[&str]) -> Result<ReplayArgs, clap::Error> {
+        let mut line = vec!["kv-connector", "replay"];
+        line.extend_from_slice(flags);
+        match Cli::try_parse_from(line)?.command {
+            Command::Replay(args) => Ok(*args),
+            Command::Keys(_) => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+        }
+    }
+
+    #[test]
+    fn pool_kinds_are_the_config_backends() {
+        let names: Vec<&str> = [PoolKind::Memory, PoolKind::Mooncake]
+            .into_iter()
+            .map(PoolKind::as_str)
+            .collect();
+        assert_eq!(names, PoolBackend::NAMES);
+    }
+
+    #[test]
+    fn pool_and_master_flags_set_the_config_keys() -> Result<(), Box<dyn std::error::Error>> {
+        let args = args(&["--pool", "mooncake", "--master", "10.0.0.5:50051"])?;
+        let config = load_config(&args, HashMap::<String, String>::new())?;
+        assert_eq!(config.pool.backend, PoolBackend::Mooncake);
+        assert_eq!(config.mooncake.master_address, "10.0.0.5:50051");
+        assert_eq!(
+            config.mooncake.effective_metadata_server(),
+            "http://10.0.0.5:8080/metadata"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn master_without_the_mooncake_pool_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let args = args(&["--pool", "memory", "--master", "127.0.0.1:50051"])?;
+        let err = run(
+            &args,
+            HashMap::<String, String>::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        )
+        .expect_err("--master needs the mooncake pool");
+        assert_eq!(err.kind(), "master_without_mooncake");
+        assert!(err.to_string().contains("--pool mooncake"), "{err}");
+        Ok(())
+    }
+
     type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
     fn replay_args(flags: &[&str]) -> TestResult<ReplayArgs> {
@@ -461,7 +548,7 @@ mod tests {
         let Command::Replay(args) = cli.command else {
             return Err("not the replay subcommand".into());
         };
-        Ok(args)
+        Ok(*args)
     }
 
     /// The dedicated planner flags override the environment and `--set` (step 1).

@@ -82,15 +82,18 @@ pub enum ConfigError {
     /// The node memory budget cannot hold the pool segment and the staging pools (R9).
     #[error(
         "node.memory_budget_bytes (env KVC_NODE_MEMORY_BUDGET_BYTES) = {} does not cover \
-         pool segment {} + loader staging {} + saver staging {} = {}; {}",
+         pool segment {} ({pool_key}) + loader staging {} + saver staging {} = {}; {}",
         bytes_text(*.budget_bytes), bytes_text(*.pool_bytes), bytes_text(*.loader_staging_bytes),
         bytes_text(*.saver_staging_bytes), bytes_text(*.required_bytes),
-        budget_remedy(*.max_pool_capacity_bytes, *.required_bytes)
+        budget_remedy(.pool_key, *.max_pool_bytes, *.required_bytes)
     )]
     Budget {
         /// `node.memory_budget_bytes`.
         budget_bytes: u64,
-        /// Pool bytes this node contributes (`pool.capacity_bytes` for the memory pool).
+        /// The key that sizes the pool memory this node contributes:
+        /// `pool.capacity_bytes` (memory pool) or `mooncake.global_segment_size_bytes`.
+        pool_key: &'static str,
+        /// Pool bytes this node contributes (the value of `pool_key`).
         pool_bytes: u64,
         /// `loaders.load_threads * loaders.staging_bytes_per_loader`.
         loader_staging_bytes: u64,
@@ -98,8 +101,9 @@ pub enum ConfigError {
         saver_staging_bytes: u64,
         /// The sum of the three, saturating.
         required_bytes: u64,
-        /// The largest `pool.capacity_bytes` that fits, when shrinking the pool is enough.
-        max_pool_capacity_bytes: Option<u64>,
+        /// The largest value of `pool_key` that fits, when shrinking the pool segment is
+        /// enough (and, for Mooncake, leaves a segment it can mount).
+        max_pool_bytes: Option<u64>,
     },
     /// The configuration file could not be read.
     #[error("cannot read configuration file {}", path.display())]
@@ -189,13 +193,10 @@ fn suggestion_text(suggestion: Option<&str>) -> String {
     suggestion.map_or_else(String::new, |known| format!("; did you mean `{known}`?"))
 }
 
-fn budget_remedy(max_pool_capacity_bytes: Option<u64>, required_bytes: u64) -> String {
+fn budget_remedy(pool_key: &str, max_pool_bytes: Option<u64>, required_bytes: u64) -> String {
     let raise = format!("raise node.memory_budget_bytes to at least {required_bytes}");
-    match max_pool_capacity_bytes {
-        Some(max) => format!(
-            "set pool.capacity_bytes to at most {} or {raise}",
-            bytes_text(max)
-        ),
+    match max_pool_bytes {
+        Some(max) => format!("set {pool_key} to at most {} or {raise}", bytes_text(max)),
         None => format!(
             "lower loaders.load_threads, loaders.staging_bytes_per_loader or saver.staging_bytes, or {raise}"
         ),

@@ -19,7 +19,7 @@
 
 use toml::Value;
 
-use super::sections::{DeviceKind, PoolBackend};
+use super::sections::{DeviceKind, PoolBackend, MOONCAKE_PROTOCOLS};
 use LeafKind::{Bool, Bytes, Choice, Integer, Ratio, Text, TokensOrOff};
 
 /// How a key's values are written and checked.
@@ -223,6 +223,51 @@ pub static KEYS: &[KeySpec] = &[
         Integer,
         "ms",
     ),
+    key(
+        "mooncake.local_hostname",
+        "KVC_MOONCAKE_LOCAL_HOSTNAME",
+        Text,
+        "",
+    ),
+    key(
+        "mooncake.metadata_server",
+        "KVC_MOONCAKE_METADATA_SERVER",
+        Text,
+        "url",
+    ),
+    key(
+        "mooncake.master_address",
+        "KVC_MOONCAKE_MASTER_ADDRESS",
+        Text,
+        "host:port",
+    ),
+    key(
+        "mooncake.protocol",
+        "KVC_MOONCAKE_PROTOCOL",
+        Choice(MOONCAKE_PROTOCOLS),
+        "",
+    ),
+    key("mooncake.device_name", "KVC_MOONCAKE_DEVICE_NAME", Text, ""),
+    key(
+        "mooncake.global_segment_size_bytes",
+        "KVC_MOONCAKE_GLOBAL_SEGMENT_SIZE_BYTES",
+        Bytes,
+        "bytes",
+    ),
+    key(
+        "mooncake.local_buffer_size_bytes",
+        "KVC_MOONCAKE_LOCAL_BUFFER_SIZE_BYTES",
+        Bytes,
+        "bytes",
+    ),
+    key("mooncake.venv_dir", "KVC_MOONCAKE_VENV_DIR", Text, "path"),
+    key(
+        "mooncake.tcp_bind_address",
+        "KVC_MOONCAKE_TCP_BIND_ADDRESS",
+        Text,
+        "",
+    ),
+    key("mooncake.log_level", "KVC_MOONCAKE_LOG_LEVEL", Text, ""),
     aliased(
         "planner.probe_chunk",
         "KVC_PLANNER_PROBE_CHUNK",

@@ -1,8 +1,8 @@
 //! The typed configuration tree (DESIGN section 9, STYLE G11).
 //!
 //! One [`Config`] holds every setting, in sections named after the part they steer
-//! (`[pool]`, `[planner]`, `[loaders]`, ...). It is loaded once, at start, and then passed
-//! down; nothing else in the crate reads the environment (A3).
+//! (`[pool]`, `[mooncake]`, `[planner]`, `[loaders]`, ...). It is loaded once, at start,
+//! and then passed down; nothing else in the crate reads the environment (A3).
 //!
 //! Workflow ([`Config::load`]):
 //! 1. start from the built-in defaults (the explicit `impl Default`s in `sections.rs`);
@@ -40,8 +40,9 @@ pub use error::{ConfigError, ConfigWarning, ValueOrigin};
 pub use keys::{parse_byte_size, KeySpec, LeafKind, KEYS};
 pub use layers::{parse_override, ENV_PREFIX};
 pub use sections::{
-    DeviceConfig, DeviceKind, KeysConfig, LoadersConfig, ModelConfig, NodeConfig, PlannerConfig,
-    PoolBackend, PoolConfig, ReservationsConfig, SaverConfig, StatsConfig, GIB, MIB,
+    DeviceConfig, DeviceKind, KeysConfig, LoadersConfig, ModelConfig, MooncakeConfig, NodeConfig,
+    PlannerConfig, PoolBackend, PoolConfig, ReservationsConfig, SaverConfig, StatsConfig, GIB, MIB,
+    MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
 };
 
 /// Prefix of the legacy environment names kept for existing deployments.
@@ -58,6 +59,8 @@ pub struct Config {
     pub keys: KeysConfig,
     /// The pool backend and its eviction model.
     pub pool: PoolConfig,
+    /// The Mooncake Store client (`pool.backend = "mooncake"`).
+    pub mooncake: MooncakeConfig,
     /// The lookup planner.
     pub planner: PlannerConfig,
     /// The reservation manager.
@@ -247,6 +250,30 @@ mod tests {
         assert_eq!(loaded.config, Config::default());
         assert!(loaded.warnings.is_empty());
         Ok(())
+    }
+
+    #[test]
+    fn empty_metadata_server_derives_the_masters_http_metadata_url() {
+        let mut mooncake = MooncakeConfig::default();
+        assert_eq!(
+            mooncake.effective_metadata_server(),
+            "http://127.0.0.1:8080/metadata"
+        );
+        mooncake.master_address = "10.0.0.5:50051".to_owned();
+        assert_eq!(
+            mooncake.effective_metadata_server(),
+            "http://10.0.0.5:8080/metadata"
+        );
+        mooncake.master_address = "[::1]:50051".to_owned();
+        assert_eq!(
+            mooncake.effective_metadata_server(),
+            "http://[::1]:8080/metadata"
+        );
+        mooncake.metadata_server = "http://10.0.0.9:9000/metadata".to_owned();
+        assert_eq!(
+            mooncake.effective_metadata_server(),
+            "http://10.0.0.9:9000/metadata"
+        );
     }
 
     #[test]

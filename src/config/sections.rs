@@ -89,9 +89,11 @@ pub struct PoolConfig {
     /// The embedded pool needs nothing outside the process, so it is the default; Mooncake
     /// is what a real multi-instance deployment uses.
     pub backend: PoolBackend,
-    /// Bytes of pool memory this process contributes (the whole pool for `memory`, this
-    /// node's segment for `mooncake`). Larger keeps more prefixes reusable; it counts
-    /// against `node.memory_budget_bytes` (R9).
+    /// Bytes of the embedded pool (`memory`): larger keeps more prefixes reusable; it counts
+    /// against `node.memory_budget_bytes` (R9). A Mooncake node contributes
+    /// `mooncake.global_segment_size_bytes` instead. `kv-connector replay` models the pool
+    /// it replays with this capacity for either backend (it sizes the Mooncake segments from
+    /// it), so the two backends replay the same pool.
     pub capacity_bytes: u64,
     /// Eviction starts when usage exceeds this share of capacity. Mooncake's default (0.95)
     /// leaves headroom so a burst of puts does not fail before eviction catches up.
@@ -113,6 +115,86 @@ impl Default for PoolConfig {
             eviction_ratio: 0.05,
             kv_lease_ttl_ms: 5000,
         }
+    }
+}
+
+/// Transports the Mooncake Store client speaks.
+pub const MOONCAKE_PROTOCOLS: &[&str] = &["tcp", "rdma"];
+
+/// Smallest nonzero Mooncake segment: the client refuses to mount less.
+pub const MOONCAKE_MIN_SEGMENT_BYTES: u64 = 16 * MIB;
+
+/// `[mooncake]`: the Mooncake Store client of this process (`pool.backend = "mooncake"`).
+///
+/// These are the arguments of the client's `setup` call plus how this process embeds the
+/// client; the defaults run on one machine over loopback TCP against a master on
+/// Mooncake's default ports. The section is read only with `pool.backend = "mooncake"`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MooncakeConfig {
+    /// Address other clients reach this client's segment at. Loopback keeps a one-machine
+    /// deployment off the network; across machines use an address they can reach.
+    pub local_hostname: String,
+    /// The master's HTTP metadata server, where transfer engines publish their segments
+    /// (`http://HOST:PORT/metadata`, master flag `--enable_http_metadata_server=true`).
+    /// Empty derives it from `master_address`: `http://HOST:8080/metadata`, the master's
+    /// default metadata port.
+    pub metadata_server: String,
+    /// The master's RPC address, `HOST:PORT` (`mooncake_master --rpc_port`, default 50051).
+    pub master_address: String,
+    /// Transport between clients: `tcp` (one machine, or no RDMA NICs) or `rdma`.
+    pub protocol: String,
+    /// RDMA device names (for example `mlx5_0`); empty for TCP.
+    pub device_name: String,
+    /// Bytes of host memory this process contributes to the shared pool. The master places
+    /// objects in any mounted segment; those in this one leave the pool when the process
+    /// stops. 0 (a client that stores nothing itself) or at least 16 MiB; counts against
+    /// `node.memory_budget_bytes` (R9).
+    pub global_segment_size_bytes: u64,
+    /// Bytes of the client's own transfer buffer, used only by Mooncake's copying calls;
+    /// the connector moves pages through its registered staging pools, so a small buffer
+    /// is enough.
+    pub local_buffer_size_bytes: u64,
+    /// The virtual environment with the `mooncake-transfer-engine-non-cuda` wheel
+    /// (`scripts/setup-mooncake` makes `.venv`); relative to the working directory.
+    pub venv_dir: PathBuf,
+    /// Exported as `MC_TCP_BIND_ADDRESS` before the client starts, so the TCP transport
+    /// listens on this address only. Empty keeps the process environment's value.
+    pub tcp_bind_address: String,
+    /// Exported as `MC_LOG_LEVEL` before the client starts (`INFO`, `WARNING`, `ERROR`).
+    /// Empty keeps the process environment's value.
+    pub log_level: String,
+}
+
+impl Default for MooncakeConfig {
+    fn default() -> Self {
+        Self {
+            local_hostname: "127.0.0.1".to_owned(),
+            metadata_server: String::new(),
+            master_address: "127.0.0.1:50051".to_owned(),
+            protocol: "tcp".to_owned(),
+            device_name: String::new(),
+            global_segment_size_bytes: GIB,
+            local_buffer_size_bytes: 16 * MIB,
+            venv_dir: PathBuf::from(".venv"),
+            tcp_bind_address: "127.0.0.1".to_owned(),
+            log_level: "WARNING".to_owned(),
+        }
+    }
+}
+
+impl MooncakeConfig {
+    /// The metadata server to use: `metadata_server`, or when it is empty
+    /// `http://HOST:8080/metadata` with the host of `master_address`.
+    pub fn effective_metadata_server(&self) -> String {
+        if !self.metadata_server.is_empty() {
+            return self.metadata_server.clone();
+        }
+        let host = self
+            .master_address
+            .rsplit_once(':')
+            .map_or(self.master_address.as_str(), |(host, _)| host);
+        format!("http://{host}:8080/metadata")
     }
 }
 

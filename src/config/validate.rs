@@ -7,8 +7,8 @@ use std::fmt::Display;
 
 use super::error::ConfigError;
 use super::keys::env_of;
-use super::sections::PoolBackend;
-use super::Config;
+use super::sections::{PoolBackend, MOONCAKE_MIN_SEGMENT_BYTES};
+use super::{Config, MooncakeConfig};
 
 /// Refuses `value` for `key` unless `ok`, with `hint` saying what works.
 fn require(
@@ -70,6 +70,39 @@ fn key_segment(
     )
 }
 
+/// Whether `address` is `HOST:PORT` with a non-empty host and a nonzero port.
+fn is_host_port(address: &str) -> bool {
+    address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
+}
+
+/// The `[mooncake]` section: addresses that parse, a segment the client can mount.
+fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
+    require(
+        !mooncake.local_hostname.is_empty(),
+        "mooncake.local_hostname",
+        &"\"\"",
+        "must name this node's address, e.g. \"127.0.0.1\"",
+    )?;
+    require(
+        is_host_port(&mooncake.master_address),
+        "mooncake.master_address",
+        &format_args!("{:?}", mooncake.master_address),
+        "must be HOST:PORT, e.g. \"127.0.0.1:50051\"",
+    )?;
+    let segment = mooncake.global_segment_size_bytes;
+    require(
+        segment == 0 || segment >= MOONCAKE_MIN_SEGMENT_BYTES,
+        "mooncake.global_segment_size_bytes",
+        &segment,
+        &format!(
+            "must be 0 (store nothing here) or at least {MOONCAKE_MIN_SEGMENT_BYTES} (16MiB), \
+             the smallest segment Mooncake mounts, e.g. 1073741824 (1GiB)"
+        ),
+    )
+}
+
 fn usize_u64(value: usize) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
 }
@@ -96,6 +129,7 @@ impl Config {
         )?;
         ratio(self.pool.eviction_ratio, "pool.eviction_ratio", "0.05")?;
         positive(self.pool.kv_lease_ttl_ms, "pool.kv_lease_ttl_ms", "5000")?;
+        check_mooncake(&self.mooncake)?;
         positive(
             usize_u64(self.planner.probe_chunk),
             "planner.probe_chunk",
@@ -150,16 +184,20 @@ impl Config {
         self.check_budget()
     }
 
-    /// R9: the budget covers this node's pool segment (the memory pool's capacity; a
-    /// Mooncake segment is sized outside this tree) plus every staging pool.
+    /// R9: the budget covers the pool memory this node contributes (the embedded pool's
+    /// capacity, or this process's Mooncake segment) plus every staging pool.
     fn check_budget(&self) -> Result<(), ConfigError> {
         let budget_bytes = self.node.memory_budget_bytes;
         if budget_bytes == 0 {
             return Ok(());
         }
-        let pool_bytes = match self.pool.backend {
-            PoolBackend::Memory => self.pool.capacity_bytes,
-            PoolBackend::Mooncake => 0,
+        let (pool_key, pool_bytes, smallest_segment) = match self.pool.backend {
+            PoolBackend::Memory => ("pool.capacity_bytes", self.pool.capacity_bytes, 1),
+            PoolBackend::Mooncake => (
+                "mooncake.global_segment_size_bytes",
+                self.mooncake.global_segment_size_bytes,
+                MOONCAKE_MIN_SEGMENT_BYTES,
+            ),
         };
         let loader_staging_bytes = usize_u64(self.loaders.load_threads)
             .saturating_mul(self.loaders.staging_bytes_per_loader);
@@ -169,16 +207,17 @@ impl Config {
         if required_bytes <= budget_bytes {
             return Ok(());
         }
-        let max_pool_capacity_bytes = (self.pool.backend == PoolBackend::Memory
-            && staging_bytes < budget_bytes)
-            .then(|| budget_bytes - staging_bytes);
+        let max_pool_bytes = budget_bytes
+            .checked_sub(staging_bytes)
+            .filter(|&left| left >= smallest_segment);
         Err(ConfigError::Budget {
             budget_bytes,
+            pool_key,
             pool_bytes,
             loader_staging_bytes,
             saver_staging_bytes,
             required_bytes,
-            max_pool_capacity_bytes,
+            max_pool_bytes,
         })
     }
 }
@@ -332,14 +371,16 @@ mod tests {
         let err = refusal(|c| c.node.memory_budget_bytes = 4 * GIB);
         let ConfigError::Budget {
             required_bytes,
-            max_pool_capacity_bytes,
+            max_pool_bytes,
+            pool_key,
             ..
         } = &err
         else {
             panic!("expected budget, got {err:?}");
         };
+        assert_eq!(*pool_key, "pool.capacity_bytes");
         assert_eq!(*required_bytes, 8 * GIB + 768 * MIB);
-        assert_eq!(*max_pool_capacity_bytes, Some(4 * GIB - 768 * MIB));
+        assert_eq!(*max_pool_bytes, Some(4 * GIB - 768 * MIB));
         let message = err.to_string();
         assert!(message.contains("at most 3489660928"), "{message}");
         assert!(
@@ -359,7 +400,7 @@ mod tests {
         assert!(matches!(
             err,
             ConfigError::Budget {
-                max_pool_capacity_bytes: None,
+                max_pool_bytes: None,
                 ..
             }
         ));
@@ -370,27 +411,86 @@ mod tests {
     }
 
     #[test]
-    fn r9_mooncake_segment_is_not_counted_against_the_budget() {
+    fn r9_mooncake_counts_its_segment_and_names_the_largest_affordable_one() {
         let mut config = Config::default();
         config.pool.backend = PoolBackend::Mooncake;
+        config.pool.capacity_bytes = 64 * GIB; // not this node's memory on Mooncake
         config.node.memory_budget_bytes = GIB;
+        let err = config.validate().err();
+        let Some(
+            err @ ConfigError::Budget {
+                pool_key: "mooncake.global_segment_size_bytes",
+                pool_bytes,
+                required_bytes,
+                max_pool_bytes: Some(max),
+                ..
+            },
+        ) = &err
+        else {
+            panic!("expected a budget refusal naming the segment, got {err:?}");
+        };
+        assert_eq!(*pool_bytes, GIB, "the 1 GiB default segment counts");
+        assert_eq!(*required_bytes, GIB + 768 * MIB);
+        assert_eq!(*max, GIB - 768 * MIB, "budget minus 768 MiB of staging");
+        let message = err.to_string();
         assert!(
-            config.validate().is_ok(),
-            "768 MiB of staging fits in 1 GiB"
+            message.contains("set mooncake.global_segment_size_bytes to at most 268435456"),
+            "{message}"
         );
-        config.loaders.load_threads = 8;
+        config.mooncake.global_segment_size_bytes = *max;
+        assert!(config.validate().is_ok(), "the named segment fits");
+    }
+
+    #[test]
+    fn r9_mooncake_budget_too_small_for_a_mountable_segment_asks_for_less_staging() {
+        let mut config = Config::default();
+        config.pool.backend = PoolBackend::Mooncake;
+        config.node.memory_budget_bytes = 768 * MIB + 8 * MIB;
         let err = config.validate().err();
         assert!(
             matches!(
                 err,
                 Some(ConfigError::Budget {
-                    pool_bytes: 0,
-                    max_pool_capacity_bytes: None,
+                    max_pool_bytes: None,
                     ..
                 })
             ),
-            "{err:?}"
+            "8 MiB left is below the 16 MiB Mooncake mounts: {err:?}"
         );
+        config.mooncake.global_segment_size_bytes = 0;
+        assert!(config.validate().is_ok(), "a client without a segment fits");
+    }
+
+    #[test]
+    fn mooncake_segment_below_what_mooncake_mounts_is_refused() {
+        let err = refusal(|c| c.mooncake.global_segment_size_bytes = MIB);
+        assert_out_of_range(
+            &err,
+            "mooncake.global_segment_size_bytes",
+            "1048576",
+            "at least 16777216",
+        );
+        let mut config = Config::default();
+        config.mooncake.global_segment_size_bytes = MOONCAKE_MIN_SEGMENT_BYTES;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn mooncake_addresses_must_be_host_and_port() {
+        for bad in ["127.0.0.1", ":50051", "host:0", "host:port", ""] {
+            let err = refusal(|c| c.mooncake.master_address = bad.to_owned());
+            assert_out_of_range(
+                &err,
+                "mooncake.master_address",
+                &format!("{bad:?}"),
+                "127.0.0.1:50051",
+            );
+        }
+        let err = refusal(|c| c.mooncake.local_hostname.clear());
+        assert_out_of_range(&err, "mooncake.local_hostname", "\"\"", "127.0.0.1");
+        let mut config = Config::default();
+        config.mooncake.master_address = "[::1]:50051".to_owned();
+        assert!(config.validate().is_ok());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 
 use super::save_plan::{blocks_to_save, SaveStep};
-use super::start::{start_actors, ConnectorParams, StartError, Started};
+use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
 use crate::actors::lookup_planner::LookupPlanner;
@@ -65,6 +65,8 @@ pub struct ConnectorHandle {
     keys: Arc<KeySpace>,
     system: actix::System,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The staging pools registered with the pool; released once the actors have stopped.
+    staging: StagingRegistrations,
     lookups: flume::Receiver<LookupCompleted>,
     loads: flume::Receiver<FinishedLoad>,
     saves: flume::Receiver<SavesSettled>,
@@ -114,6 +116,7 @@ impl ConnectorHandle {
                 reporter,
                 keys,
                 system,
+                staging,
             },
             thread,
         ) = start_actors(params, inbox)?;
@@ -125,6 +128,7 @@ impl ConnectorHandle {
             keys,
             system,
             thread: Some(thread),
+            staging,
             lookups,
             loads,
             saves,
@@ -171,7 +175,8 @@ impl ConnectorHandle {
         stats
     }
 
-    /// Stops the actor system and joins its thread (idempotent).
+    /// Stops the actor system, joins its thread and unregisters the staging pools from
+    /// the pool (idempotent).
     fn stop(&mut self) {
         if let Some(thread) = self.thread.take() {
             self.system.stop();
@@ -179,6 +184,7 @@ impl ConnectorHandle {
                 tracing::error!("the actor system thread panicked");
             }
         }
+        self.staging.release();
     }
 
     /// Sends a request's lookup if it has not gone out yet. A full mailbox keeps it for the

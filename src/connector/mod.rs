@@ -32,7 +32,7 @@ mod start;
 pub mod transfer;
 
 pub use handle::ConnectorHandle;
-pub use start::{ConnectorParams, StartError};
+pub use start::{ConnectorParams, StagingRole, StartError};
 
 use crate::core::ids::{RequestId, ReservationId};
 

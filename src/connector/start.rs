@@ -1,4 +1,10 @@
 //! Starting the actor system of one connector (one serving instance) on its own thread.
+//!
+//! Every loader's and every saver's staging pool is registered with the pool as soon as it
+//! is made ([`Pool::register_staging`]), so a backend with registered-memory transfers
+//! (Mooncake) moves pages without an extra copy. [`StagingRegistrations`] remembers them
+//! and unregisters them when the connector stops (after its actor thread has ended) or when
+//! start fails, so the memory can be freed and reused.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -19,8 +25,9 @@ use crate::core::ledger::Ledger;
 use crate::core::object::HEADER_BYTES;
 use crate::core::planner::{PlannerGroup, PlannerGroupKind};
 use crate::gpu::Device;
+use crate::gpu::StagingPool;
 use crate::messages::EngineInbox;
-use crate::pool::Pool;
+use crate::pool::{Pool, PoolError};
 
 /// What a connector is started with.
 pub struct ConnectorParams {
@@ -46,6 +53,84 @@ pub(super) struct Started {
     pub reporter: Addr<StatsReporter>,
     pub keys: Arc<KeySpace>,
     pub system: System,
+    pub staging: StagingRegistrations,
+}
+
+/// Which staging pool a registration is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagingRole {
+    /// A loader's staging pool.
+    Loader,
+    /// The saver's staging pool.
+    Saver,
+}
+
+impl StagingRole {
+    /// The role as a label for messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Loader => "loader",
+            Self::Saver => "saver",
+        }
+    }
+}
+
+/// The staging pools one connector registered with its pool; unregistered by
+/// [`release`](Self::release) or on drop.
+pub(super) struct StagingRegistrations {
+    pool: Arc<dyn Pool>,
+    /// Start address of every registered staging pool.
+    starts: Vec<usize>,
+}
+
+impl StagingRegistrations {
+    fn new(pool: Arc<dyn Pool>) -> Self {
+        Self {
+            pool,
+            starts: Vec::new(),
+        }
+    }
+
+    /// Registers `staging` of `rank` with the pool and remembers it.
+    fn register(
+        &mut self,
+        staging: &StagingPool,
+        rank: usize,
+        role: StagingRole,
+    ) -> Result<(), StartError> {
+        self.pool
+            .register_staging(staging.bytes())
+            .map_err(|source| StartError::RegisterStaging {
+                rank,
+                role,
+                bytes: staging.len(),
+                source,
+            })?;
+        self.starts.push(staging.as_ptr().addr());
+        Ok(())
+    }
+
+    /// Unregisters every staging pool (idempotent). Called once the pools' owners have
+    /// stopped; a refusal is logged, since nothing is left to retry it.
+    pub(super) fn release(&mut self) {
+        for start in self.starts.drain(..) {
+            if let Err(err) = self.pool.unregister_staging(start) {
+                tracing::warn!(
+                    pool = self.pool.name(),
+                    addr = start,
+                    error = %err,
+                    kind = err.kind(),
+                    "could not unregister a staging pool"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for StagingRegistrations {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// Why a connector could not start.
@@ -71,6 +156,22 @@ pub enum StartError {
     /// The ledger could not be built.
     #[error(transparent)]
     Ledger(#[from] crate::core::ledger::LedgerError),
+    /// The pool refused to register a staging pool.
+    #[error(
+        "the pool refused to register the {} staging pool of rank {rank} ({bytes} bytes)",
+        role.as_str()
+    )]
+    RegisterStaging {
+        /// The rank whose staging pool it is.
+        rank: usize,
+        /// A loader's or the saver's.
+        role: StagingRole,
+        /// Its size.
+        bytes: usize,
+        /// The pool's answer.
+        #[source]
+        source: PoolError,
+    },
     /// The actor thread did not come up.
     #[error("the actor system thread did not start")]
     Thread,
@@ -192,6 +293,7 @@ async fn spawn_all(
     .start();
     let mut loaders = Vec::new();
     let mut savers = Vec::new();
+    let mut registrations = StagingRegistrations::new(Arc::clone(&params.pool));
     for (rank, device) in params.devices.iter().enumerate() {
         let mut rank_loaders = Vec::new();
         for _ in 0..config.loaders.load_threads {
@@ -202,6 +304,7 @@ async fn spawn_all(
                     slots_for(config.loaders.staging_bytes_per_loader),
                 )?,
             );
+            registrations.register(&staging, rank, StagingRole::Loader)?;
             let (pool, manager, capacity) = (
                 Arc::clone(&params.pool),
                 manager.clone(),
@@ -214,12 +317,14 @@ async fn spawn_all(
             }));
         }
         loaders.push(rank_loaders);
+        let staging = device.staging_pool(slot_bytes, slots_for(config.saver.staging_bytes))?;
+        registrations.register(&staging, rank, StagingRole::Saver)?;
         let saver = SaverParams {
             rank: u32::try_from(rank).unwrap_or(u32::MAX),
             pool: Arc::clone(&params.pool),
             keys: Arc::clone(&keys),
             stream: device.stream()?,
-            staging: device.staging_pool(slot_bytes, slots_for(config.saver.staging_bytes))?,
+            staging,
             queue_capacity_pages: NonZeroUsize::new(config.saver.queue_capacity_pages)
                 .unwrap_or(NonZeroUsize::MIN),
             window_first: config.saver.window_first,
@@ -244,5 +349,6 @@ async fn spawn_all(
         reporter,
         keys,
         system: System::current(),
+        staging: registrations,
     })
 }

@@ -26,6 +26,10 @@
 //! 2. The planner probes with `exists`, the saver writes with `put` (after `exists`, R19) or
 //!    refreshes with `touch`, loaders read with `get_into` into staging memory.
 //! 3. The stats reporter reads `counters()` snapshots.
+//!
+//! Loaders and the saver own staging pools for the lifetime of a connector; the connector
+//! registers each with [`Pool::register_staging`] when it is made and unregisters it at
+//! shutdown, so a backend with registered-memory transfers (Mooncake) moves them directly.
 
 pub mod clock;
 pub mod memory;
@@ -65,6 +69,31 @@ pub trait Pool: Send + Sync {
 
     /// A short name for logs: `"memory"`, `"mooncake"`.
     fn name(&self) -> &'static str;
+
+    /// Registers long-lived transfer memory (a loader's or the saver's staging pool) so
+    /// the backend moves objects into and out of it without an extra copy. The memory must
+    /// stay allocated until [`unregister_staging`](Self::unregister_staging) is called with
+    /// its start address. A backend that copies anyway (the memory pool) does nothing.
+    ///
+    /// # Errors
+    ///
+    /// The backend's refusal, for example [`PoolError::Backend`] with its code.
+    fn register_staging(&self, staging: &[u8]) -> Result<(), PoolError> {
+        let _ = staging;
+        Ok(())
+    }
+
+    /// Forgets memory registered with [`register_staging`](Self::register_staging), named by
+    /// the address of its first byte (`staging.as_ptr().addr()` at registration), so the
+    /// memory may be freed and reused. Later transfers of it are copied. Default: nothing.
+    ///
+    /// # Errors
+    ///
+    /// The backend's refusal (an address it does not know, a closed client).
+    fn unregister_staging(&self, start_addr: usize) -> Result<(), PoolError> {
+        let _ = start_addr;
+        Ok(())
+    }
 }
 
 /// Counters of one pool since it was created, plus its current fill.
@@ -186,6 +215,27 @@ impl From<EvictionError> for PoolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_pool_takes_staging_registrations_as_no_ops() -> Result<(), PoolError> {
+        use std::sync::Arc;
+
+        use crate::core::eviction::EvictionPolicy;
+
+        let pool = MemoryPool::new(
+            EvictionPolicy::mooncake_defaults(1 << 20),
+            Arc::new(SystemClock::new()),
+        )?;
+        let staging = vec![7u8; 256];
+        pool.register_staging(&staging)?;
+        assert_eq!(pool.put(&["k"], &[&staging[..64]]), vec![Ok(())]);
+        pool.unregister_staging(staging.as_ptr().addr())?;
+        pool.unregister_staging(0)?;
+        let mut loaded = vec![0u8; 64];
+        assert_eq!(pool.get_into(&["k"], &mut [&mut loaded[..]]), vec![Ok(64)]);
+        assert_eq!(loaded, staging[..64]);
+        Ok(())
+    }
 
     #[test]
     fn for_every_key_repeats_the_error_once_per_key() {

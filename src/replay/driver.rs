@@ -161,8 +161,9 @@ pub fn run_replay(
         totals,
         ..
     } = driver;
+    // Finishing an engine stops its connector, so the pool closes after the last one.
     let summaries: Vec<_> = engines.into_iter().map(Engine::finish).collect();
-    Ok(summarize(
+    let report = summarize(
         params,
         &deployment,
         totals,
@@ -170,7 +171,9 @@ pub fn run_replay(
         &summaries,
         now,
         started.elapsed(),
-    ))
+    );
+    deployment.close();
+    Ok(report)
 }
 
 /// One engine per instance, each with its devices and connector.
@@ -190,7 +193,7 @@ fn build_engines(
             config: params.config.clone(),
             layout: params.layout.clone(),
             devices: devices.clone(),
-            pool: deployment.pool.clone(),
+            pool: Arc::clone(&deployment.pools[instance]),
             pool_clock: deployment.pool_clock.clone(),
             stored_page_bytes: deployment.stored_page_bytes.clone(),
             kv_bytes_scale: deployment.kv_bytes_scale,

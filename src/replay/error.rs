@@ -49,12 +49,44 @@ pub enum ReplayError {
         /// A value that would be accepted.
         working: &'static str,
     },
-    /// Replay runs only on the embedded pool so far.
-    #[error("replay supports pool.backend = memory only, not {backend}; use --pool memory")]
+    /// The configured pool backend is not built into this binary.
+    #[error(
+        "pool.backend = {backend} needs a build with the {feature} feature (scripts/setup-mooncake, \
+         then PYO3_PYTHON=.venv/bin/python cargo build --release --features {feature}); or use \
+         --pool memory"
+    )]
     UnsupportedPool {
         /// The configured backend.
         backend: &'static str,
+        /// The cargo feature that builds it in.
+        feature: &'static str,
     },
+    /// `--master` names a Mooncake master, but the pool is not Mooncake.
+    #[error("--master {master} needs --pool mooncake (pool.backend is {backend})")]
+    MasterWithoutMooncake {
+        /// The address given.
+        master: String,
+        /// The configured backend.
+        backend: &'static str,
+    },
+    /// Each instance's Mooncake segment would be smaller than Mooncake mounts.
+    #[error(
+        "a mooncake segment of {segment_bytes} bytes per instance is below the {min_segment_bytes} \
+         mooncake mounts; use --pool-capacity {min_pool_capacity_bytes} or more (or a larger \
+         --kv-bytes-scale)"
+    )]
+    MooncakeSegmentTooSmall {
+        /// Stored pool capacity divided among the instances.
+        segment_bytes: u64,
+        /// The smallest segment Mooncake mounts.
+        min_segment_bytes: u64,
+        /// The smallest modeled `--pool-capacity` that gives every instance that much.
+        min_pool_capacity_bytes: u64,
+    },
+    /// The Mooncake master or a client could not start (boxed: it carries a Python error).
+    #[cfg(feature = "mooncake")]
+    #[error(transparent)]
+    Mooncake(Box<crate::pool::mooncake::MooncakeError>),
     /// The workload holds no request.
     #[error("the workload holds no request; raise --limit or use another workload")]
     NoRequests,
@@ -159,6 +191,10 @@ impl ReplayError {
             Self::KvCache(err) => err.kind(),
             Self::InvalidSetting { .. } => "invalid_setting",
             Self::UnsupportedPool { .. } => "unsupported_pool",
+            Self::MasterWithoutMooncake { .. } => "master_without_mooncake",
+            Self::MooncakeSegmentTooSmall { .. } => "mooncake_segment_too_small",
+            #[cfg(feature = "mooncake")]
+            Self::Mooncake(err) => err.kind(),
             Self::NoRequests => "no_requests",
             Self::PromptTooLarge { .. } => "prompt_too_large",
             Self::DeviceMemoryTooLarge { .. } => "device_memory_too_large",

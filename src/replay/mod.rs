@@ -6,7 +6,8 @@
 //!    multi-turn conversations, as a list of requests whose prompt tokens are produced on
 //!    demand;
 //! 2. size the deployment ([`setup`]): KV pages per instance, stored page sizes
-//!    (`--kv-bytes-scale`), the shared embedded pool;
+//!    (`--kv-bytes-scale`), the shared pool (the embedded one, or Mooncake Store with the
+//!    `mooncake` feature: `mooncake`);
 //! 3. run the requests through simulated serving instances ([`driver`]): each an
 //!    [`engine`] simulator with chunked prefill and a paged KV cache per layer group
 //!    ([`kv_cache`]), driving one connector through the engine hooks
@@ -28,6 +29,8 @@ pub mod engine;
 pub mod error;
 pub mod kv_cache;
 pub mod kvc;
+#[cfg(feature = "mooncake")]
+pub mod mooncake;
 pub mod progress;
 pub mod report;
 pub mod setup;
@@ -43,4 +46,4 @@ pub use error::ReplayError;
 pub use kvc::kvc_connector;
 pub use progress::{NoProgress, ProgressSink};
 pub use report::ReplayReport;
-pub use setup::{DeploymentParams, KvBytesScale, KvPages};
+pub use setup::{DeploymentParams, KvBytesScale, KvPages, PoolMaster};

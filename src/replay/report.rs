@@ -82,11 +82,11 @@ pub struct SetupSummary {
     pub page_bytes: Vec<PageBytes>,
     /// Bytes the simulated devices allocate (all instances and ranks).
     pub device_bytes: u64,
-    /// `memory`.
+    /// The pool backend: `memory` or `mooncake`.
     pub pool: String,
     /// The modeled pool capacity (full page sizes).
     pub pool_capacity_bytes: u64,
-    /// The capacity really allocated (scaled).
+    /// The capacity really allocated (scaled; for Mooncake, all segments together).
     pub pool_stored_capacity_bytes: u64,
     /// The cost model's numbers.
     pub cost_model: CostModel,
@@ -198,17 +198,18 @@ fn human_bytes(bytes: u64) -> String {
 }
 
 impl ReplayReport {
-    /// Writes the summary table.
-    ///
-    /// # Errors
-    ///
-    /// The writer's error.
-    pub fn write_table(&self, out: &mut dyn Write) -> io::Result<()> {
+    /// The table's first lines: what ran, on which pool, at which page scale.
+    fn write_setup(&self, out: &mut dyn Write) -> io::Result<()> {
         let setup = &self.setup;
         writeln!(
             out,
-            "replay: {} on {} instance(s) x {} rank(s), connector {}, T = {}",
-            setup.model, setup.instances, setup.world_size, setup.connector, setup.tokens_per_block
+            "replay: {} on {} instance(s) x {} rank(s), connector {}, pool {}, T = {}",
+            setup.model,
+            setup.instances,
+            setup.world_size,
+            setup.connector,
+            setup.pool,
+            setup.tokens_per_block
         )?;
         if setup.kv_bytes_scale < 1.0 {
             writeln!(
@@ -217,6 +218,16 @@ impl ReplayReport {
                 setup.kv_bytes_scale
             )?;
         }
+        Ok(())
+    }
+
+    /// Writes the summary table.
+    ///
+    /// # Errors
+    ///
+    /// The writer's error.
+    pub fn write_table(&self, out: &mut dyn Write) -> io::Result<()> {
+        self.write_setup(out)?;
         writeln!(out, "workload")?;
         writeln!(
             out,
@@ -271,7 +282,11 @@ impl ReplayReport {
             "  loads filled/failed {:>14} / {}",
             self.loads_filled, self.loads_failed
         )?;
-        writeln!(out, "simulated time (cost model {})", setup.cost_model.name)?;
+        writeln!(
+            out,
+            "simulated time (cost model {})",
+            self.setup.cost_model.name
+        )?;
         writeln!(out, "  duration            {:>14.3} s", self.sim.duration_s)?;
         writeln!(
             out,

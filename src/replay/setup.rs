@@ -9,23 +9,29 @@
 //!    the host memory limit ([`KvBytesScale::Auto`]);
 //! 3. stored page bytes: `F x` the layout's page bytes, rounded to a multiple of 64 and at
 //!    least 64 (exactly the layout's bytes at `F = 1`);
-//! 4. the pool: the embedded memory pool with the configured eviction ratios and lease, on
-//!    a manual clock the driver keeps at simulated time. `pool.capacity_bytes` is the
-//!    modeled (full page size) capacity; the pool holds `F x` it, so that it keeps as many
-//!    pages as the modeled deployment would.
+//! 4. the pool. `pool.capacity_bytes` is the modeled (full page size) capacity; the pool
+//!    holds `F x` it, so that it keeps as many pages as the modeled deployment would.
+//!    - `memory`: the embedded memory pool with the configured eviction ratios and lease,
+//!      on a manual clock the driver keeps at simulated time, shared by every instance;
+//!    - `mooncake` (cargo feature `mooncake`): a Mooncake Store with one client per
+//!      instance, each contributing `1/instances` of the stored capacity as its segment,
+//!      against a master the replay starts or one already running ([`PoolMaster`]; see
+//!      `replay::mooncake`). Its leases run on real time: the manual clock does not apply.
 //!
 //! Invariants:
 //! - S1. Stored page bytes are `>= 64` and a multiple of 64 whenever `F < 1`.
 //! - S2. All instances' device pages fit the host memory limit, or setup fails naming a
 //!   scale that fits.
+//! - S3. Every instance has a pool (`Deployment::pools[instance]`); [`Deployment::close`]
+//!   closes what the replay started, after the connectors have stopped.
 
 use std::sync::Arc;
 
-use crate::config::{Config, PoolBackend};
+use crate::config::{Config, PoolBackend, MIB, MOONCAKE_MIN_SEGMENT_BYTES};
 use crate::core::eviction::EvictionPolicy;
 use crate::core::layout::{GroupId, Layout};
 use crate::gpu::{Device, DeviceRequest, PagePoolSpec};
-use crate::pool::{ManualClock, MemoryPool};
+use crate::pool::{ManualClock, MemoryPool, Pool};
 
 use super::error::ReplayError;
 
@@ -50,6 +56,16 @@ pub enum KvBytesScale {
     Fixed(f64),
 }
 
+/// Where a Mooncake pool's master comes from (`pool.backend = "mooncake"`; ignored by the
+/// memory pool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolMaster {
+    /// The replay starts a `mooncake_master` on free loopback ports and stops it at the end.
+    Start,
+    /// A running master at `mooncake.master_address` (`--master HOST:PORT`).
+    Configured,
+}
+
 /// What a deployment is sized from.
 #[derive(Clone, Debug)]
 pub struct DeploymentParams {
@@ -61,6 +77,8 @@ pub struct DeploymentParams {
     pub kv_bytes_scale: KvBytesScale,
     /// Most bytes all instances' simulated devices may allocate.
     pub host_memory_limit_bytes: u64,
+    /// The Mooncake master to use with `pool.backend = "mooncake"`.
+    pub pool_master: PoolMaster,
 }
 
 /// The sized deployment.
@@ -73,12 +91,18 @@ pub struct Deployment {
     pub stored_page_bytes: Vec<(GroupId, usize)>,
     /// Bytes all devices allocate.
     pub device_bytes: u64,
-    /// The shared pool.
-    pub pool: Arc<MemoryPool>,
-    /// Its lease clock (simulated ms).
+    /// The pool each instance's connector uses, index = instance (S3): the one memory
+    /// pool, or that instance's Mooncake client.
+    pub pools: Vec<Arc<dyn Pool>>,
+    /// `"memory"` or `"mooncake"`.
+    pub pool_backend: &'static str,
+    /// The memory pool's lease clock (simulated ms); Mooncake's leases run on real time.
     pub pool_clock: Arc<ManualClock>,
-    /// The pool's capacity in stored bytes.
+    /// The pool's capacity in stored bytes (for Mooncake, all segments together).
     pub pool_stored_capacity_bytes: u64,
+    /// The Mooncake master and clients, closed by [`Deployment::close`].
+    #[cfg(feature = "mooncake")]
+    mooncake: Option<super::mooncake::MooncakeDeployment>,
 }
 
 /// Stored bytes of a page of `full` bytes at `scale` (S1).
@@ -102,18 +126,15 @@ impl Deployment {
     /// # Errors
     ///
     /// [`ReplayError::InvalidSetting`] for a scale outside `(0, 1]` or zero pages,
-    /// [`ReplayError::DeviceMemoryTooLarge`] (S2), [`ReplayError::UnsupportedPool`], or the
-    /// layout's and pool's errors.
+    /// [`ReplayError::DeviceMemoryTooLarge`] (S2), [`ReplayError::UnsupportedPool`] for
+    /// Mooncake in a build without the feature, [`ReplayError::MooncakeSegmentTooSmall`],
+    /// `ReplayError::Mooncake` when its master or clients do not start, or the layout's
+    /// and pool's errors.
     pub fn build(
         layout: &Layout,
         config: &Config,
         params: &DeploymentParams,
     ) -> Result<Self, ReplayError> {
-        if config.pool.backend != PoolBackend::Memory {
-            return Err(ReplayError::UnsupportedPool {
-                backend: "mooncake",
-            });
-        }
         let full: Vec<(GroupId, u64)> = layout
             .groups
             .iter()
@@ -159,24 +180,93 @@ impl Deployment {
                 (group, usize::try_from(stored).unwrap_or(usize::MAX))
             })
             .collect();
-        let pool_stored_capacity_bytes = scaled_capacity(config.pool.capacity_bytes, scale);
-        let pool_clock = Arc::new(ManualClock::new(0));
-        let policy = EvictionPolicy {
-            capacity_bytes: pool_stored_capacity_bytes,
-            high_watermark_ratio: config.pool.eviction_high_watermark_ratio,
-            eviction_ratio: config.pool.eviction_ratio,
-            lease_ttl_ms: config.pool.kv_lease_ttl_ms,
-        };
-        let pool = Arc::new(MemoryPool::new(policy, pool_clock.clone())?);
-        Ok(Self {
+        let mut deployment = Self {
             kv_pages,
             kv_bytes_scale: scale,
             stored_page_bytes: stored,
             device_bytes: needed(scale),
-            pool,
-            pool_clock,
-            pool_stored_capacity_bytes,
+            pools: Vec::new(),
+            pool_backend: "memory",
+            pool_clock: Arc::new(ManualClock::new(0)),
+            pool_stored_capacity_bytes: scaled_capacity(config.pool.capacity_bytes, scale),
+            #[cfg(feature = "mooncake")]
+            mooncake: None,
+        };
+        match config.pool.backend {
+            PoolBackend::Memory => deployment.build_memory_pool(config, params.instances)?,
+            PoolBackend::Mooncake => deployment.build_mooncake_pool(config, params)?,
+        }
+        Ok(deployment)
+    }
+
+    /// The embedded pool on the simulated clock, shared by every instance (workflow 4).
+    fn build_memory_pool(&mut self, config: &Config, instances: usize) -> Result<(), ReplayError> {
+        let policy = EvictionPolicy {
+            capacity_bytes: self.pool_stored_capacity_bytes,
+            high_watermark_ratio: config.pool.eviction_high_watermark_ratio,
+            eviction_ratio: config.pool.eviction_ratio,
+            lease_ttl_ms: config.pool.kv_lease_ttl_ms,
+        };
+        let pool: Arc<dyn Pool> = Arc::new(MemoryPool::new(policy, self.pool_clock.clone())?);
+        self.pools = vec![pool; instances];
+        Ok(())
+    }
+
+    /// A Mooncake client per instance, against the master `params` names (workflow 4).
+    fn build_mooncake_pool(
+        &mut self,
+        config: &Config,
+        params: &DeploymentParams,
+    ) -> Result<(), ReplayError> {
+        let segment_bytes = self.mooncake_segment_bytes(params.instances)?;
+        #[cfg(feature = "mooncake")]
+        {
+            let mooncake = super::mooncake::MooncakeDeployment::start(
+                config,
+                segment_bytes,
+                params.instances,
+                params.pool_master,
+            )?;
+            self.pools = mooncake.pools();
+            self.pool_backend = "mooncake";
+            self.pool_stored_capacity_bytes = mooncake.capacity_bytes();
+            self.mooncake = Some(mooncake);
+            Ok(())
+        }
+        #[cfg(not(feature = "mooncake"))]
+        {
+            let _ = (config, segment_bytes);
+            Err(ReplayError::UnsupportedPool {
+                backend: "mooncake",
+                feature: "mooncake",
+            })
+        }
+    }
+
+    /// Each instance's segment: an equal share of the stored capacity, rounded up, and at
+    /// least what Mooncake mounts.
+    fn mooncake_segment_bytes(&self, instances: usize) -> Result<u64, ReplayError> {
+        let instances = u64::try_from(instances.max(1)).unwrap_or(u64::MAX);
+        let segment_bytes = self.pool_stored_capacity_bytes.div_ceil(instances);
+        if segment_bytes >= MOONCAKE_MIN_SEGMENT_BYTES {
+            return Ok(segment_bytes);
+        }
+        let min_stored = MOONCAKE_MIN_SEGMENT_BYTES.saturating_mul(instances);
+        Err(ReplayError::MooncakeSegmentTooSmall {
+            segment_bytes,
+            min_segment_bytes: MOONCAKE_MIN_SEGMENT_BYTES,
+            min_pool_capacity_bytes: modeled_capacity(min_stored, self.kv_bytes_scale)
+                .next_multiple_of(MIB),
         })
+    }
+
+    /// Closes what the replay started for its pool (S3): Mooncake's clients, then its
+    /// master. Call it after every connector has stopped; the memory pool needs nothing.
+    pub fn close(self) {
+        #[cfg(feature = "mooncake")]
+        if let Some(mooncake) = self.mooncake {
+            mooncake.close();
+        }
     }
 
     /// Opens the devices of one instance: one host device per rank, one page pool per
@@ -239,6 +329,20 @@ fn scaled_capacity(capacity_bytes: u64, scale: f64) -> u64 {
     ((capacity_bytes as f64 * scale).ceil() as u64).max(1)
 }
 
+/// The modeled capacity whose stored capacity at `scale` is at least `stored_bytes`.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "capacities are far below 2^52 and the scale is in (0, 1]"
+)]
+fn modeled_capacity(stored_bytes: u64, scale: f64) -> u64 {
+    if scale >= 1.0 {
+        return stored_bytes;
+    }
+    (stored_bytes as f64 / scale).ceil() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +353,7 @@ mod tests {
             kv_pages,
             kv_bytes_scale: scale,
             host_memory_limit_bytes: limit,
+            pool_master: PoolMaster::Start,
         }
     }
 
@@ -324,6 +429,75 @@ mod tests {
         let devices = deployment.open_devices(2, DeviceRequest::Host)?;
         assert_eq!(devices.len(), 2);
         assert_eq!(devices[1].page_pool(GroupId(1))?.num_pages, 1024);
+        Ok(())
+    }
+
+    #[test]
+    fn the_memory_pool_is_shared_by_every_instance_s3() -> Result<(), ReplayError> {
+        let layout = Layout::preset("tiny-full")?;
+        let deployment = Deployment::build(
+            &layout,
+            &Config::default(),
+            &params(KvPages::Fixed(16), KvBytesScale::Fixed(1.0), 1 << 30),
+        )?;
+        assert_eq!(deployment.pools.len(), 2);
+        assert!(Arc::ptr_eq(&deployment.pools[0], &deployment.pools[1]));
+        assert_eq!(deployment.pool_backend, "memory");
+        deployment.close();
+        Ok(())
+    }
+
+    #[test]
+    fn mooncake_segments_split_the_stored_capacity_or_name_one_that_mounts(
+    ) -> Result<(), ReplayError> {
+        let layout = Layout::preset("tiny-full")?;
+        let mut config = Config::default();
+        config.pool.capacity_bytes = 8 << 30;
+        let scaled = params(
+            KvPages::Fixed(16),
+            KvBytesScale::Fixed(1.0 / 256.0),
+            1 << 30,
+        );
+        let deployment = Deployment::build(&layout, &config, &scaled)?;
+        // 8 GiB at 1/256 stores 32 MiB: two segments of 16 MiB mount, three of 11 do not.
+        assert_eq!(deployment.mooncake_segment_bytes(2)?, 16 << 20);
+        let Err(err) = deployment.mooncake_segment_bytes(3) else {
+            panic!("three segments of 11 MiB are below what mooncake mounts");
+        };
+        let ReplayError::MooncakeSegmentTooSmall {
+            min_pool_capacity_bytes,
+            ..
+        } = err
+        else {
+            panic!("expected mooncake_segment_too_small, got {err:?}");
+        };
+        assert_eq!(min_pool_capacity_bytes, 12 << 30, "3 x 16 MiB x 256");
+        assert!(
+            err.to_string().contains("--pool-capacity 12884901888"),
+            "{err}"
+        );
+        config.pool.capacity_bytes = min_pool_capacity_bytes;
+        let deployment = Deployment::build(&layout, &config, &scaled)?;
+        assert!(deployment.mooncake_segment_bytes(3)? >= MOONCAKE_MIN_SEGMENT_BYTES);
+        Ok(())
+    }
+
+    #[cfg(not(feature = "mooncake"))]
+    #[test]
+    fn mooncake_without_the_feature_names_the_feature() -> Result<(), ReplayError> {
+        let layout = Layout::preset("tiny-full")?;
+        let mut config = Config::default();
+        config.pool.backend = PoolBackend::Mooncake;
+        let result = Deployment::build(
+            &layout,
+            &config,
+            &params(KvPages::Fixed(16), KvBytesScale::Fixed(1.0), 1 << 30),
+        );
+        let Err(err) = result else {
+            panic!("a build without the feature has no mooncake pool");
+        };
+        assert_eq!(err.kind(), "unsupported_pool");
+        assert!(err.to_string().contains("--features mooncake"), "{err}");
         Ok(())
     }
 }

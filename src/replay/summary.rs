@@ -80,7 +80,7 @@ fn setup_summary(params: &ReplayParams, deployment: &Deployment, device: &str) -
         kv_bytes_scale: deployment.kv_bytes_scale,
         page_bytes,
         device_bytes: deployment.device_bytes,
-        pool: "memory".to_owned(),
+        pool: deployment.pool_backend.to_owned(),
         pool_capacity_bytes: params.config.pool.capacity_bytes,
         pool_stored_capacity_bytes: deployment.pool_stored_capacity_bytes,
         cost_model: params.cost.clone(),

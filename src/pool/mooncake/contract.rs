@@ -15,6 +15,8 @@
 //!   age: the master evicts unleased objects in order of their lease expiry, and a probe
 //!   extends that expiry to now + `kv_lease_ttl` (one metadata RPC, no data moved), which is
 //!   also what a get would do at the price of a transfer.
+//! - `register_staging` / `unregister_staging`: `register_buffer` / `unregister_buffer`;
+//!   a registration first drops stale regions it overlaps (`pool.rs` I4).
 //! - `counters`: hits, misses, puts and bytes of this client; `capacity_bytes` is its
 //!   segment. Eviction, `used_bytes` and `objects` are the master's and stay 0 here.
 
@@ -131,6 +133,16 @@ impl Pool for MooncakePool {
 
     fn name(&self) -> &'static str {
         "mooncake"
+    }
+
+    fn register_staging(&self, staging: &[u8]) -> Result<(), PoolError> {
+        self.register_staging_slice(staging)
+            .map_err(|err| err.pool_error())
+    }
+
+    fn unregister_staging(&self, start_addr: usize) -> Result<(), PoolError> {
+        self.unregister_at(start_addr)
+            .map_err(|err| err.pool_error())
     }
 }
 

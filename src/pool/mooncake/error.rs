@@ -169,6 +169,23 @@ impl MooncakeError {
             Self::MasterLog { .. } => "master_log",
         }
     }
+
+    /// The per-key [`PoolError`] this becomes where the pool trait reports it: a nonzero
+    /// code is kept, a closed or unreachable client is [`PoolError::Unavailable`], anything
+    /// else is [`PYTHON_CALL_FAILED`].
+    pub fn pool_error(&self) -> PoolError {
+        match self {
+            Self::Register { code, .. } | Self::Setup { code, .. } | Self::Close { code } => {
+                PoolError::Backend {
+                    code: i32::try_from(*code).unwrap_or(PYTHON_CALL_FAILED),
+                }
+            }
+            Self::Closed | Self::Unreachable { .. } => PoolError::Unavailable,
+            _ => PoolError::Backend {
+                code: PYTHON_CALL_FAILED,
+            },
+        }
+    }
 }
 
 /// The pool error for a negative code, where it needs no more context.
@@ -266,6 +283,29 @@ mod tests {
         assert!(
             get_result(101, 100, NO_TIME).is_err(),
             "more than the buffer"
+        );
+    }
+
+    #[test]
+    fn start_errors_become_per_key_pool_errors_keeping_the_code() {
+        let register = MooncakeError::Register {
+            call: "register_buffer",
+            code: -600,
+            addr: 0x1000,
+            len: 64,
+        };
+        assert_eq!(
+            register.pool_error(),
+            PoolError::Backend {
+                code: INVALID_PARAMS
+            }
+        );
+        assert_eq!(MooncakeError::Closed.pool_error(), PoolError::Unavailable);
+        assert_eq!(
+            MooncakeError::Close { code: i64::MIN }.pool_error(),
+            PoolError::Backend {
+                code: PYTHON_CALL_FAILED
+            }
         );
     }
 

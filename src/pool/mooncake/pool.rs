@@ -21,6 +21,10 @@
 //! - I2. No call carries more than `max_keys_per_call` keys (the TCP transport's per-peer
 //!   queue; above 1024 a batch partly fails with -800).
 //! - I3. Calls after [`MooncakePool::close`] answer [`PoolError::Unavailable`] per key.
+//! - I4. A staging registration ([`Pool::register_staging`](crate::pool::Pool)) first
+//!   unregisters every recorded region it overlaps. Live allocations never overlap, so
+//!   those are registrations of memory freed since (a connector that stopped without
+//!   unregistering); Mooncake refuses overlapping regions with `INVALID_PARAMS`.
 
 use std::time::Instant;
 
@@ -36,7 +40,7 @@ use crate::pool::PoolError;
 /// Most threads one probe fans out to; larger probes get larger chunks.
 const MAX_PROBE_THREADS: usize = 8;
 
-/// A [`Pool`] backed by Mooncake Store through the in-process Python client.
+/// A [`Pool`](crate::pool::Pool) backed by Mooncake Store through the in-process Python client.
 ///
 /// Register long-lived transfer memory (loader and saver staging pools) once with
 /// [`register_buffer`](Self::register_buffer): those buffers then move without a copy.
@@ -81,6 +85,13 @@ impl MooncakePool {
         &self.settings
     }
 
+    /// How many caller regions are registered now (staging pools of running connectors,
+    /// buffers given to [`register_buffer`](Self::register_buffer)); the fallback buffer
+    /// is not counted.
+    pub fn registered_regions(&self) -> usize {
+        self.regions.len()
+    }
+
     /// Registers `len` bytes at `ptr` for direct transfers. The memory must stay allocated
     /// until [`unregister_buffer`](Self::unregister_buffer) or [`close`](Self::close);
     /// the pointer is never dereferenced by Rust code.
@@ -109,8 +120,28 @@ impl MooncakePool {
     ///
     /// [`MooncakeError::Register`] for a nonzero code, [`MooncakeError::Closed`] after close.
     pub fn unregister_buffer(&self, ptr: *const u8) -> Result<(), MooncakeError> {
-        self.regions.remove(ptr.addr());
-        self.client.register("unregister_buffer", ptr.addr(), 0)
+        self.unregister_at(ptr.addr())
+    }
+
+    /// Unregisters the region starting at `addr`.
+    pub(super) fn unregister_at(&self, addr: usize) -> Result<(), MooncakeError> {
+        self.regions.remove(addr);
+        self.client.register("unregister_buffer", addr, 0)
+    }
+
+    /// Registers a staging pool after unregistering the stale regions it overlaps (I4).
+    pub(super) fn register_staging_slice(&self, staging: &[u8]) -> Result<(), MooncakeError> {
+        for stale in self
+            .regions
+            .overlapping(staging.as_ptr().addr(), staging.len())
+        {
+            tracing::debug!(
+                addr = stale,
+                "unregistering a stale region that new staging memory overlaps"
+            );
+            self.unregister_at(stale)?;
+        }
+        self.register_slice(staging)
     }
 
     /// Existence of `keys` in chunks of `chunk_keys` run concurrently; a present object
@@ -141,7 +172,7 @@ impl MooncakePool {
     }
 
     /// Removes objects (`batch_remove` with `force`, ignoring leases); for benches and
-    /// operators, not part of [`Pool`].
+    /// operators, not part of [`Pool`](crate::pool::Pool).
     pub fn remove(&self, keys: &[&str]) -> Vec<Result<(), PoolError>> {
         let (max_keys, _) = self.settings.call_limits();
         let mut results = Vec::with_capacity(keys.len());

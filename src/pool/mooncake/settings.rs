@@ -10,6 +10,8 @@
 
 use std::path::PathBuf;
 
+use crate::config::Config;
+
 /// Settings of one Mooncake Store client (one `MooncakePool`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -76,6 +78,27 @@ impl Default for MooncakeSettings {
 }
 
 impl MooncakeSettings {
+    /// The client of `config`: the `[mooncake]` section (an empty `metadata_server` becomes
+    /// `http://HOST:8080/metadata` of `master_address`), `planner.probe_chunk` as the probe
+    /// chunk; the call limits and the fallback buffer keep their defaults.
+    pub fn from_config(config: &Config) -> Self {
+        let mooncake = &config.mooncake;
+        Self {
+            local_hostname: mooncake.local_hostname.clone(),
+            metadata_server: mooncake.effective_metadata_server(),
+            global_segment_size_bytes: mooncake.global_segment_size_bytes,
+            local_buffer_size_bytes: mooncake.local_buffer_size_bytes,
+            protocol: mooncake.protocol.clone(),
+            device_name: mooncake.device_name.clone(),
+            master_address: mooncake.master_address.clone(),
+            venv_dir: mooncake.venv_dir.clone(),
+            tcp_bind_address: mooncake.tcp_bind_address.clone(),
+            log_level: mooncake.log_level.clone(),
+            probe_chunk_keys: config.planner.probe_chunk,
+            ..Self::default()
+        }
+    }
+
     /// `max_keys_per_call` and `probe_chunk_keys`, each at least one.
     pub(crate) fn call_limits(&self) -> (usize, usize) {
         (self.max_keys_per_call.max(1), self.probe_chunk_keys.max(1))
@@ -104,6 +127,34 @@ mod tests {
         assert_eq!(settings.protocol, "tcp");
         assert!(toml::from_str::<MooncakeSettings>("master = \"x\"").is_err());
         Ok(())
+    }
+
+    #[test]
+    fn config_defaults_give_the_default_client() {
+        assert_eq!(
+            MooncakeSettings::from_config(&Config::default()),
+            MooncakeSettings::default()
+        );
+    }
+
+    #[test]
+    fn config_sets_the_client_and_derives_the_metadata_server() {
+        let mut config = Config::default();
+        config.mooncake.master_address = "10.0.0.5:50051".into();
+        config.mooncake.protocol = "rdma".into();
+        config.mooncake.device_name = "mlx5_0".into();
+        config.mooncake.global_segment_size_bytes = 4 << 30;
+        config.planner.probe_chunk = 512;
+        let settings = MooncakeSettings::from_config(&config);
+        assert_eq!(settings.master_address, "10.0.0.5:50051");
+        assert_eq!(settings.metadata_server, "http://10.0.0.5:8080/metadata");
+        assert_eq!(
+            (settings.protocol.as_str(), settings.device_name.as_str()),
+            ("rdma", "mlx5_0")
+        );
+        assert_eq!(settings.global_segment_size_bytes, 4 << 30);
+        assert_eq!(settings.probe_chunk_keys, 512);
+        assert_eq!(settings.max_keys_per_call, 1024);
     }
 
     #[test]

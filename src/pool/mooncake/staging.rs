@@ -43,6 +43,25 @@ impl Regions {
         list.len() != before
     }
 
+    /// How many regions are registered.
+    pub(crate) fn len(&self) -> usize {
+        self.list.read().len()
+    }
+
+    /// Start addresses of the registered regions that share a byte with
+    /// `[start, start + len)`.
+    pub(crate) fn overlapping(&self, start: usize, len: usize) -> Vec<usize> {
+        let end = start.saturating_add(len);
+        self.list
+            .read()
+            .iter()
+            .filter(|&&(region_start, region_len)| {
+                len != 0 && region_start < end && start < region_start.saturating_add(region_len)
+            })
+            .map(|&(region_start, _)| region_start)
+            .collect()
+    }
+
     /// Whether `[start, start + len)` lies inside one registered region (I1).
     pub(crate) fn contains(&self, start: usize, len: usize) -> bool {
         let Some(end) = start.checked_add(len) else {
@@ -163,6 +182,18 @@ mod tests {
         assert!(regions.remove(1000));
         assert!(!regions.contains(1000, 1));
         assert!(!regions.remove(1000));
+    }
+
+    #[test]
+    fn overlapping_finds_regions_sharing_a_byte_only() {
+        let regions = Regions::default();
+        regions.add(1000, 100);
+        regions.add(2000, 100);
+        assert_eq!(regions.overlapping(1000, 100), [1000]);
+        assert_eq!(regions.overlapping(1099, 902), [1000, 2000]);
+        assert!(regions.overlapping(1100, 900).is_empty(), "touching ends");
+        assert!(regions.overlapping(900, 100).is_empty());
+        assert!(regions.overlapping(1050, 0).is_empty(), "an empty range");
     }
 
     #[test]

@@ -1,0 +1,164 @@
+//! The Mooncake Store pool of a replay: `--pool mooncake` (cargo feature `mooncake`).
+//!
+//! Workflow ([`MooncakeDeployment::start`]):
+//! 1. the master: with [`PoolMaster::Configured`] (`--master HOST:PORT`) the running one at
+//!    `mooncake.master_address`, its metadata server from `mooncake.metadata_server` (empty:
+//!    `http://HOST:8080/metadata`); with [`PoolMaster::Start`] a `mooncake_master` this
+//!    process starts on free loopback ports, with `pool.eviction_high_watermark_ratio`,
+//!    `pool.eviction_ratio` and `pool.kv_lease_ttl_ms`, logging to a file in the temporary
+//!    directory;
+//! 2. one client per instance, as every serving process runs its own, each contributing an
+//!    equal share of the pool's stored capacity as its segment (so the segments add up to
+//!    the capacity the memory pool would have), the rest of each client from `[mooncake]`;
+//! 3. [`MooncakeDeployment::close`] at the end, after every connector has stopped: the
+//!    clients close (concurrently; each blocks about two seconds), then the master this
+//!    process started is stopped by its PID.
+//!
+//! Time: the master's leases and eviction run on real time, not on the replay's simulated
+//! clock (the memory pool's `ManualClock` does not apply). A lease of `pool.kv_lease_ttl_ms`
+//! lasts that long in wall-clock time, which the replay covers in far less than the
+//! simulated time, so under eviction pressure Mooncake keeps probed objects longer (in
+//! simulated terms) than the memory pool does. With a pool that does not evict, the two
+//! backends replay the same.
+//!
+//! Invariants:
+//! - M1. Clients close before the master stops (`close`, and the field order for drops on
+//!   an error path).
+//! - M2. Every process started here is stopped by its PID (`MooncakeMaster`'s I1), never by
+//!   name.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::pool::mooncake::{
+    MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
+};
+use crate::pool::Pool;
+
+use super::error::ReplayError;
+use super::setup::PoolMaster;
+
+/// Distinguishes the master logs of several replays in one process.
+static MASTER_LOGS: AtomicU64 = AtomicU64::new(0);
+
+/// A replay's Mooncake pool: one client per instance, and the master if this process
+/// started it.
+pub struct MooncakeDeployment {
+    /// One client per instance; dropped (closed) before the master (M1).
+    clients: Vec<Arc<MooncakePool>>,
+    /// The master this process started, `None` with `--master`.
+    master: Option<MooncakeMaster>,
+    /// Segment bytes of each client.
+    segment_bytes: u64,
+}
+
+impl MooncakeDeployment {
+    /// Starts (or finds) the master and connects one client of `segment_bytes` per instance
+    /// (module workflow 1-2).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Mooncake`] when the wheel is missing, the master does not start, or a
+    /// client cannot connect (the message names the address and the setting).
+    pub fn start(
+        config: &Config,
+        segment_bytes: u64,
+        instances: usize,
+        master: PoolMaster,
+    ) -> Result<Self, ReplayError> {
+        let base = MooncakeSettings {
+            global_segment_size_bytes: segment_bytes,
+            ..MooncakeSettings::from_config(config)
+        };
+        let (master, settings) = match master {
+            PoolMaster::Configured => (None, base),
+            PoolMaster::Start => {
+                let master = start_master(config)?;
+                let settings = master.client_settings(base);
+                (Some(master), settings)
+            }
+        };
+        tracing::info!(
+            master_address = %settings.master_address,
+            metadata_server = %settings.metadata_server,
+            started_here = master.is_some(),
+            instances,
+            segment_bytes,
+            "replay pool: mooncake"
+        );
+        let mut clients = Vec::with_capacity(instances);
+        for _ in 0..instances {
+            let client = MooncakePool::connect(settings.clone()).map_err(mooncake_error)?;
+            clients.push(Arc::new(client));
+        }
+        Ok(Self {
+            clients,
+            master,
+            segment_bytes,
+        })
+    }
+
+    /// Every instance's client, index = instance.
+    pub fn pools(&self) -> Vec<Arc<dyn Pool>> {
+        self.clients
+            .iter()
+            .map(|client| Arc::clone(client) as Arc<dyn Pool>)
+            .collect()
+    }
+
+    /// Bytes of all segments together: the pool's capacity.
+    pub fn capacity_bytes(&self) -> u64 {
+        let clients = u64::try_from(self.clients.len()).unwrap_or(u64::MAX);
+        self.segment_bytes.saturating_mul(clients)
+    }
+
+    /// Closes every client concurrently, then stops the master if this process started it
+    /// (module workflow 3, M1). Failures are logged: the replay's results stand.
+    pub fn close(mut self) {
+        std::thread::scope(|scope| {
+            for client in &self.clients {
+                scope.spawn(move || {
+                    if let Err(err) = client.close() {
+                        tracing::warn!(error = %err, kind = err.kind(), "closing a mooncake client failed");
+                    }
+                });
+            }
+        });
+        self.clients.clear();
+        if let Some(mut master) = self.master.take() {
+            if let Err(err) = master.stop() {
+                tracing::warn!(error = %err, kind = err.kind(), "stopping mooncake_master failed");
+            }
+        }
+    }
+}
+
+/// A master on free loopback ports with the configuration's eviction and lease settings.
+fn start_master(config: &Config) -> Result<MooncakeMaster, ReplayError> {
+    let install = MooncakeInstall::discover(&config.mooncake.venv_dir).map_err(mooncake_error)?;
+    let log_file = std::env::temp_dir().join(format!(
+        "kv-connector-replay-master-{}-{}.log",
+        std::process::id(),
+        MASTER_LOGS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let settings = MasterSettings {
+        eviction_high_watermark_ratio: config.pool.eviction_high_watermark_ratio,
+        eviction_ratio: config.pool.eviction_ratio,
+        kv_lease_ttl_ms: config.pool.kv_lease_ttl_ms,
+        log_file: Some(log_file.clone()),
+        ..MasterSettings::new(&install)
+    };
+    let master = MooncakeMaster::start(settings).map_err(mooncake_error)?;
+    tracing::info!(
+        pid = master.pid(),
+        address = %master.master_address(),
+        log = %log_file.display(),
+        "replay started mooncake_master"
+    );
+    Ok(master)
+}
+
+fn mooncake_error(err: MooncakeError) -> ReplayError {
+    ReplayError::Mooncake(Box::new(err))
+}
