@@ -63,6 +63,7 @@ fn replay_params(
         stall_timeout: Duration::from_secs(30),
         wait_timeout: Duration::from_millis(5),
         connector_name: "kvc".to_owned(),
+        local_prefix_cache: false,
     })
 }
 

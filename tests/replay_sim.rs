@@ -8,6 +8,12 @@
 //! checkable); failed loads are computed (R25); pending lookups and held pages are
 //! honoured (R22); session turns wait for the previous turn; the JSON report has every
 //! field; identical runs give identical reports.
+//!
+//! The local prefix cache (`--local-prefix-cache`, issue 3) is checked here too, without a
+//! connector, with the scripted ones and with the real connector (`kvc_connector`): a
+//! repeated prefix on one instance is served locally, the pool's share shrinks by what the
+//! cache served, shared pages pass the page check, and the connector neither loads nor
+//! saves the locally matched blocks (R19).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -27,9 +33,9 @@ use kv_connector::replay::workload::{
     generate_long_multiturn, LongMultiturnParams, WorkloadRequest,
 };
 use kv_connector::replay::{
-    no_connector, run_replay, ConnectorReport, DeploymentParams, InstanceContext, KvBytesScale,
-    KvPages, NoProgress, PoolMaster, ReplayConnector, ReplayError, ReplayParams, ReplayReport,
-    Routing,
+    kvc_connector, no_connector, run_replay, ConnectorReport, DeploymentParams, InstanceContext,
+    KvBytesScale, KvPages, NoProgress, PoolMaster, ReplayConnector, ReplayError, ReplayParams,
+    ReplayReport, Routing,
 };
 use kv_connector::stats::LatencySummary;
 use parking_lot::Mutex;
@@ -450,6 +456,7 @@ fn params(
         stall_timeout: Duration::from_secs(10),
         wait_timeout: Duration::from_millis(1),
         connector_name: "scripted".to_owned(),
+        local_prefix_cache: false,
     })
 }
 
@@ -837,6 +844,8 @@ fn cli_json_has_every_field() -> TestResult {
         "completed",
         "prompt_tokens",
         "reused_tokens",
+        "local_hit_tokens",
+        "local_match_shrunk",
         "oracle_reusable_tokens",
         "verified_pages",
         "mismatched_pages",
@@ -870,6 +879,8 @@ fn cli_json_has_every_field() -> TestResult {
             "missing connector_step_us.{field}"
         );
     }
+    assert_eq!(json["setup"]["local_prefix_cache"], false);
+    assert_eq!(json["local_hit_tokens"], 0);
     assert_eq!(json["requests"], 2);
     assert_eq!(json["completed"], 2);
     assert_eq!(json["prompt_tokens"], 2_500);
@@ -939,5 +950,208 @@ fn old_pending_answers_do_not_stall_an_engine_waiting_on_a_load() -> TestResult 
     assert_eq!(report.completed, 3);
     assert_eq!(report.loads_filled, 2);
     assert_eq!(report.mismatched_pages, 0);
+    Ok(())
+}
+
+/// One conversation of three turns, 2000 to 3000 tokens (each turn extends the last).
+fn one_conversation() -> Result<Vec<WorkloadRequest>, Box<dyn std::error::Error>> {
+    Ok(generate_long_multiturn(&LongMultiturnParams {
+        sessions: 1,
+        turns_per_session: 3,
+        first_turn_tokens: 2_000,
+        last_turn_tokens: 3_000,
+        output_tokens: 16,
+        think_time_ms: 30_000,
+        session_spacing_ms: 10_000,
+        seed: 7,
+        system_prefix_tokens: 1_600,
+        divergence_tokens_max: 0,
+    })?)
+}
+
+/// `params` with the local prefix cache on.
+fn with_local_cache(mut params: ReplayParams) -> ReplayParams {
+    params.local_prefix_cache = true;
+    params
+}
+
+#[test]
+fn the_local_cache_serves_repeated_prefixes_without_a_connector() -> TestResult {
+    for preset in ["tiny-full", "tiny-hybrid"] {
+        let params = with_local_cache(params(preset, 1, 512)?);
+        let workload = small_workload()?;
+        let report = run_replay(&params, &workload, &mut no_connector, &mut NoProgress)?;
+        assert!(report.setup.local_prefix_cache);
+        assert_eq!(report.completed, 6);
+        assert_eq!(report.reused_tokens, 0, "{preset}: nothing from a pool");
+        // One instance serves every turn: whatever an unbounded pool would give, the
+        // local cache gives (on the hybrid layout too: each turn resumes at the previous
+        // turn's end, whose window the finished turn kept).
+        assert_eq!(
+            report.local_hit_tokens, report.oracle_reusable_tokens,
+            "{preset}"
+        );
+        assert_eq!(
+            report.computed_tokens + report.local_hit_tokens,
+            report.prompt_tokens
+        );
+        assert_eq!(report.mismatched_pages, 0, "{preset}");
+        assert!(
+            report.verified_pages > 0,
+            "{preset}: shared pages are checked"
+        );
+        assert_eq!(report.local_match_shrunk, 0);
+        assert_eq!(report.held_at_end, 0);
+    }
+    Ok(())
+}
+
+#[test]
+fn the_local_cache_takes_its_share_from_the_pool_on_one_instance() -> TestResult {
+    let params = params("tiny-full", 1, 512)?;
+    let (off, _) = run_scripted(&params, Script::new(Fill::Generate))?;
+    let (on, _) = run_scripted(&with_local_cache(params), Script::new(Fill::Generate))?;
+    assert_eq!(off.local_hit_tokens, 0);
+    assert_eq!(off.reused_tokens, off.oracle_reusable_tokens);
+    // Every repeated prefix is on the same instance: the pool is asked only past it.
+    assert!(on.local_hit_tokens > 0);
+    assert!(on.reused_tokens < off.reused_tokens);
+    assert_eq!(on.reused_tokens + on.local_hit_tokens, off.reused_tokens);
+    assert_eq!(on.computed_tokens, off.computed_tokens);
+    assert_eq!(on.mismatched_pages, 0);
+    Ok(())
+}
+
+#[test]
+fn local_hits_and_pool_loads_combine_across_instances() -> TestResult {
+    // Two instances round robin: each also sees prefixes only the other computed, which
+    // come from the pool past its local match (window groups included).
+    let params = with_local_cache(params("tiny-hybrid", 2, 512)?);
+    let (report, log) = run_scripted(
+        &params,
+        Script::new(Fill::Copy {
+            past_chunk_end: false,
+        }),
+    )?;
+    assert_eq!(report.completed, 6);
+    assert_eq!(report.mismatched_pages, 0);
+    assert!(
+        report.local_hit_tokens > 0 && report.reused_tokens > 0,
+        "{report:?}"
+    );
+    assert_eq!(
+        report.computed_tokens + report.reused_tokens + report.local_hit_tokens,
+        report.prompt_tokens
+    );
+    assert!(
+        log.lock().releases.is_empty(),
+        "no offer was cut or given back"
+    );
+    Ok(())
+}
+
+/// Runs `workload` through the real connector on the embedded pool.
+fn run_kvc(
+    params: &ReplayParams,
+    workload: &[WorkloadRequest],
+) -> Result<ReplayReport, ReplayError> {
+    let mut params = params.clone();
+    "kvc".clone_into(&mut params.connector_name);
+    run_replay(&params, workload, &mut kvc_connector, &mut NoProgress)
+}
+
+#[test]
+fn the_real_connector_is_asked_only_past_the_local_match_r19() -> TestResult {
+    let params = params("tiny-full", 1, 512)?;
+    let workload = one_conversation()?;
+    let off = run_kvc(&params, &workload)?;
+    let on = run_kvc(&with_local_cache(params), &workload)?;
+    for report in [&off, &on] {
+        assert_eq!(report.completed, 3);
+        assert_eq!(report.mismatched_pages, 0);
+        assert!(report.verified_pages > 0);
+    }
+    // Without the cache turns 2 and 3 load the previous turn from the pool; with it the
+    // same tokens are local, and the pool has nothing past them.
+    assert!(off.reused_tokens > 0);
+    assert_eq!(off.local_hit_tokens, 0);
+    assert_eq!(on.local_hit_tokens, off.reused_tokens);
+    assert_eq!(on.reused_tokens, 0);
+    assert_eq!((on.loads_filled, on.lookups.full_miss), (0, 3));
+    // R19: every full block of the conversation is saved once; locally matched blocks are
+    // not listed again (the saver would count them as skipped).
+    let last = workload.last().ok_or("no requests")?.prompt_len();
+    assert_eq!(on.pages_saved, u64::try_from(last / 16)?);
+    assert_eq!(on.pages_saved, off.pages_saved);
+    assert_eq!(on.saves_skipped_present, 0);
+    assert_eq!(on.saves_skipped_present, off.saves_skipped_present);
+    Ok(())
+}
+
+#[test]
+fn the_real_connector_loads_past_a_hybrid_local_match() -> TestResult {
+    // Turns 1 and 3 run on instance 0, turn 2 on instance 1: turn 3 starts from its local
+    // match (turn 1) and loads turn 2's blocks and window from the pool past it.
+    let params = params("tiny-hybrid", 2, 512)?;
+    let workload = one_conversation()?;
+    let off = run_kvc(&params, &workload)?;
+    let on = run_kvc(&with_local_cache(params), &workload)?;
+    for report in [&off, &on] {
+        assert_eq!(report.completed, 3);
+        assert_eq!(report.mismatched_pages, 0);
+        assert_eq!(report.loads_failed, 0);
+    }
+    assert_eq!(off.loads_filled, 2);
+    assert_eq!(
+        on.loads_filled, 2,
+        "turn 3 still loads past its local match"
+    );
+    let turn_1 = workload[0].prompt_len() / 16 * 16;
+    assert_eq!(on.local_hit_tokens, u64::try_from(turn_1)?);
+    assert_eq!(on.reused_tokens + on.local_hit_tokens, off.reused_tokens);
+    assert!(on.reused_tokens < off.reused_tokens);
+    assert_eq!(on.saves_skipped_present, 0, "R19");
+    Ok(())
+}
+
+#[test]
+fn cli_local_prefix_cache_flag_turns_the_cache_on() -> TestResult {
+    let cli = Cli::try_parse_from([
+        "kv-connector",
+        "replay",
+        "--connector",
+        "none",
+        "--local-prefix-cache",
+        "--json",
+        "--quiet",
+        "--sessions",
+        "1",
+        "--turns",
+        "2",
+        "--first-turn-tokens",
+        "1000",
+        "--last-turn-tokens",
+        "1500",
+        "--system-prefix-tokens",
+        "800",
+        "--output-tokens",
+        "8",
+    ])?;
+    let Command::Replay(args) = cli.command else {
+        return Err("not the replay subcommand".into());
+    };
+    let mut out = Vec::new();
+    replay_cli::run(
+        &args,
+        HashMap::<String, String>::new(),
+        &mut out,
+        &mut Vec::new(),
+    )?;
+    let json: serde_json::Value = serde_json::from_slice(&out)?;
+    assert_eq!(json["setup"]["local_prefix_cache"], true);
+    // Turn 2 resumes at turn 1's last full block.
+    assert_eq!(json["local_hit_tokens"], 1_000 / 16 * 16);
+    assert_eq!(json["reused_tokens"], 0);
+    assert_eq!(json["mismatched_pages"], 0);
     Ok(())
 }

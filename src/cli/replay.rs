@@ -15,6 +15,14 @@
 //!    with `--quiet`).
 //! 5. Print the summary table on stdout, or with `--json` one JSON object on stdout (and
 //!    the table on stderr unless `--quiet`).
+//!
+//! `--local-prefix-cache` gives every simulated instance a local prefix cache (vLLM's
+//! automatic prefix caching, TensorRT-LLM's KV cache reuse): pages of finished prompts
+//! stay in the instance's KV cache and later prompts on that instance start from them,
+//! asking the connector only for what lies beyond. It is a replay flag, not a
+//! configuration key: the configuration tree configures the connector runtime, which a
+//! real engine embeds next to its own prefix cache; the replay flag says which engine is
+//! simulated. Off by default, so the pool's share is measured alone.
 
 use std::collections::HashMap;
 use std::io::{self, IsTerminal, Write};
@@ -210,6 +218,11 @@ pub struct ReplayArgs {
     /// The connector each instance runs: kvc (the runtime) or none (the baseline).
     #[arg(long, value_enum, default_value_t = ConnectorKind::Kvc)]
     pub connector: ConnectorKind,
+    /// Give each instance a local prefix cache: pages of finished prompts are kept
+    /// (evicted least recently used) and shared with later prompts on the same instance;
+    /// the connector is asked only for what lies beyond the local match.
+    #[arg(long)]
+    pub local_prefix_cache: bool,
     /// Real seconds an idle instance may wait on its connector without progress before
     /// the replay fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
@@ -335,6 +348,7 @@ pub fn run<S: std::hash::BuildHasher>(
             ConnectorKind::None => "none",
         }
         .to_owned(),
+        local_prefix_cache: args.local_prefix_cache,
     };
     let mut progress = BarProgress::new(args.quiet);
     let report = match args.connector {

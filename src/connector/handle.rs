@@ -435,7 +435,14 @@ impl EngineConnector for ConnectorHandle {
         };
         match &state.lookup {
             None => ReserveAnswer::Pending,
-            Some((Some(plan), _)) if plan.outcome.offers() && plan.resume_tokens > num_computed => {
+            // The plan was made for the local match given to `lookup_prefix`; an engine
+            // whose `num_computed` differs gets nothing rather than a load that would write
+            // below its computed tokens or skip blocks above them.
+            Some((Some(plan), _))
+                if plan.outcome.offers()
+                    && plan.local_match_tokens == num_computed
+                    && plan.resume_tokens > num_computed =>
+            {
                 ReserveAnswer::Offer {
                     extra_tokens: plan.resume_tokens - num_computed,
                     is_async: !self.sync_load,

@@ -96,6 +96,10 @@ pub struct ReplayParams {
     pub wait_timeout: Duration,
     /// The connector's name, for the report.
     pub connector_name: String,
+    /// Each instance keeps a local prefix cache (off by default; `engine`'s docs):
+    /// prompt tokens it serves are `local_hit_tokens`, and the connector is asked only
+    /// for what lies beyond them.
+    pub local_prefix_cache: bool,
 }
 
 /// The event loop's state.
@@ -208,6 +212,7 @@ fn build_engines(
             rewind_tokens: usize::try_from(params.config.planner.swa_endpoint_rewind_tokens)
                 .unwrap_or(usize::MAX),
             cost: params.cost.clone(),
+            local_prefix_cache: params.local_prefix_cache,
         };
         engines.push(Engine::new(setup, connector)?);
     }

@@ -7,14 +7,23 @@
 //!
 //! JSON fields (top level): `requests`, `completed`, `prompt_tokens`, `computed_tokens`,
 //! `reused_tokens`, `oracle_reusable_tokens`, `reused_share_of_prompt`,
-//! `reused_share_of_oracle`, `verified_pages`, `mismatched_pages`, `lookups` {`full`,
+//! `reused_share_of_oracle`, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
+//! `mismatched_pages`, `lookups` {`full`,
 //! `rewound`, `recovered`, `window_miss`, `full_miss`}, `pages_loaded`, `bytes_loaded`,
 //! `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`, `saves_skipped_present`,
 //! `saves_dropped`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
-//! `wall_seconds`, `setup` {...}.
+//! `wall_seconds`, `setup` {..., `local_prefix_cache`, ...}.
+//!
+//! Reuse has two sources that never overlap: `reused_tokens` came from the pool (filled
+//! loads), `local_hit_tokens` from the instance's own local prefix cache (only with
+//! `--local-prefix-cache`); `computed_tokens` is what the engines computed themselves.
+//! The connector is asked only past the local match, so a lookup it leaves no candidate
+//! block to (a repeated prompt served locally) counts as `full_miss`; the page check
+//! (`verified_pages`, `mismatched_pages`) covers locally shared pages as well as loaded
+//! ones.
 
 use std::io::{self, Write};
 
@@ -74,6 +83,8 @@ pub struct SetupSummary {
     pub routing: String,
     /// Prompt tokens per step.
     pub max_num_tokens: usize,
+    /// Whether each instance kept a local prefix cache (`--local-prefix-cache`).
+    pub local_prefix_cache: bool,
     /// KV pages per group per instance.
     pub kv_pages: u32,
     /// The scale of stored page bytes; the cost model always uses full sizes.
@@ -82,11 +93,11 @@ pub struct SetupSummary {
     pub page_bytes: Vec<PageBytes>,
     /// Bytes the simulated devices allocate (all instances and ranks).
     pub device_bytes: u64,
-    /// The pool backend: `memory` or `mooncake`.
+    /// `memory`.
     pub pool: String,
     /// The modeled pool capacity (full page sizes).
     pub pool_capacity_bytes: u64,
-    /// The capacity really allocated (scaled; for Mooncake, all segments together).
+    /// The capacity really allocated (scaled).
     pub pool_stored_capacity_bytes: u64,
     /// The cost model's numbers.
     pub cost_model: CostModel,
@@ -103,7 +114,8 @@ pub struct ReplayReport {
     pub prompt_tokens: u64,
     /// Prompt tokens the engines computed.
     pub computed_tokens: u64,
-    /// Prompt tokens loaded from the pool.
+    /// Prompt tokens loaded from the pool (the local prefix cache's share is
+    /// `local_hit_tokens`).
     pub reused_tokens: u64,
     /// What an unbounded prefix pool would have reused.
     pub oracle_reusable_tokens: u64,
@@ -111,9 +123,13 @@ pub struct ReplayReport {
     pub reused_share_of_prompt: f64,
     /// `reused_tokens / oracle_reusable_tokens`.
     pub reused_share_of_oracle: f64,
-    /// Loaded pages whose bytes matched (per rank).
+    /// Prompt tokens served by the instances' local prefix caches (0 when off).
+    pub local_hit_tokens: u64,
+    /// Requests whose local match was partly evicted between lookup and admission.
+    pub local_match_shrunk: u64,
+    /// Loaded or locally shared pages whose bytes matched (per rank).
     pub verified_pages: u64,
-    /// Loaded pages whose bytes did not; the required number is 0.
+    /// Loaded or locally shared pages whose bytes did not; the required number is 0.
     pub mismatched_pages: u64,
     /// Lookup outcomes (from the connectors).
     pub lookups: LookupOutcomes,
@@ -198,18 +214,34 @@ fn human_bytes(bytes: u64) -> String {
 }
 
 impl ReplayReport {
-    /// The table's first lines: what ran, on which pool, at which page scale.
-    fn write_setup(&self, out: &mut dyn Write) -> io::Result<()> {
+    /// Writes the summary table.
+    ///
+    /// # Errors
+    ///
+    /// The writer's error.
+    pub fn write_table(&self, out: &mut dyn Write) -> io::Result<()> {
+        self.write_workload(out)?;
+        self.write_connector(out)?;
+        self.write_times(out)
+    }
+
+    /// The header and the workload section: tokens, reuse, the page check.
+    fn write_workload(&self, out: &mut dyn Write) -> io::Result<()> {
         let setup = &self.setup;
         writeln!(
             out,
-            "replay: {} on {} instance(s) x {} rank(s), connector {}, pool {}, T = {}",
+            "replay: {} on {} instance(s) x {} rank(s), connector {}, pool {}, T = {}{}",
             setup.model,
             setup.instances,
             setup.world_size,
             setup.connector,
             setup.pool,
-            setup.tokens_per_block
+            setup.tokens_per_block,
+            if setup.local_prefix_cache {
+                ", local prefix cache on"
+            } else {
+                ""
+            }
         )?;
         if setup.kv_bytes_scale < 1.0 {
             writeln!(
@@ -218,16 +250,6 @@ impl ReplayReport {
                 setup.kv_bytes_scale
             )?;
         }
-        Ok(())
-    }
-
-    /// Writes the summary table.
-    ///
-    /// # Errors
-    ///
-    /// The writer's error.
-    pub fn write_table(&self, out: &mut dyn Write) -> io::Result<()> {
-        self.write_setup(out)?;
         writeln!(out, "workload")?;
         writeln!(
             out,
@@ -237,17 +259,31 @@ impl ReplayReport {
         writeln!(out, "  prompt tokens       {:>14}", self.prompt_tokens)?;
         writeln!(
             out,
-            "  reused tokens       {:>14} ({:.1} % of prompt, {:.1} % of oracle {})",
+            "  reused (pool)       {:>14} ({:.1} % of prompt, {:.1} % of oracle {})",
             self.reused_tokens,
             100.0 * self.reused_share_of_prompt,
             100.0 * self.reused_share_of_oracle,
             self.oracle_reusable_tokens
         )?;
+        if setup.local_prefix_cache {
+            writeln!(
+                out,
+                "  local hit tokens    {:>14} ({:.1} % of prompt; {} matches cut by eviction)",
+                self.local_hit_tokens,
+                100.0 * share(self.local_hit_tokens, self.prompt_tokens),
+                self.local_match_shrunk
+            )?;
+        }
         writeln!(
             out,
             "  page check          {:>14} verified, {} mismatched",
             self.verified_pages, self.mismatched_pages
         )?;
+        Ok(())
+    }
+
+    /// The connector section: lookups, loads, saves.
+    fn write_connector(&self, out: &mut dyn Write) -> io::Result<()> {
         let lookups = &self.lookups;
         writeln!(out, "connector")?;
         writeln!(
@@ -282,11 +318,13 @@ impl ReplayReport {
             "  loads filled/failed {:>14} / {}",
             self.loads_filled, self.loads_failed
         )?;
-        writeln!(
-            out,
-            "simulated time (cost model {})",
-            self.setup.cost_model.name
-        )?;
+        Ok(())
+    }
+
+    /// The simulated-time and wall-clock sections.
+    fn write_times(&self, out: &mut dyn Write) -> io::Result<()> {
+        let setup = &self.setup;
+        writeln!(out, "simulated time (cost model {})", setup.cost_model.name)?;
         writeln!(out, "  duration            {:>14.3} s", self.sim.duration_s)?;
         writeln!(
             out,

@@ -41,6 +41,8 @@ fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
     sum.verified_pages += other.verified_pages;
     sum.mismatched_pages += other.mismatched_pages;
     sum.reused_tokens += other.reused_tokens;
+    sum.local_hit_tokens += other.local_hit_tokens;
+    sum.local_match_shrunk += other.local_match_shrunk;
     sum.pages_loaded += other.pages_loaded;
     sum.bytes_loaded += other.bytes_loaded;
     sum.modeled_bytes_loaded += other.modeled_bytes_loaded;
@@ -76,6 +78,7 @@ fn setup_summary(params: &ReplayParams, deployment: &Deployment, device: &str) -
         instances: params.deployment.instances,
         routing: params.routing.as_str().to_owned(),
         max_num_tokens: params.max_num_tokens,
+        local_prefix_cache: params.local_prefix_cache,
         kv_pages: deployment.kv_pages,
         kv_bytes_scale: deployment.kv_bytes_scale,
         page_bytes,
@@ -119,6 +122,8 @@ pub(super) fn summarize(
         oracle_reusable_tokens,
         reused_share_of_prompt: share(counters.reused_tokens, totals.prompt_tokens),
         reused_share_of_oracle: share(counters.reused_tokens, oracle_reusable_tokens),
+        local_hit_tokens: counters.local_hit_tokens,
+        local_match_shrunk: counters.local_match_shrunk,
         verified_pages: counters.verified_pages,
         mismatched_pages: counters.mismatched_pages,
         lookups: connector.lookups,

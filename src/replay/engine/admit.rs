@@ -3,17 +3,20 @@
 //! Requests are tried in arrival order. The head request that does not fit in the KV cache
 //! stops admission (first come, first served, as a real scheduler without preemption
 //! does); a request whose lookup is still `Pending` is skipped and asked again next step.
-//! An offer is cut to whole blocks that end before the last prompt token (the engine must
-//! compute at least one token); the cut part is released at once.
+//! With the local prefix cache on, the request's local match `L` is found when its lookup
+//! starts and stays the `num_computed` of every `reserve_prefix` (E5); at admission the
+//! match must still be cached, or the request takes what is left and gives the offer back.
+//! An offer counts from `L` and is cut to whole blocks that end before the last prompt
+//! token (the engine must compute at least one token); the cut part is released at once.
 
 use crate::connector::ReserveAnswer;
 use crate::core::ids::ReservationId;
 
 use super::types::HookTimer;
-use super::{Active, Engine, Phase, Waiting};
+use super::{Active, ArrivedRequest, Engine, Phase, Waiting};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
-use crate::replay::kv_cache::KvCacheError;
+use crate::replay::kv_cache::{KvCacheError, RequestPages, SharedPrefix};
 
 /// What admission did in one step.
 #[derive(Debug, Default)]
@@ -39,16 +42,27 @@ impl Engine {
         let mut index = 0;
         while index < self.waiting.len() {
             let head = &self.waiting[index];
-            if !self.cache.can_admit(head.request.prompt_len) {
+            let local_tokens = self.admission_local_tokens(head);
+            if !self.cache.can_admit(head.request.prompt_len, local_tokens) {
                 self.admission_blocked = true;
                 break;
             }
             let (request, reservation) = (head.request.id, head.reservation);
-            let started = HookTimer::start();
-            if let Some(prompt) = self.waiting[index].prompt.take() {
-                self.connector.lookup_prefix(request, prompt, 0);
+            let prompt = self.waiting[index].prompt.take();
+            if prompt.is_some() {
+                self.waiting[index].local_tokens = local_tokens;
+                self.cache.touch_match(SharedPrefix {
+                    hashes: &self.waiting[index].request.hashes,
+                    tokens: local_tokens,
+                });
             }
-            let answer = self.connector.reserve_prefix(request, 0, reservation);
+            let started = HookTimer::start();
+            if let Some(prompt) = prompt {
+                self.connector.lookup_prefix(request, prompt, local_tokens);
+            }
+            let answer = self
+                .connector
+                .reserve_prefix(request, local_tokens, reservation);
             self.connector_time += started.stop();
             match answer {
                 ReserveAnswer::Pending => {
@@ -70,7 +84,34 @@ impl Engine {
         Ok(admitted)
     }
 
-    /// Allocates an admitted request's pages and, for a nonzero offer, its reservation.
+    /// The local match a waiting request is admitted with: the one its lookup got, or,
+    /// before its lookup, its local match now.
+    pub(super) fn admission_local_tokens(&self, waiting: &Waiting) -> usize {
+        if waiting.prompt.is_some() {
+            self.local_match(&waiting.request)
+        } else {
+            waiting.local_tokens
+        }
+    }
+
+    /// The request's local match now: 0 with the local prefix cache off, or when sharing
+    /// would make its quota larger than the cache.
+    fn local_match(&self, request: &ArrivedRequest) -> usize {
+        if !self.local_prefix_cache {
+            return 0;
+        }
+        let tokens = self
+            .cache
+            .local_match(&request.hashes, request.prompt_len, usize::MAX);
+        if self.cache.fits_empty(request.prompt_len, tokens) {
+            tokens
+        } else {
+            0
+        }
+    }
+
+    /// Shares an admitted request's local match, allocates its other pages and, for a
+    /// nonzero offer, its reservation.
     fn start_request(
         &mut self,
         waiting: Waiting,
@@ -82,32 +123,29 @@ impl Engine {
         let Waiting {
             request,
             reservation,
+            local_tokens,
             ..
         } = waiting;
-        let Some((mut pages, allocated)) = self.cache.admit(request.prompt_len) else {
-            // `can_admit` held a moment ago and nothing ran since.
-            return Err(ReplayError::KvCache(KvCacheError::NoRoom {
-                prompt_len: request.prompt_len,
-            }));
-        };
-        for (group, page) in allocated {
+        let (local, extra_tokens) =
+            self.confirm_local_match(&request, reservation, local_tokens, extra_tokens);
+        let admission = self.cache.admit(
+            request.prompt_len,
+            SharedPrefix {
+                hashes: &request.hashes,
+                tokens: local,
+            },
+        )?;
+        let mut pages = admission.pages;
+        for (group, page) in admission.fresh {
             self.checker
                 .write_stale(&self.devices, self.groups[group].id, page)?;
         }
-        let end = self.trim_offer(&request, reservation, extra_tokens);
-        let phase = if end == 0 {
+        self.check_shared_pages(&request, &pages, local)?;
+        let end = self.trim_offer(&request, reservation, local, extra_tokens);
+        let phase = if end == local {
             Phase::Ready { at_us: now }
         } else {
-            let mut bytes_per_rank = 0;
-            for group in 0..self.groups.len() {
-                for block in self.cache.load_blocks(group, end) {
-                    if let Some(page) = self.cache.ensure_block(&mut pages, group, block)? {
-                        self.checker
-                            .write_stale(&self.devices, self.groups[group].id, page)?;
-                    }
-                    bytes_per_rank += self.full_page_bytes[group];
-                }
-            }
+            let bytes_per_rank = self.allocate_load(&mut pages, local, end)?;
             let start = self.link_free_us.max(now);
             let modeled_end_us = start + self.cost.load_micros(bytes_per_rank);
             self.link_free_us = modeled_end_us;
@@ -117,39 +155,413 @@ impl Engine {
             admitted.reservations.push(self.active.len());
             Phase::Loading {
                 reservation,
-                start: 0,
+                start: local,
                 end,
                 modeled_end_us,
             }
         };
+        self.counters.local_hit_tokens += u64::try_from(local).unwrap_or(u64::MAX);
         self.active.push(Active {
             request,
-            computed: 0,
+            computed: local,
             pages,
             phase,
             reused_tokens: 0,
+            local_hit_tokens: local,
         });
         Ok(())
     }
 
-    /// Cuts an offer to whole blocks before the last prompt token and releases the rest;
-    /// returns the tokens kept.
+    /// The local match the request is admitted with, and the offer it keeps: the lookup's
+    /// match while it is still cached, else the shorter match left, with the whole offer
+    /// given back (the connector planned its load for the lookup's match).
+    fn confirm_local_match(
+        &mut self,
+        request: &ArrivedRequest,
+        reservation: ReservationId,
+        local_tokens: usize,
+        extra_tokens: usize,
+    ) -> (usize, usize) {
+        if local_tokens == 0 {
+            return (0, extra_tokens);
+        }
+        let now = self
+            .cache
+            .local_match(&request.hashes, request.prompt_len, local_tokens);
+        if now == local_tokens {
+            return (local_tokens, extra_tokens);
+        }
+        self.counters.local_match_shrunk += 1;
+        if extra_tokens > 0 {
+            let started = HookTimer::start();
+            self.connector.release_prefix_reservation(
+                request.id,
+                reservation,
+                local_tokens,
+                local_tokens + extra_tokens,
+            );
+            self.connector_time += started.stop();
+        }
+        (now, 0)
+    }
+
+    /// Checks every shared page of the local match like a loaded one (E5).
+    fn check_shared_pages(
+        &mut self,
+        request: &ArrivedRequest,
+        pages: &RequestPages,
+        local: usize,
+    ) -> Result<(), ReplayError> {
+        for (group, content) in self.groups.iter().enumerate() {
+            for block in self.cache.load_blocks(group, local) {
+                let (Some(page), Some(hash)) =
+                    (pages.page(group, block), request.hashes.get(block))
+                else {
+                    return Err(KvCacheError::SharedPageMissing { group, block }.into());
+                };
+                let counts = self
+                    .checker
+                    .check_page(&self.devices, content, page, hash)?;
+                self.counters.verified_pages += counts.verified;
+                self.counters.mismatched_pages += counts.mismatched;
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates the pages a load resuming at `end` fills past the local match `local`
+    /// (R15); returns the bytes it moves per rank at full page size.
+    fn allocate_load(
+        &mut self,
+        pages: &mut RequestPages,
+        local: usize,
+        end: usize,
+    ) -> Result<u64, ReplayError> {
+        let first_loaded = local / self.cache.tokens_per_block();
+        let mut bytes_per_rank = 0;
+        for group in 0..self.groups.len() {
+            for block in self.cache.load_blocks(group, end) {
+                let allocated = self.cache.ensure_block(pages, group, block)?;
+                if block < first_loaded {
+                    // Below the match the request shares the page; nothing is loaded (E5).
+                    if allocated.is_some() {
+                        return Err(KvCacheError::SharedPageMissing { group, block }.into());
+                    }
+                    continue;
+                }
+                if let Some(page) = allocated {
+                    self.checker
+                        .write_stale(&self.devices, self.groups[group].id, page)?;
+                }
+                bytes_per_rank += self.full_page_bytes[group];
+            }
+        }
+        Ok(bytes_per_rank)
+    }
+
+    /// Cuts an offer of `extra_tokens` past the local match to whole blocks before the
+    /// last prompt token and releases the rest; returns where the load ends.
     fn trim_offer(
         &mut self,
-        request: &super::ArrivedRequest,
+        request: &ArrivedRequest,
         reservation: ReservationId,
+        local: usize,
         extra_tokens: usize,
     ) -> usize {
         let t = self.cache.tokens_per_block();
         let limit = request.prompt_len.saturating_sub(1) / t * t;
-        let kept = (extra_tokens / t * t).min(limit);
+        let kept = (extra_tokens / t * t).min(limit.saturating_sub(local));
         if kept < extra_tokens {
             self.counters.offers_trimmed += 1;
             let started = HookTimer::start();
-            self.connector
-                .release_prefix_reservation(request.id, reservation, kept, extra_tokens);
+            self.connector.release_prefix_reservation(
+                request.id,
+                reservation,
+                local + kept,
+                local + extra_tokens,
+            );
             self.connector_time += started.stop();
         }
-        kept
+        local + kept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::connector::{EngineConnector, FinishedLoad, NoConnector, SchedulerOutput};
+    use crate::core::hash::{hash_blocks, scope_seed, Scope};
+    use crate::core::ids::RequestId;
+    use crate::core::layout::{GroupId, Layout};
+    use crate::gpu::{Device, PagePoolSpec};
+    use crate::replay::connectors::{ConnectorReport, ReplayConnector};
+    use crate::replay::cost::CostModel;
+    use crate::replay::engine::EngineSetup;
+
+    /// What the recording connector saw.
+    #[derive(Default)]
+    struct Log {
+        /// `(request, local_match_tokens)` of every lookup.
+        lookups: Vec<(u64, usize)>,
+        /// `(request, num_computed)` of every `reserve_prefix`.
+        reserves: Vec<(u64, usize)>,
+        /// `(request, start, end)` of every release.
+        releases: Vec<(u64, usize, usize)>,
+        /// Requests named with a new reservation in `on_step`.
+        reservations: Vec<u64>,
+    }
+
+    /// Answers `Pending` once for `pending_for`, then offers `offer` tokens past the local
+    /// match to requests with one (never filling them: the engine must give them back).
+    struct Recording {
+        log: Rc<RefCell<Log>>,
+        pending_for: RequestId,
+        offer: usize,
+        answered: Vec<RequestId>,
+    }
+
+    impl EngineConnector for Recording {
+        fn lookup_prefix(&mut self, request: RequestId, _prompt: Arc<[i64]>, local: usize) {
+            self.log.borrow_mut().lookups.push((request.0, local));
+        }
+
+        fn reserve_prefix(
+            &mut self,
+            request: RequestId,
+            num_computed: usize,
+            _reservation: ReservationId,
+        ) -> ReserveAnswer {
+            self.log
+                .borrow_mut()
+                .reserves
+                .push((request.0, num_computed));
+            if request == self.pending_for && !self.answered.contains(&request) {
+                self.answered.push(request);
+                return ReserveAnswer::Pending;
+            }
+            ReserveAnswer::Offer {
+                extra_tokens: if num_computed > 0 { self.offer } else { 0 },
+                is_async: true,
+            }
+        }
+
+        fn release_prefix_reservation(
+            &mut self,
+            request: RequestId,
+            _reservation: ReservationId,
+            start: usize,
+            end: usize,
+        ) {
+            self.log.borrow_mut().releases.push((request.0, start, end));
+        }
+
+        fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
+            Vec::new()
+        }
+
+        fn on_step(&mut self, output: &SchedulerOutput<'_>) {
+            for scheduled in &output.requests {
+                if scheduled.new_reservation.is_some() {
+                    self.log.borrow_mut().reservations.push(scheduled.request.0);
+                }
+            }
+        }
+
+        fn request_finished(&mut self, _request: RequestId) -> bool {
+            false
+        }
+
+        fn get_finished_saves(&mut self) -> Vec<RequestId> {
+            Vec::new()
+        }
+
+        fn wait_for_progress(&mut self, _timeout: std::time::Duration) {}
+
+        fn settle_saves(&mut self) {}
+    }
+
+    impl ReplayConnector for Recording {
+        fn report(&mut self) -> ConnectorReport {
+            ConnectorReport::default()
+        }
+    }
+
+    /// A tiny-full engine of `kv_pages` pages, 4 KiB each.
+    fn engine(
+        kv_pages: u32,
+        local_prefix_cache: bool,
+        connector: Box<dyn ReplayConnector>,
+    ) -> Result<Engine, ReplayError> {
+        let spec = PagePoolSpec {
+            group: GroupId(0),
+            page_bytes: 4096,
+            num_pages: kv_pages,
+        };
+        let setup = EngineSetup {
+            instance: 0,
+            layout: Arc::new(Layout::preset("tiny-full")?),
+            devices: vec![Device::open_host(&[spec])?],
+            kv_pages,
+            max_num_tokens: 256,
+            rewind_tokens: 0,
+            cost: CostModel::for_layout("tiny-full", 1),
+            local_prefix_cache,
+        };
+        Engine::new(setup, connector)
+    }
+
+    /// Enqueues request `id`: `prompt_len` tokens counting up from `first_token`.
+    fn enqueue(
+        engine: &mut Engine,
+        id: u64,
+        first_token: i64,
+        prompt_len: usize,
+    ) -> Result<(), ReplayError> {
+        let tokens: Vec<i64> = (first_token..).take(prompt_len).collect();
+        let request = ArrivedRequest {
+            workload_index: 0,
+            id: RequestId(id),
+            prompt_len,
+            output_tokens: 1,
+            arrival_us: 0,
+            hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, 16)?,
+        };
+        engine.enqueue(request, Arc::from(tokens))
+    }
+
+    /// Steps until every request is done; returns the simulated time.
+    fn run(engine: &mut Engine, mut now: SimMicros) -> Result<SimMicros, ReplayError> {
+        for _ in 0..100 {
+            if !engine.has_requests() {
+                return Ok(now);
+            }
+            let result = engine.step(now)?;
+            now += result.duration_us.max(1);
+        }
+        Err(ReplayError::NoRequests)
+    }
+
+    #[test]
+    fn a_repeated_prompt_is_served_by_the_local_cache_e5() -> Result<(), ReplayError> {
+        let mut engine = engine(64, true, Box::new(NoConnector))?;
+        enqueue(&mut engine, 7, 0, 100)?;
+        let now = run(&mut engine, 0)?;
+        // Six full blocks are cached; the partial seventh went back to the free list.
+        assert_eq!(engine.cache.evictable_pages(), vec![6]);
+        assert_eq!(engine.cache.free_pages(), vec![58]);
+        enqueue(&mut engine, 8, 0, 100)?;
+        engine.admit(now)?;
+        // Block 6 holds the last token: 96 tokens are shared, 4 computed.
+        let active = &engine.active[0];
+        assert_eq!(active.local_hit_tokens, 96);
+        for block in 0..6 {
+            let page = active.pages.page(0, block).unwrap_or(u32::MAX);
+            assert!(engine.cache.is_cached(0, page), "block {block}");
+        }
+        let last = active.pages.page(0, 6).unwrap_or(u32::MAX);
+        assert!(!engine.cache.is_cached(0, last));
+        run(&mut engine, now)?;
+        assert_eq!(engine.counters.local_hit_tokens, 96);
+        assert_eq!(engine.counters.computed_tokens, 104);
+        // Every shared page was checked, and held its block's content.
+        assert_eq!(
+            (
+                engine.counters.verified_pages,
+                engine.counters.mismatched_pages
+            ),
+            (6, 0)
+        );
+        assert_eq!(engine.cache.evictable_pages(), vec![6]);
+        assert_eq!(engine.cache.free_pages(), vec![58]);
+        Ok(())
+    }
+
+    #[test]
+    fn without_the_local_cache_a_repeated_prompt_is_computed_again() -> Result<(), ReplayError> {
+        let mut engine = engine(64, false, Box::new(NoConnector))?;
+        enqueue(&mut engine, 7, 0, 100)?;
+        let now = run(&mut engine, 0)?;
+        enqueue(&mut engine, 8, 0, 100)?;
+        run(&mut engine, now)?;
+        assert_eq!(engine.counters.local_hit_tokens, 0);
+        assert_eq!(engine.counters.computed_tokens, 200);
+        assert_eq!(engine.cache.evictable_pages(), vec![0]);
+        assert_eq!(engine.cache.free_pages(), vec![64]);
+        Ok(())
+    }
+
+    #[test]
+    fn concurrent_requests_share_cached_pages_with_reference_counts() -> Result<(), ReplayError> {
+        let mut engine = engine(64, true, Box::new(NoConnector))?;
+        enqueue(&mut engine, 7, 0, 100)?;
+        let now = run(&mut engine, 0)?;
+        // Two longer prompts extending the first one, admitted in the same step.
+        enqueue(&mut engine, 8, 0, 400)?;
+        enqueue(&mut engine, 9, 0, 400)?;
+        engine.admit(now)?;
+        let (first, second) = (&engine.active[0].pages, &engine.active[1].pages);
+        for block in 0..6 {
+            assert_eq!(first.page(0, block), second.page(0, block));
+            let page = first.page(0, block).unwrap_or(u32::MAX);
+            assert_eq!(engine.cache.holders(0, page), 2, "block {block}");
+        }
+        assert_ne!(first.page(0, 6), second.page(0, 6));
+        run(&mut engine, now)?;
+        assert_eq!(engine.counters.local_hit_tokens, 2 * 96);
+        assert_eq!(engine.counters.mismatched_pages, 0);
+        // The first of them cached blocks 6..25; the second's copies went back free.
+        assert_eq!(engine.cache.evictable_pages(), vec![25]);
+        assert_eq!(engine.cache.free_pages(), vec![39]);
+        Ok(())
+    }
+
+    #[test]
+    fn an_evicted_local_match_is_cut_and_the_offer_given_back_e5() -> Result<(), ReplayError> {
+        let log = Rc::new(RefCell::new(Log::default()));
+        let connector = Recording {
+            log: Rc::clone(&log),
+            pending_for: RequestId(8),
+            offer: 16,
+            answered: Vec::new(),
+        };
+        let mut engine = engine(16, true, Box::new(connector))?;
+        enqueue(&mut engine, 7, 0, 100)?;
+        let now = run(&mut engine, 0)?;
+        // Request 8 repeats it (match 96) but its lookup is pending for a step, while
+        // request 9 (12 pages) is admitted and evicts the two tail blocks of the match.
+        enqueue(&mut engine, 8, 0, 100)?;
+        enqueue(&mut engine, 9, 1_000, 192)?;
+        run(&mut engine, now)?;
+        let log = log.borrow();
+        assert!(log.lookups.contains(&(8, 96)));
+        let reserves: Vec<usize> = log
+            .reserves
+            .iter()
+            .filter(|(request, _)| *request == 8)
+            .map(|&(_, computed)| computed)
+            .collect();
+        assert_eq!(
+            reserves,
+            vec![96, 96],
+            "every reserve passes the lookup's match"
+        );
+        // Admitted with the 64 tokens left; the offer past 96 was given back, not loaded.
+        assert_eq!(log.releases, vec![(8, 96, 112)]);
+        assert!(log.reservations.is_empty());
+        assert_eq!(engine.counters.local_match_shrunk, 1);
+        assert_eq!(engine.counters.local_hit_tokens, 64);
+        assert_eq!(engine.counters.computed_tokens, 100 + 192 + 36);
+        assert_eq!(
+            (
+                engine.counters.verified_pages,
+                engine.counters.mismatched_pages
+            ),
+            (4, 0)
+        );
+        Ok(())
     }
 }

@@ -5,7 +5,8 @@
 //! window group, R15) is read back from every rank and compared with the content computing
 //! its block gives. The request resumes at the later of the report and the load's modeled
 //! end. A failed load releases the range (R25): the reserved pages get the stale pattern
-//! again, window pages are dropped, and the request computes the prefix itself.
+//! again, the window pages the load added are dropped, and the request computes the prefix
+//! itself from where the load started (its local match, whose pages it keeps).
 
 use crate::connector::FinishedLoad;
 
@@ -109,11 +110,14 @@ impl Engine {
         for (group, content) in self.groups.iter().enumerate() {
             for block in start / t..end / t {
                 if let Some(page) = active.pages.page(group, block) {
+                    self.cache.ensure_writable(group, page)?;
                     self.checker.write_stale(&self.devices, content.id, page)?;
                 }
             }
         }
-        self.cache.drop_window_pages(&mut active.pages);
+        // The window pages below `start` are the local match's, which the request resumes
+        // with; the ones the load added go.
+        self.cache.drop_window_pages(&mut active.pages, start / t);
         active.computed = start;
         active.phase = Phase::Ready { at_us: now };
         Ok(())

@@ -4,13 +4,14 @@
 //!
 //! Workflow of one request:
 //! 1. [`Engine::enqueue`]: the request arrives; `lookup_prefix` starts its lookup the first
-//!    time admission considers it (no local prefix cache: every reuse comes through the
-//!    pool, so `local_match_tokens` is 0);
+//!    time admission considers it, with the request's local match `L` (0 unless the local
+//!    prefix cache is on, see below);
 //! 2. admission (`admit`), in arrival order: a request waits while the KV cache lacks its
-//!    page quota; `reserve_prefix` answering `Pending` keeps it waiting (later ones may
-//!    still be admitted); an `Offer` allocates its pages and, for `extra_tokens > 0`, a
-//!    reservation whose pages are reported in this step's `on_step` and filled by the
-//!    connector while the request is parked (`Loading`);
+//!    page quota; `reserve_prefix(request, L, ..)` answering `Pending` keeps it waiting
+//!    (later ones may still be admitted); an `Offer` shares the pages of the local match,
+//!    allocates the others and, for `extra_tokens > 0`, a reservation for tokens
+//!    `[L, L + extra_tokens)` whose pages are reported in this step's `on_step` and filled
+//!    by the connector while the request is parked (`Loading`);
 //! 3. `loads`: `get_finished_prefix_loads` reports the reservation filled (every loaded
 //!    page is read back and checked, and the request resumes at the later of the report and
 //!    the modeled end of the load) or failed (the range is released and the prefix
@@ -19,8 +20,28 @@
 //!    tokens in total, writes the pages of the blocks each chunk completes, calls
 //!    `on_step`, and frees window pages no later token reads;
 //! 5. when its last chunk is computed the request has its first token (it then decodes on
-//!    the generation stage, which the driver models); `request_finished` says whether its
+//!    the generation stage, which the driver models); with the local prefix cache on, the
+//!    pages of its computed full blocks are cached; `request_finished` says whether its
 //!    pages stay until `get_finished_saves` reports it.
+//!
+//! ## Local prefix cache (off by default)
+//!
+//! With [`EngineSetup::local_prefix_cache`] on, the instance reuses its own finished
+//! requests' pages, as vLLM's automatic prefix caching and TensorRT-LLM's KV cache reuse
+//! do (the rules of the match, sharing and eviction are in `kv_cache`'s docs):
+//! - at the request's first admission attempt, `L` is its local match: whole blocks
+//!   cached in every group, never the block holding the last prompt token; on a hybrid
+//!   layout also the sinks and window of `L`, walking back to a shorter match if needed.
+//!   The match is marked recently used, and the connector is asked only for what lies
+//!   beyond it (`lookup_prefix(.., L)`, every `reserve_prefix(.., L, ..)`), so it neither
+//!   loads nor saves the matched blocks again (R19);
+//! - at admission the same `L` must still be cached. If evictions since the lookup cut
+//!   it, the request takes the shorter match and gives the whole offer back
+//!   (`release_prefix_reservation`): the connector's plan was made for `L`
+//!   (`local_match_shrunk` counts it);
+//! - shared pages are checked like loaded ones (they count in `verified_pages` and
+//!   `mismatched_pages`), and `local_hit_tokens` counts the matched tokens; the engine
+//!   computes from `L`.
 //!
 //! Sync loads (`is_async = false`) park the request the same way; the difference is time:
 //! the step that starts a sync load lasts until the load's modeled end (the engine waits),
@@ -36,6 +57,10 @@
 //!   when `request_finished` returned `true` (R22).
 //! - E4. The engine makes the same calls in the same order for the same inputs and connector
 //!   answers (determinism).
+//! - E5. A page shared from the local cache is never written by the engine (checked before
+//!   every write) and never freed while a request holds it; the connector is never handed
+//!   a range below the local match: every `reserve_prefix` of a request passes the `L` its
+//!   lookup got, and a reservation starts at `L`.
 
 mod admit;
 mod loads;
@@ -76,6 +101,8 @@ pub struct EngineSetup {
     pub rewind_tokens: usize,
     /// Simulated time.
     pub cost: CostModel,
+    /// Keep finished requests' pages and share them with later prompts (module docs).
+    pub local_prefix_cache: bool,
 }
 
 /// A request waiting for admission.
@@ -87,6 +114,8 @@ struct Waiting {
     reservation: ReservationId,
     /// The last `reserve_prefix` answered `Pending`.
     pending: bool,
+    /// `L`, the local match the lookup was started with (0 before it started).
+    local_tokens: usize,
 }
 
 /// Where an admitted request is.
@@ -110,6 +139,7 @@ struct Active {
     pages: RequestPages,
     phase: Phase,
     reused_tokens: usize,
+    local_hit_tokens: usize,
 }
 
 /// The engine simulator of one instance (module docs).
@@ -134,6 +164,8 @@ pub struct Engine {
     /// When the instance's load link is free (loads share it, one after the other).
     link_free_us: SimMicros,
     next_reservation: u64,
+    /// The local prefix cache is on (module docs).
+    local_prefix_cache: bool,
     /// The head of the queue did not fit in the cache at the last admission.
     admission_blocked: bool,
     counters: EngineCounters,
@@ -203,6 +235,7 @@ impl Engine {
             busy_until_us: 0,
             link_free_us: 0,
             next_reservation: 1,
+            local_prefix_cache: setup.local_prefix_cache,
             admission_blocked: false,
             counters: EngineCounters::default(),
             connector_time: HookTime::default(),
@@ -222,8 +255,8 @@ impl Engine {
         request: ArrivedRequest,
         prompt: Arc<[i64]>,
     ) -> Result<(), ReplayError> {
-        if !self.cache.fits_empty(request.prompt_len) {
-            let quota = self.cache.quota_for(request.prompt_len);
+        if !self.cache.fits_empty(request.prompt_len, 0) {
+            let quota = self.cache.quota_for(request.prompt_len, 0);
             return Err(ReplayError::PromptTooLarge {
                 request: request.id.0,
                 prompt_len: request.prompt_len,
@@ -238,6 +271,7 @@ impl Engine {
             prompt: Some(prompt),
             reservation,
             pending: false,
+            local_tokens: 0,
         });
         Ok(())
     }
@@ -248,7 +282,11 @@ impl Engine {
     pub fn wants_lookup(&self) -> bool {
         self.waiting
             .iter()
-            .take_while(|waiting| self.cache.can_admit(waiting.request.prompt_len))
+            .take_while(|waiting| {
+                let local_tokens = self.admission_local_tokens(waiting);
+                self.cache
+                    .can_admit(waiting.request.prompt_len, local_tokens)
+            })
             .any(|waiting| waiting.prompt.is_some())
     }
 
@@ -428,6 +466,7 @@ mod tests {
             max_num_tokens,
             rewind_tokens: 0,
             cost: CostModel::for_layout("tiny-full", 1),
+            local_prefix_cache: false,
         };
         Engine::new(setup, Box::new(NoConnector))
     }

@@ -8,7 +8,8 @@
 //! 2. the pages of blocks whose tokens are now all computed get their content;
 //! 3. `on_step` gets every chunk and every new reservation, with page tables;
 //! 4. window pages out of the kept range are freed; requests whose prompt is done call
-//!    `request_finished`, and their pages are held for saves or freed (E3).
+//!    `request_finished`; with the local prefix cache on their computed full blocks are
+//!    cached; their pages are held for saves or released (E3).
 
 use crate::connector::{ScheduledRequest, SchedulerOutput};
 use crate::core::ids::ReservationId;
@@ -83,6 +84,7 @@ impl Engine {
             };
             for (group, content) in self.groups.iter().enumerate() {
                 if let Some(page) = active.pages.page(group, block) {
+                    self.cache.ensure_writable(group, page)?;
                     self.checker
                         .write_computed(&self.devices, content, page, hash)?;
                 }
@@ -166,11 +168,17 @@ impl Engine {
                 arrival_us: active.request.arrival_us,
                 first_token_us: step_end_us,
                 reused_tokens: active.reused_tokens,
+                local_hit_tokens: active.local_hit_tokens,
             });
         }
         // Remove from the back so earlier indices stay valid.
         for (&index, &must_hold) in finished.iter().zip(&hold).rev() {
             let active = self.active.remove(index);
+            if self.local_prefix_cache {
+                // Read-only from here on, even while held for saves (K5).
+                self.cache
+                    .publish(&active.pages, &active.request.hashes, active.computed);
+            }
             if must_hold {
                 self.held.push((active.request.id, active.pages));
             } else {

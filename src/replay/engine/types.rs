@@ -35,6 +35,8 @@ pub struct PromptDone {
     pub first_token_us: SimMicros,
     /// Prompt tokens loaded from the pool.
     pub reused_tokens: usize,
+    /// Prompt tokens served by the local prefix cache.
+    pub local_hit_tokens: usize,
 }
 
 /// What one call of [`Engine::step`](super::Engine::step) did.
@@ -51,12 +53,17 @@ pub struct StepResult {
 /// Counters of one engine, summed by the driver.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineCounters {
-    /// Loaded pages whose bytes matched (per rank).
+    /// Loaded or locally shared pages whose bytes matched (per rank).
     pub verified_pages: u64,
-    /// Loaded pages whose bytes did not (per rank).
+    /// Loaded or locally shared pages whose bytes did not (per rank).
     pub mismatched_pages: u64,
     /// Prompt tokens loaded from the pool (filled reservations).
     pub reused_tokens: u64,
+    /// Prompt tokens served by the local prefix cache (the local matches admitted).
+    pub local_hit_tokens: u64,
+    /// Requests whose local match was partly evicted between lookup and admission (they
+    /// took the shorter match and gave the connector's offer back).
+    pub local_match_shrunk: u64,
     /// Pages moved into device memory by filled loads (per rank).
     pub pages_loaded: u64,
     /// Their bytes as stored.
