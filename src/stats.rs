@@ -2,7 +2,7 @@
 //! (R27, STYLE G12).
 //!
 //! Each actor owns its counters and histograms as plain fields (no shared atomics); on a
-//! report tick it hands over a [`interval sample`] (swapping its interval histograms out with
+//! report tick it hands over its interval counters (swapping its interval histograms out with
 //! `std::mem::take`), and the reporter merges samples with [`Latency::merge`].
 //! Metric names follow `kv_connector_<subsystem>_<what>_{total,seconds,bytes}`.
 
