@@ -152,12 +152,7 @@ fn a_prefix_counts_only_when_every_shard_saved_r3() {
     // Rank 1's saves fail: only rank 0's pages reach the pool.
     *test_pool.refuse_puts_containing.lock() = Some("/w2r1/".into());
     let mut writer = start(Arc::clone(&pool), &layout, Config::default());
-    writer
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
-    reserve(&mut writer.handle, RequestId(1), ReservationId(1));
-    writer.compute(RequestId(1), &tokens, &layout, 0);
-    writer.handle.settle_saves();
+    writer.save_prompt(RequestId(1), &tokens, &layout, 0);
     let mut reader = start(Arc::clone(&pool), &layout, Config::default());
     reader
         .handle
@@ -171,12 +166,7 @@ fn a_prefix_counts_only_when_every_shard_saved_r3() {
     );
     // Now both ranks save: the prefix is offered, and each rank gets its own pages.
     *test_pool.refuse_puts_containing.lock() = None;
-    writer
-        .handle
-        .lookup_prefix(RequestId(3), Arc::clone(&tokens), 0);
-    reserve(&mut writer.handle, RequestId(3), ReservationId(3));
-    writer.compute(RequestId(3), &tokens, &layout, 0);
-    writer.handle.settle_saves();
+    writer.save_prompt(RequestId(3), &tokens, &layout, 0);
     reader
         .handle
         .lookup_prefix(RequestId(4), Arc::clone(&tokens), 0);
@@ -219,12 +209,7 @@ fn an_object_evicted_after_the_probe_fails_the_load_r25() {
     let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
     let mut instance = start(pool, &layout, Config::default());
     let tokens = prompt(1, 4 * 16 + 1);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
-    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
-    instance.compute(RequestId(1), &tokens, &layout, 0);
-    instance.handle.settle_saves();
+    instance.save_prompt(RequestId(1), &tokens, &layout, 0);
     instance
         .handle
         .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
@@ -258,12 +243,7 @@ fn a_completion_for_a_released_reservation_is_ignored_r26() {
     let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
     let mut instance = start(pool, &layout, Config::default());
     let tokens = prompt(3, 4 * 16 + 1);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
-    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
-    instance.compute(RequestId(1), &tokens, &layout, 0);
-    instance.handle.settle_saves();
+    instance.save_prompt(RequestId(1), &tokens, &layout, 0);
     instance
         .handle
         .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);

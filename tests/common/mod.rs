@@ -119,6 +119,21 @@ pub fn finished_loads(handle: &mut ConnectorHandle) -> Vec<FinishedLoad> {
 }
 
 impl Instance {
+    /// The whole life of a prompt that finds nothing to load: lookup, admission, one
+    /// chunk computing every block with pages `first_page..`, and its saves settled.
+    pub fn save_prompt(
+        &mut self,
+        request: RequestId,
+        prompt: &Arc<[i64]>,
+        layout: &Layout,
+        first_page: i32,
+    ) {
+        self.handle.lookup_prefix(request, Arc::clone(prompt), 0);
+        reserve(&mut self.handle, request, ReservationId(request.0));
+        self.compute(request, prompt, layout, first_page);
+        self.handle.settle_saves();
+    }
+
     /// Computes a whole prompt with pages `first_page..` in one chunk: writes every full
     /// block's pages on every rank and reports the step (the connector saves them).
     pub fn compute(
