@@ -548,27 +548,27 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn settle_saves(&mut self) {
-        for saver in &self.savers {
+        enum Wake {
+            Answered,
+            Settled(SavesSettled),
+        }
+        let savers = self.savers.clone();
+        for saver in &savers {
             let (done, settled) = flume::bounded(1);
             if saver.try_send(SettleSaves { done }).is_err() {
                 continue;
             }
             // Drain settlements while waiting: a saver with a full channel waits for us.
             loop {
-                let answered = flume::Selector::new()
-                    .recv(&settled, |answer| Some(answer.is_ok()))
+                let wake = flume::Selector::new()
+                    .recv(&settled, |_| Wake::Answered)
                     .recv(&self.saves, |message| {
-                        if let Ok(message) = message {
-                            if let Some(state) = self.requests.get_mut(&message.request) {
-                                state.pending_saves =
-                                    state.pending_saves.saturating_sub(message.pages);
-                            }
-                        }
-                        None
+                        message.map_or(Wake::Answered, Wake::Settled)
                     })
                     .wait();
-                if answered.is_some() {
-                    break;
+                match wake {
+                    Wake::Answered => break,
+                    Wake::Settled(message) => self.accept_settled(message),
                 }
             }
         }
