@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use super::save_plan::{blocks_to_save, SaveStep};
+use super::save_plan::{blocks_to_save_into, SaveStep};
 use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
@@ -72,6 +72,11 @@ pub struct ConnectorHandle {
     saves: flume::Receiver<SavesSettled>,
     finished_loads: Vec<FinishedLoad>,
     requests: HashMap<RequestId, RequestState>,
+    /// Finished requests whose last save settled: reported by the next
+    /// `get_finished_saves` without scanning every request.
+    saves_done: Vec<RequestId>,
+    /// Reused for each group's block list in `plan_saves` (no allocation per request).
+    save_scratch: Vec<(usize, SavePriority)>,
     groups: Vec<SaveGroup>,
     tokens_per_block: usize,
     rewind_tokens: usize,
@@ -134,6 +139,8 @@ impl ConnectorHandle {
             saves,
             finished_loads: Vec::new(),
             requests: HashMap::new(),
+            saves_done: Vec::new(),
+            save_scratch: Vec::new(),
             groups,
             tokens_per_block,
             rewind_tokens,
@@ -229,7 +236,11 @@ impl ConnectorHandle {
 
     fn accept_settled(&mut self, settled: SavesSettled) {
         if let Some(state) = self.requests.get_mut(&settled.request) {
+            let was_pending = state.pending_saves > 0;
             state.pending_saves = state.pending_saves.saturating_sub(settled.pages);
+            if state.finished && was_pending && state.pending_saves == 0 {
+                self.saves_done.push(settled.request);
+            }
         }
     }
 
@@ -329,7 +340,8 @@ impl ConnectorHandle {
             ) else {
                 continue;
             };
-            for (block, priority) in blocks_to_save(group.attention, &step) {
+            blocks_to_save_into(group.attention, &step, &mut self.save_scratch);
+            for &(block, priority) in &self.save_scratch {
                 let Some(page) = table
                     .get(block)
                     .copied()
@@ -509,12 +521,14 @@ impl EngineConnector for ConnectorHandle {
 
     fn get_finished_saves(&mut self) -> Vec<RequestId> {
         self.drain_saves();
-        let done: Vec<RequestId> = self
-            .requests
-            .iter()
-            .filter(|(_, state)| state.finished && state.pending_saves == 0)
-            .map(|(id, _)| *id)
-            .collect();
+        let mut done = std::mem::take(&mut self.saves_done);
+        // A request enters `saves_done` once, when its last pending save settles after
+        // it finished; the check keeps the answer exact even so.
+        done.retain(|request| {
+            self.requests
+                .get(request)
+                .is_some_and(|state| state.finished && state.pending_saves == 0)
+        });
         for request in &done {
             self.requests.remove(request);
         }

@@ -37,6 +37,19 @@ pub struct SaveStep {
 
 /// The blocks of one group to save this step, each with its priority, ascending.
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
+    let mut blocks = Vec::new();
+    blocks_to_save_into(attention, step, &mut blocks);
+    blocks
+}
+
+/// [`blocks_to_save`] into a caller's buffer (cleared first), so the engine thread can
+/// reuse one buffer for every request of a step.
+pub fn blocks_to_save_into(
+    attention: Attention,
+    step: &SaveStep,
+    blocks: &mut Vec<(usize, SavePriority)>,
+) {
+    blocks.clear();
     let t = step.tokens_per_block.max(1);
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
     let reused_blocks = step.reused_until.div_ceil(t);
@@ -49,10 +62,11 @@ pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, Save
             let resave =
                 step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens;
             let resaved = if resave { 0..first.min(end) } else { 0..0 };
-            resaved
-                .map(|block| (block, SavePriority::Resave))
-                .chain((first..end).map(|block| (block, SavePriority::Full)))
-                .collect()
+            blocks.extend(
+                resaved
+                    .map(|block| (block, SavePriority::Resave))
+                    .chain((first..end).map(|block| (block, SavePriority::Full))),
+            );
         }
         Attention::Window {
             window_tokens,
@@ -61,13 +75,14 @@ pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, Save
             let sink_blocks = (sink_tokens as usize).div_ceil(t);
             let reach = window_tokens as usize + step.rewind_tokens;
             let tail_start = step.prompt_len.saturating_sub(reach) / t;
-            (0..sink_blocks.min(tail_start))
-                .chain(tail_start..prompt_blocks)
-                .filter(|&block| block >= reused_blocks && block < prompt_blocks)
-                .map(|block| (block, SavePriority::Window))
-                .collect()
+            blocks.extend(
+                (0..sink_blocks.min(tail_start))
+                    .chain(tail_start..prompt_blocks)
+                    .filter(|&block| block >= reused_blocks && block < prompt_blocks)
+                    .map(|block| (block, SavePriority::Window)),
+            );
         }
-        Attention::Window { .. } => Vec::new(),
+        Attention::Window { .. } => {}
     }
 }
 
