@@ -12,6 +12,8 @@
 //!
 //! - `transfer/put_registered`: `Pool::put` (probe + `batch_put_from`) of fresh keys from
 //!   a registered buffer (the keys are removed after each timed iteration);
+//! - `transfer/put_absent_registered`: `Pool::put_absent` (`batch_put_from` alone, the
+//!   saver's call after its skip-present probe: the same calls as the Python bench);
 //! - `transfer/get_registered`: `Pool::get_into` into a registered buffer;
 //! - `transfer/get_staged`: the same into an unregistered buffer (one extra copy).
 //!
@@ -98,26 +100,33 @@ fn bench_transfers(criterion: &mut Criterion, pool: &MooncakePool) -> Result<(),
     let mut group = criterion.benchmark_group("transfer");
     group.throughput(Throughput::Bytes((OBJECTS * OBJECT_BYTES) as u64));
     let mut round = 0usize;
-    group.bench_function("put_registered", |bench| {
-        bench.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iters {
-                round += 1;
-                let keys: Vec<String> = (0..OBJECTS).map(|i| format!("put/{round}/{i}")).collect();
-                let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let started = Instant::now();
-                let results = pool.put(&key_refs, &values);
-                spent += started.elapsed();
-                assert!(
-                    results.iter().all(Result::is_ok),
-                    "put failed: {:?}",
-                    &results[..2]
-                );
-                pool.remove(&key_refs);
-            }
-            spent
+    for (name, absent) in [("put_registered", false), ("put_absent_registered", true)] {
+        group.bench_function(name, |bench| {
+            bench.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    round += 1;
+                    let keys: Vec<String> =
+                        (0..OBJECTS).map(|i| format!("put/{round}/{i}")).collect();
+                    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let started = Instant::now();
+                    let results = if absent {
+                        pool.put_absent(&key_refs, &values)
+                    } else {
+                        pool.put(&key_refs, &values)
+                    };
+                    spent += started.elapsed();
+                    assert!(
+                        results.iter().all(Result::is_ok),
+                        "put failed: {:?}",
+                        &results[..2]
+                    );
+                    pool.remove(&key_refs);
+                }
+                spent
+            });
         });
-    });
+    }
     let keys: Vec<String> = (0..OBJECTS).map(|i| format!("get/{i}")).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     assert!(pool.put(&key_refs, &values).iter().all(Result::is_ok));

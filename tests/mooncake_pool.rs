@@ -288,6 +288,29 @@ fn mooncake_objects_are_immutable() -> TestResult {
     check_objects_are_immutable(&rig.pool)
 }
 
+/// `put_absent` skips the probe: a present key is answered `Ok` and keeps its object, a
+/// key repeated in the batch is still refused, absent keys are stored.
+#[test]
+fn mooncake_put_absent_keeps_present_objects_and_stores_absent_ones() -> TestResult {
+    let Some(rig) = rig("put-absent", 16 * MIB, |_| {})? else {
+        return Ok(());
+    };
+    let pool: &dyn Pool = &rig.pool;
+    put_all(pool, &["pa/a"], 16)?;
+    let results = pool.put_absent(&["pa/a", "pa/b", "pa/b"], &[&[0xff; 24], &[1; 8], &[2; 8]]);
+    assert_eq!(results, vec![Ok(()), Ok(()), Err(PoolError::AlreadyExists)]);
+    let mut buffer = vec![0u8; 64];
+    assert_eq!(pool.get_into(&["pa/a"], &mut [&mut buffer]), vec![Ok(16)]);
+    assert_eq!(
+        &buffer[..16],
+        &payload("pa/a", 16)[..],
+        "present object unchanged"
+    );
+    assert_eq!(pool.get_into(&["pa/b"], &mut [&mut buffer]), vec![Ok(8)]);
+    assert_eq!(&buffer[..8], &[1; 8]);
+    Ok(())
+}
+
 #[test]
 fn mooncake_get_into_too_small_buffer() -> TestResult {
     let Some(rig) = rig("too-small", 16 * MIB, |_| {})? else {

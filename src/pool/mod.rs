@@ -54,6 +54,15 @@ pub trait Pool: Send + Sync {
     /// [`PoolError::BatchShape`] for every key.
     fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>>;
 
+    /// [`put`](Self::put) of keys the caller has just probed absent (the saver's
+    /// skip-present probe, R22). A backend whose own put must probe to tell
+    /// [`PoolError::AlreadyExists`] may skip that second probe here: a key stored by another
+    /// client in between is then answered `Ok` and its object is left alone, which is safe
+    /// because a key names its content (R1-R4). The default is `put`.
+    fn put_absent(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        self.put(keys, values)
+    }
+
     /// Copies each object into the front of its buffer and returns the bytes read.
     /// Absent is [`PoolError::NotFound`]; a buffer shorter than the object is
     /// [`PoolError::BufferTooSmall`] and is left unwritten. A present object gets a lease.

@@ -252,7 +252,8 @@ fn put_sealed(
             Err(_) => results[*index] = SaveResult::Failed,
         }
     }
-    let put_results = pool.put(&keys, &values);
+    // The batch was probed just before the gather: no second probe.
+    let put_results = pool.put_absent(&keys, &values);
     for (position, index) in sealed_indices.into_iter().enumerate() {
         results[index] = match put_results.get(position) {
             Some(Ok(())) => SaveResult::Stored,

@@ -9,6 +9,9 @@
 //!   object, and keys are content hashes, R3.) `NO_AVAILABLE_HANDLE` (-200, no room until
 //!   the master's next eviction pass) is [`PoolError::Backend`] with that code and counts
 //!   as `put_rejected`.
+//! - `put_absent`: `batch_put_from` of every key without the probe (the saver has just
+//!   probed them); a key repeated within the batch is still `AlreadyExists`, a key present
+//!   in the pool is answered `Ok` and its object stays as it was.
 //! - `get_into`: `batch_get_into`; too-small buffers are [`PoolError::BufferTooSmall`] and
 //!   stay unwritten.
 //! - `touch`: `batch_is_exist` too. It is the cheapest call that resets an object's eviction
@@ -64,6 +67,29 @@ impl Pool for MooncakePool {
                 }
                 Err(err) => Err(err),
             };
+        }
+        self.put_pending(keys, values, &pending, &mut results);
+        results
+    }
+
+    fn put_absent(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        if keys.len() != values.len() {
+            return PoolError::BatchShape {
+                keys: keys.len(),
+                items: values.len(),
+            }
+            .for_every_key(keys.len());
+        }
+        let mut results: Vec<Result<(), PoolError>> = vec![Ok(()); keys.len()];
+        let mut pending = Vec::with_capacity(keys.len());
+        let mut seen = HashSet::with_capacity(keys.len());
+        for (index, key) in keys.iter().enumerate() {
+            if seen.insert(*key) {
+                pending.push(index);
+            } else {
+                self.counters.put_existing();
+                results[index] = Err(PoolError::AlreadyExists);
+            }
         }
         self.put_pending(keys, values, &pending, &mut results);
         results
