@@ -237,7 +237,7 @@ impl Handler<EnqueueSave> for SaverQueue {
 
     fn handle(&mut self, message: EnqueueSave, ctx: &mut Self::Context) {
         let mut dropped: HashMap<RequestId, u64> = HashMap::new();
-        for (item, priority) in message.items {
+        for (item, priority) in message.items() {
             self.stats.saves_enqueued += 1;
             let outcome = self.queue.push(
                 Queued {

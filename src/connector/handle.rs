@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use super::save_plan::{blocks_to_save_into, SaveStep};
+use super::save_plan::{block_ranges_to_save, SaveStep};
 use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
@@ -17,10 +17,10 @@ use crate::actors::reservation_manager::ReservationManager;
 use crate::actors::saver_queue::SaverQueue;
 use crate::actors::stats_reporter::StatsReporter;
 use crate::core::hash::BlockHash;
-use crate::core::ids::{PageIndex, RequestId, ReservationId};
+use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{Attention, Layout};
 use crate::core::planner::LookupPlan;
-use crate::core::save_order::{SaveItem, SavePriority};
+use crate::core::save_order::SavePriority;
 use crate::messages::lookup_planner::LookupPrefix;
 use crate::messages::reservation_manager::{ReleaseReservation, StartLoad};
 use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
@@ -76,7 +76,7 @@ pub struct ConnectorHandle {
     /// `get_finished_saves` without scanning every request.
     saves_done: Vec<RequestId>,
     /// Reused for each group's block list in `plan_saves` (no allocation per request).
-    save_scratch: Vec<(usize, SavePriority)>,
+    save_ranges: Vec<(std::ops::Range<usize>, SavePriority)>,
     groups: Vec<SaveGroup>,
     tokens_per_block: usize,
     rewind_tokens: usize,
@@ -140,7 +140,7 @@ impl ConnectorHandle {
             finished_loads: Vec::new(),
             requests: HashMap::new(),
             saves_done: Vec::new(),
-            save_scratch: Vec::new(),
+            save_ranges: Vec::new(),
             groups,
             tokens_per_block,
             rewind_tokens,
@@ -307,12 +307,9 @@ impl ConnectorHandle {
     }
 
     /// Plans the saves of one scheduled request (R16-R21, see `save_plan`) into the step's
-    /// per-rank batches (replicated groups on rank 0 only).
-    fn plan_saves(
-        &mut self,
-        scheduled: &ScheduledRequest<'_>,
-        per_rank: &mut [Vec<(SaveItem, SavePriority)>],
-    ) {
+    /// per-rank batches (replicated groups on rank 0 only). Only page numbers are copied
+    /// here; the saver turns them into keyed items off the engine thread.
+    fn plan_saves(&mut self, scheduled: &ScheduledRequest<'_>, per_rank: &mut [EnqueueSave]) {
         let Some(state) = self.requests.get_mut(&scheduled.request) else {
             return;
         };
@@ -340,26 +337,18 @@ impl ConnectorHandle {
             ) else {
                 continue;
             };
-            blocks_to_save_into(group.attention, &step, &mut self.save_scratch);
-            for &(block, priority) in &self.save_scratch {
-                let Some(page) = table
-                    .get(block)
-                    .copied()
-                    .and_then(|page| u32::try_from(page).ok())
-                else {
-                    continue;
-                };
-                let item = SaveItem {
-                    request: scheduled.request,
-                    group: keys.group,
-                    block_index: block as u64,
-                    page: PageIndex(page),
-                    hash: hashes[block],
-                };
-                for (rank, items) in per_rank.iter_mut().enumerate() {
-                    if rank == 0 || !group.replicated {
-                        items.push((item, priority));
-                    }
+            block_ranges_to_save(group.attention, &step, &mut self.save_ranges);
+            let ranks = if group.replicated { 1 } else { per_rank.len() };
+            for batch in per_rank.iter_mut().take(ranks) {
+                for (blocks, priority) in &self.save_ranges {
+                    batch.push_run(
+                        scheduled.request,
+                        keys.group,
+                        *priority,
+                        blocks.clone(),
+                        table,
+                        &hashes,
+                    );
                 }
             }
         }
@@ -368,25 +357,13 @@ impl ConnectorHandle {
     /// Sends one step's saves: one message per rank, so a step costs each saver one
     /// wake-up however many requests it covers. Pages a full mailbox refuses are counted
     /// dropped and never become pending (R22).
-    fn send_saves(&mut self, per_rank: Vec<Vec<(SaveItem, SavePriority)>>) {
-        for (saver, items) in self.savers.iter().zip(per_rank) {
-            if items.is_empty() {
+    fn send_saves(&mut self, per_rank: Vec<EnqueueSave>) {
+        for (saver, batch) in self.savers.iter().zip(per_rank) {
+            if batch.is_empty() {
                 continue;
             }
-            let mut pages: Vec<(RequestId, u64)> = Vec::new();
-            for (item, _) in &items {
-                match pages.last_mut() {
-                    Some((request, count)) if *request == item.request => *count += 1,
-                    _ => pages.push((item.request, 1)),
-                }
-            }
-            if saver
-                .try_send(EnqueueSave {
-                    items,
-                    enqueued_at: Instant::now(),
-                })
-                .is_err()
-            {
+            let pages = batch.pages_per_request();
+            if saver.try_send(batch).is_err() {
                 self.saves_refused += pages.iter().map(|(_, count)| count).sum::<u64>();
                 continue;
             }
@@ -491,7 +468,9 @@ impl EngineConnector for ConnectorHandle {
 
     fn on_step(&mut self, output: &SchedulerOutput<'_>) {
         self.drain_lookups();
-        let mut per_rank: Vec<Vec<(SaveItem, SavePriority)>> = vec![Vec::new(); self.savers.len()];
+        let now = Instant::now();
+        let mut per_rank: Vec<EnqueueSave> =
+            self.savers.iter().map(|_| EnqueueSave::new(now)).collect();
         for scheduled in &output.requests {
             if let Some(reservation) = scheduled.new_reservation {
                 self.start_load(scheduled, reservation);

@@ -9,6 +9,8 @@
 //!   `resave_min_tokens`, every full-attention block of the prompt is listed again at the
 //!   lowest priority (the blocks saved in this very step keep their normal priority).
 
+use std::ops::Range;
+
 use crate::core::layout::Attention;
 use crate::core::save_order::SavePriority;
 
@@ -37,22 +39,32 @@ pub struct SaveStep {
 
 /// The blocks of one group to save this step, each with its priority, ascending.
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
-    let mut blocks = Vec::new();
-    blocks_to_save_into(attention, step, &mut blocks);
-    blocks
+    let mut ranges = Vec::new();
+    block_ranges_to_save(attention, step, &mut ranges);
+    ranges
+        .into_iter()
+        .flat_map(|(blocks, priority)| blocks.map(move |block| (block, priority)))
+        .collect()
 }
 
-/// [`blocks_to_save`] into a caller's buffer (cleared first), so the engine thread can
-/// reuse one buffer for every request of a step.
-pub fn blocks_to_save_into(
+/// [`blocks_to_save`] as at most two ascending, disjoint ranges with their priority,
+/// written into a caller's buffer (cleared first): the engine thread reuses one buffer
+/// and copies page numbers range by range.
+pub fn block_ranges_to_save(
     attention: Attention,
     step: &SaveStep,
-    blocks: &mut Vec<(usize, SavePriority)>,
+    ranges: &mut Vec<(Range<usize>, SavePriority)>,
 ) {
-    blocks.clear();
+    ranges.clear();
     let t = step.tokens_per_block.max(1);
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
     let reused_blocks = step.reused_until.div_ceil(t);
+    let mut push = |blocks: Range<usize>, priority: SavePriority| {
+        let blocks = blocks.start.max(reused_blocks)..blocks.end.min(prompt_blocks);
+        if !blocks.is_empty() {
+            ranges.push((blocks, priority));
+        }
+    };
     match attention {
         Attention::Full => {
             let first = (step.computed_before / t).max(reused_blocks);
@@ -61,12 +73,15 @@ pub fn blocks_to_save_into(
             let computed = step.prompt_len.saturating_sub(step.reused_until);
             let resave =
                 step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens;
-            let resaved = if resave { 0..first.min(end) } else { 0..0 };
-            blocks.extend(
-                resaved
-                    .map(|block| (block, SavePriority::Resave))
-                    .chain((first..end).map(|block| (block, SavePriority::Full))),
-            );
+            if resave {
+                // R20 lists blocks that came from the pool too: no R19 cut here.
+                let resaved = 0..first.min(end);
+                if !resaved.is_empty() {
+                    ranges.push((resaved, SavePriority::Resave));
+                }
+            }
+            ranges.push((first..end.max(first), SavePriority::Full));
+            ranges.retain(|(blocks, _)| !blocks.is_empty());
         }
         Attention::Window {
             window_tokens,
@@ -75,12 +90,8 @@ pub fn blocks_to_save_into(
             let sink_blocks = (sink_tokens as usize).div_ceil(t);
             let reach = window_tokens as usize + step.rewind_tokens;
             let tail_start = step.prompt_len.saturating_sub(reach) / t;
-            blocks.extend(
-                (0..sink_blocks.min(tail_start))
-                    .chain(tail_start..prompt_blocks)
-                    .filter(|&block| block >= reused_blocks && block < prompt_blocks)
-                    .map(|block| (block, SavePriority::Window)),
-            );
+            push(0..sink_blocks.min(tail_start), SavePriority::Window);
+            push(tail_start..prompt_blocks, SavePriority::Window);
         }
         Attention::Window { .. } => {}
     }
@@ -191,5 +202,88 @@ mod tests {
         assert!(blocks_to_save(Attention::Full, &not_last)
             .iter()
             .all(|(_, p)| *p == SavePriority::Full));
+    }
+
+    /// The ranges say the same as the rules block by block: R16/R19 for full groups,
+    /// R20's re-listing at the last chunk, R17's sinks and tail for window groups.
+    mod ranges_match_the_rules {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn expected(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
+            let t = step.tokens_per_block;
+            let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
+            let reused = step.reused_until.div_ceil(t);
+            let mut out = Vec::new();
+            for block in 0..prompt_blocks {
+                match attention {
+                    Attention::Full => {
+                        let first = (step.computed_before / t).max(reused);
+                        let end = (step.computed_after.min(step.prompt_len) / t).min(prompt_blocks);
+                        let computed = step.prompt_len.saturating_sub(step.reused_until);
+                        let resave = step.last_chunk
+                            && step.resave_min_tokens > 0
+                            && computed >= step.resave_min_tokens;
+                        if resave && block < first.min(end) {
+                            out.push((block, SavePriority::Resave));
+                        }
+                        if block >= first && block < end {
+                            out.push((block, SavePriority::Full));
+                        }
+                    }
+                    Attention::Window {
+                        window_tokens,
+                        sink_tokens,
+                    } => {
+                        let sink_blocks = (sink_tokens as usize).div_ceil(t);
+                        let reach = window_tokens as usize + step.rewind_tokens;
+                        let tail_start = step.prompt_len.saturating_sub(reach) / t;
+                        let wanted = block < sink_blocks || block >= tail_start;
+                        if step.last_chunk && wanted && block >= reused {
+                            out.push((block, SavePriority::Window));
+                        }
+                    }
+                }
+            }
+            out.sort_by_key(|(block, priority)| (*priority != SavePriority::Resave, *block));
+            out
+        }
+
+        proptest! {
+            #[test]
+            fn for_any_step(
+                prompt_len in 1usize..600,
+                before_share in 0usize..100,
+                chunk in 1usize..300,
+                reused_share in 0usize..100,
+                hashed_cut in 0usize..5,
+                window in prop::option::of((1u32..200, 0u32..40)),
+                rewind_tokens in 0usize..100,
+                resave_min_tokens in 0usize..300,
+            ) {
+                let t = 16;
+                let computed_before = prompt_len * before_share / 100;
+                let computed_after = (computed_before + chunk).min(prompt_len);
+                let step = SaveStep {
+                    tokens_per_block: t,
+                    prompt_len,
+                    computed_before,
+                    computed_after,
+                    reused_until: computed_before * reused_share / 100,
+                    hashed_blocks: (prompt_len / t).saturating_sub(hashed_cut),
+                    last_chunk: computed_after >= prompt_len,
+                    rewind_tokens,
+                    resave_min_tokens,
+                };
+                let attention = match window {
+                    Some((window_tokens, sink_tokens)) => Attention::Window {
+                        window_tokens: window_tokens + sink_tokens,
+                        sink_tokens,
+                    },
+                    None => Attention::Full,
+                };
+                prop_assert_eq!(blocks_to_save(attention, &step), expected(attention, &step));
+            }
+        }
     }
 }

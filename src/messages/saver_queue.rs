@@ -1,9 +1,14 @@
 //! Messages to a rank's saver.
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Message;
 
+use crate::core::hash::BlockHash;
+use crate::core::ids::{PageIndex, RequestId};
+use crate::core::layout::GroupId;
 use crate::core::save_order::{SaveItem, SavePriority};
 use crate::stats::SaveStats;
 
@@ -16,13 +21,131 @@ use crate::stats::SaveStats;
 ///   reported through the engine inbox.
 /// - Reply: none.
 /// - Receiver gone: `try_send` fails; the handle settles the pages as dropped.
+///
+/// The pages travel compactly, as runs of consecutive blocks over one page list (4 bytes a
+/// page), so the engine thread copies page numbers and nothing else; the saver expands
+/// them into [`SaveItem`]s ([`EnqueueSave::items`]).
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct EnqueueSave {
-    /// Pages with their priority (window first, R21).
-    pub items: Vec<(SaveItem, SavePriority)>,
+    runs: Vec<SaveRun>,
+    pages: Vec<u32>,
     /// When the handle sent it.
     pub enqueued_at: Instant,
+}
+
+/// Consecutive blocks of one request and group, saved at one priority.
+#[derive(Debug)]
+struct SaveRun {
+    request: RequestId,
+    group: GroupId,
+    priority: SavePriority,
+    first_block: usize,
+    /// Where the run's pages lie in [`EnqueueSave::pages`].
+    pages: Range<usize>,
+    /// The prompt's chain hashes; every block of the run has one (`push_run` clamps).
+    hashes: Arc<[BlockHash]>,
+}
+
+impl EnqueueSave {
+    /// An empty batch.
+    pub fn new(enqueued_at: Instant) -> Self {
+        EnqueueSave {
+            runs: Vec::new(),
+            pages: Vec::new(),
+            enqueued_at,
+        }
+    }
+
+    /// Adds the blocks of `blocks` whose page in `page_table` is valid (a freed `-1` or a
+    /// block past the table splits the run) and whose chain hash is known.
+    pub fn push_run(
+        &mut self,
+        request: RequestId,
+        group: GroupId,
+        priority: SavePriority,
+        blocks: Range<usize>,
+        page_table: &[i32],
+        hashes: &Arc<[BlockHash]>,
+    ) {
+        let end = blocks.end.min(hashes.len()).min(page_table.len());
+        let mut run_start: Option<usize> = None;
+        let pages = page_table.get(blocks.start..end).unwrap_or(&[]);
+        for (block, &page) in (blocks.start..).zip(pages) {
+            match u32::try_from(page) {
+                Ok(page) => {
+                    run_start.get_or_insert(block);
+                    self.pages.push(page);
+                }
+                Err(_) => {
+                    if let Some(first) = run_start.take() {
+                        self.close_run(request, group, priority, first..block, hashes);
+                    }
+                }
+            }
+        }
+        if let Some(first) = run_start {
+            self.close_run(request, group, priority, first..end, hashes);
+        }
+    }
+
+    fn close_run(
+        &mut self,
+        request: RequestId,
+        group: GroupId,
+        priority: SavePriority,
+        blocks: Range<usize>,
+        hashes: &Arc<[BlockHash]>,
+    ) {
+        let pages_end = self.pages.len();
+        self.runs.push(SaveRun {
+            request,
+            group,
+            priority,
+            first_block: blocks.start,
+            pages: pages_end - blocks.len()..pages_end,
+            hashes: Arc::clone(hashes),
+        });
+    }
+
+    /// Whether the batch holds no page.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// Pages per request, in the order the runs were added (consecutive runs of one
+    /// request merged): what the handle counts as pending.
+    pub fn pages_per_request(&self) -> Vec<(RequestId, u64)> {
+        let mut counts: Vec<(RequestId, u64)> = Vec::new();
+        for run in &self.runs {
+            let pages = run.pages.len() as u64;
+            match counts.last_mut() {
+                Some((request, count)) if *request == run.request => *count += pages,
+                _ => counts.push((run.request, pages)),
+            }
+        }
+        counts
+    }
+
+    /// Every page as a [`SaveItem`] with its priority, run by run.
+    pub fn items(&self) -> impl Iterator<Item = (SaveItem, SavePriority)> + '_ {
+        self.runs.iter().flat_map(move |run| {
+            self.pages[run.pages.clone()]
+                .iter()
+                .zip(&run.hashes[run.first_block..])
+                .enumerate()
+                .map(move |(offset, (&page, &hash))| {
+                    let item = SaveItem {
+                        request: run.request,
+                        group: run.group,
+                        block_index: (run.first_block + offset) as u64,
+                        page: PageIndex(page),
+                        hash,
+                    };
+                    (item, run.priority)
+                })
+        })
+    }
 }
 
 /// Answer once every save queued so far is settled.
@@ -47,3 +170,80 @@ pub struct SettleSaves {
 #[derive(Message, Debug)]
 #[rtype(result = "SaveStats")]
 pub struct CollectSaveStats;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hashes(count: u8) -> Arc<[BlockHash]> {
+        (0..count).map(|i| BlockHash([i; 16])).collect()
+    }
+
+    /// A freed page (`-1`) splits a run; blocks past the hashes or the table are left out;
+    /// every other block becomes exactly one item with its own page and hash.
+    #[test]
+    fn runs_skip_freed_pages_and_expand_to_one_item_per_block() {
+        let hashes = hashes(6);
+        let mut batch = EnqueueSave::new(Instant::now());
+        let table = [10, 11, -1, 13, 14, 15, 16];
+        batch.push_run(
+            RequestId(1),
+            GroupId(0),
+            SavePriority::Full,
+            0..9,
+            &table,
+            &hashes,
+        );
+        batch.push_run(
+            RequestId(2),
+            GroupId(3),
+            SavePriority::Window,
+            1..2,
+            &table,
+            &hashes,
+        );
+        let items: Vec<(u64, u64, u32, u8, SavePriority)> = batch
+            .items()
+            .map(|(item, priority)| {
+                (
+                    item.request.0,
+                    item.block_index,
+                    item.page.0,
+                    item.hash.0[0],
+                    priority,
+                )
+            })
+            .collect();
+        assert_eq!(
+            items,
+            vec![
+                (1, 0, 10, 0, SavePriority::Full),
+                (1, 1, 11, 1, SavePriority::Full),
+                (1, 3, 13, 3, SavePriority::Full),
+                (1, 4, 14, 4, SavePriority::Full),
+                (1, 5, 15, 5, SavePriority::Full),
+                (2, 1, 11, 1, SavePriority::Window),
+            ]
+        );
+        assert_eq!(
+            batch.pages_per_request(),
+            vec![(RequestId(1), 5), (RequestId(2), 1)]
+        );
+    }
+
+    #[test]
+    fn a_batch_of_freed_pages_only_is_empty() {
+        let mut batch = EnqueueSave::new(Instant::now());
+        batch.push_run(
+            RequestId(1),
+            GroupId(0),
+            SavePriority::Full,
+            0..3,
+            &[-1, -1, -1],
+            &hashes(3),
+        );
+        assert!(batch.is_empty());
+        assert_eq!(batch.items().count(), 0);
+        assert!(batch.pages_per_request().is_empty());
+    }
+}
