@@ -644,6 +644,24 @@ mod tests {
 
     type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
+    /// Without the `faults` feature, `--faults` is refused before anything runs, with the
+    /// feature named (issue 8).
+    #[cfg(not(feature = "faults"))]
+    #[test]
+    fn faults_without_the_feature_name_the_feature() -> TestResult<()> {
+        let args = args(&["--faults", "default"])?;
+        let err = run(
+            &args,
+            HashMap::<String, String>::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        )
+        .expect_err("--faults needs the feature");
+        assert_eq!(err.kind(), "faults_not_built");
+        assert!(err.to_string().contains("--features faults"), "{err}");
+        Ok(())
+    }
+
     fn replay_args(flags: &[&str]) -> TestResult<ReplayArgs> {
         let cli = Cli::try_parse_from(["kv-connector", "replay"].iter().chain(flags))?;
         let Command::Replay(args) = cli.command else {

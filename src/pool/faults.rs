@@ -741,6 +741,19 @@ mod tests {
             PoolError::Unavailable.for_every_key(3)
         );
         assert_eq!(pool.injector().fired(FaultPoint::ExistsBatch), 1);
+        let pool = faulty(FaultSpec::default().with(FaultPoint::TouchBatch, 1.0))?;
+        assert_eq!(
+            pool.touch(&["a", "b"]),
+            PoolError::Unavailable.for_every_key(2)
+        );
+        let pool = faulty(FaultSpec::default().with(FaultPoint::Touch, 1.0))?;
+        assert_eq!(pool.put(&["a"], &[b"12"]), vec![Ok(())]);
+        assert_eq!(pool.touch(&["a"]), vec![Err(PoolError::Unavailable)]);
+        assert_eq!(
+            pool.exists(&["a"]),
+            vec![Ok(true)],
+            "a touch fault stores nothing"
+        );
         Ok(())
     }
 
