@@ -5,6 +5,19 @@
 //! report tick it hands over its interval counters (swapping its interval histograms out with
 //! `std::mem::take`), and the reporter merges samples with [`Latency::merge`].
 //! Metric names follow `kv_connector_<subsystem>_<what>_{total,seconds,bytes}`.
+//!
+//! # Accounting (issue 8)
+//!
+//! Every save and every load ends counted exactly once, so a snapshot taken when nothing
+//! is in flight (after `settle_saves`, with no load pending) is closed:
+//!
+//! - A1. `saves_enqueued = saves_done + saves_skipped_present + saves_dropped + saves_failed`
+//!   (pages a full saver mailbox refused count as enqueued and dropped);
+//! - A2. `loads_started = loads_done + loads_failed + stale_completions` (loads the handle
+//!   failed at once count as started and failed; a stale completion, R26, is a load whose
+//!   reservation the engine released first, and is 0 when the engine waits for every load).
+//!
+//! [`ConnectorStats::check_accounting`] checks both.
 
 use std::time::Duration;
 
@@ -202,6 +215,73 @@ impl SaveStats {
     }
 }
 
+/// A snapshot whose accounting is not closed (A1, A2): some save or load is in flight or
+/// was counted nowhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AccountingError {
+    /// A1 does not hold.
+    #[error(
+        "saves not closed: {enqueued} enqueued but {done} done + {skipped} skipped + {dropped} dropped + {failed} failed"
+    )]
+    Saves {
+        /// `saves_enqueued`.
+        enqueued: u64,
+        /// `saves_done`.
+        done: u64,
+        /// `saves_skipped_present`.
+        skipped: u64,
+        /// `saves_dropped`.
+        dropped: u64,
+        /// `saves_failed`.
+        failed: u64,
+    },
+    /// A2 does not hold.
+    #[error(
+        "loads not closed: {started} started but {done} done + {failed} failed + {stale} stale"
+    )]
+    Loads {
+        /// `loads_started`.
+        started: u64,
+        /// `loads_done`.
+        done: u64,
+        /// `loads_failed`.
+        failed: u64,
+        /// `stale_completions`.
+        stale: u64,
+    },
+}
+
+impl AccountingError {
+    /// A short, stable label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Saves { .. } => "saves_not_closed",
+            Self::Loads { .. } => "loads_not_closed",
+        }
+    }
+}
+
+impl SaveStats {
+    /// Whether A1 holds.
+    pub fn is_closed(&self) -> bool {
+        u128::from(self.saves_enqueued)
+            == u128::from(self.saves_done)
+                + u128::from(self.saves_skipped_present)
+                + u128::from(self.saves_dropped)
+                + u128::from(self.saves_failed)
+    }
+}
+
+impl LoadStats {
+    /// Whether A2 holds.
+    pub fn is_closed(&self) -> bool {
+        u128::from(self.loads_started)
+            == u128::from(self.loads_done)
+                + u128::from(self.loads_failed)
+                + u128::from(self.stale_completions)
+    }
+}
+
 /// Everything the connector counted, merged over actors and ranks.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectorStats {
@@ -219,5 +299,62 @@ impl ConnectorStats {
         self.lookups.merge(&other.lookups);
         self.loads.merge(&other.loads);
         self.saves.merge(&other.saves);
+    }
+
+    /// Checks A1 and A2 (module docs); call it when nothing is in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`AccountingError`] with every count of the equation that does not hold.
+    pub fn check_accounting(&self) -> Result<(), AccountingError> {
+        let saves = &self.saves;
+        if !saves.is_closed() {
+            return Err(AccountingError::Saves {
+                enqueued: saves.saves_enqueued,
+                done: saves.saves_done,
+                skipped: saves.saves_skipped_present,
+                dropped: saves.saves_dropped,
+                failed: saves.saves_failed,
+            });
+        }
+        let loads = &self.loads;
+        if !loads.is_closed() {
+            return Err(AccountingError::Loads {
+                started: loads.loads_started,
+                done: loads.loads_done,
+                failed: loads.loads_failed,
+                stale: loads.stale_completions,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a1_a2_closed_snapshots_pass_and_open_ones_name_the_counts() {
+        let mut stats = ConnectorStats::default();
+        stats.saves.saves_enqueued = 10;
+        stats.saves.saves_done = 4;
+        stats.saves.saves_skipped_present = 3;
+        stats.saves.saves_dropped = 2;
+        stats.saves.saves_failed = 1;
+        stats.loads.loads_started = 5;
+        stats.loads.loads_done = 3;
+        stats.loads.loads_failed = 2;
+        assert_eq!(stats.check_accounting(), Ok(()));
+        stats.saves.saves_enqueued = 11;
+        let err = stats
+            .check_accounting()
+            .expect_err("one save counted nowhere");
+        assert_eq!(err.kind(), "saves_not_closed");
+        assert!(err.to_string().contains("11 enqueued"), "{err}");
+        stats.saves.saves_enqueued = 10;
+        stats.loads.stale_completions = 1;
+        let err = stats.check_accounting().expect_err("a load counted twice");
+        assert_eq!(err.kind(), "loads_not_closed");
     }
 }

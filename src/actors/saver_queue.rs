@@ -5,9 +5,28 @@
 //! `spawn_blocking` with the staging pool and stream moved in and handed back, so control
 //! messages (`SettleSaves`, stats) never wait behind a save. Mailbox:
 //! `saver.mailbox_capacity`; the handle uses `try_send` and counts a full mailbox as drops.
+//!
+//! # Accounting
+//!
+//! - A1. Every enqueued page ends in exactly one of `saves_done`, `saves_skipped_present`,
+//!   `saves_dropped` or `saves_failed`, and is settled to the engine once (so its pages
+//!   can go): `saves_enqueued = done + skipped_present + dropped + failed` once the queue
+//!   is drained and no batch is in flight.
+//!
+//! # Supervision: restart in place
+//!
+//! A panic inside a save batch (a pool client or a copy that panics) is caught in the
+//! blocking task: the batch's pages count as failed and are settled (A1), and the saver
+//! goes on. Its staging pool was moved into the batch and is lost, so the saver rebuilds
+//! one of the same shape (host memory, registered with the pool); the copy stream is
+//! borrowed by the batch and survives. A pinned (CUDA) staging pool cannot be rebuilt
+//! without the device: that saver then retires and fails every later page at once
+//! (counted and settled), so the engine's pages are still released and serving goes on
+//! without saves.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,7 +36,7 @@ use super::keyspace::KeySpace;
 use crate::connector::transfer::{save_pages, SaveItem as TransferItem, SaveResult};
 use crate::core::ids::RequestId;
 use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
-use crate::gpu::{CopyStream, StagingPool};
+use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
 use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
 use crate::pool::Pool;
@@ -43,8 +62,14 @@ pub struct SaverQueue {
     pool: Arc<dyn Pool>,
     keys: Arc<KeySpace>,
     queue: SaveQueue<Queued>,
-    /// `None` while a batch is in flight.
+    /// `None` while a batch is in flight, and for good once the saver retired.
     worker: Option<Worker>,
+    /// The staging pool's shape and memory kind, to rebuild it after a panic.
+    staging_shape: (StagingGeometry, bool),
+    /// Set when a panic lost a staging pool that cannot be rebuilt (module docs).
+    retired: bool,
+    /// Start address of a staging pool this saver rebuilt and registered itself.
+    rebuilt_registration: Option<usize>,
     waiters: Vec<flume::Sender<()>>,
     /// Settlements waiting for room in the engine channel.
     pending_sends: usize,
@@ -83,6 +108,9 @@ impl SaverQueue {
             pool: params.pool,
             keys: params.keys,
             queue: SaveQueue::new(params.queue_capacity_pages, params.window_first),
+            staging_shape: (params.staging.geometry(), params.staging.is_pinned()),
+            retired: false,
+            rebuilt_registration: None,
             worker: Some(Worker {
                 stream: params.stream,
                 staging: params.staging,
@@ -126,7 +154,9 @@ impl SaverQueue {
 
     /// Starts the next batch if none is in flight; answers settle waiters when idle.
     fn kick(&mut self, ctx: &mut Context<Self>) {
-        if self.worker.is_none() {
+        if self.retired {
+            self.fail_queued(ctx);
+        } else if self.worker.is_none() {
             return;
         }
         if self.queue.is_empty() {
@@ -148,35 +178,128 @@ impl SaverQueue {
             };
             batch.push(queued);
         }
-        let items: Vec<TransferItem> = batch
+        if self.staging_exhausted() {
+            // The batch's pages fail (counted and settled, A1); the next batch may find
+            // staging again.
+            self.worker = Some(worker);
+            self.account(ctx, &batch, &[], &[]);
+            return self.kick(ctx);
+        }
+        // One transfer item per queued page, or `None` (counted failed) when its group is
+        // unknown; results come back for the transfer items only, in order.
+        let positions: Vec<Option<TransferItem>> = batch
             .iter()
-            .filter_map(|queued| self.transfer_item(&queued.item))
+            .map(|queued| self.transfer_item(&queued.item))
             .collect();
+        let items: Vec<TransferItem> = positions.iter().flatten().cloned().collect();
         let pool = Arc::clone(&self.pool);
         let work = tokio::task::spawn_blocking(move || {
-            let mut worker = worker;
-            let (staging, results) =
-                save_pages(pool.as_ref(), &mut worker.stream, worker.staging, &items);
-            (
-                Worker {
-                    stream: worker.stream,
-                    staging,
-                },
-                results,
-                items,
-            )
+            let Worker {
+                mut stream,
+                staging,
+            } = worker;
+            let guarded = catch_unwind(AssertUnwindSafe(|| {
+                save_pages(pool.as_ref(), &mut stream, staging, &items)
+            }));
+            match guarded {
+                Ok((staging, results)) => (stream, Some(staging), results, items),
+                Err(_) => (stream, None, Vec::new(), items),
+            }
         });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
-            let Ok((worker, results, items)) = joined else {
-                return tracing::error!(
-                    rank = actor.rank,
-                    "save batch panicked; saver stops saving"
-                );
+            let Ok((stream, staging, results, items)) = joined else {
+                // The task itself could not run (runtime shutting down): the stream is
+                // gone with it, so the saver retires (A1 still holds for this batch).
+                actor.retired = true;
+                actor.account(ctx, &batch, &[], &[]);
+                return actor.kick(ctx);
             };
-            actor.worker = Some(worker);
-            actor.account(ctx, &batch, &items, &results);
+            match staging.or_else(|| actor.rebuild_staging()) {
+                Some(staging) => actor.worker = Some(Worker { stream, staging }),
+                None => actor.retired = true,
+            }
+            let results = aligned_results(&positions, &items, &results);
+            actor.account(ctx, &batch, &positions, &results);
             actor.kick(ctx);
         }));
+    }
+
+    /// A retired saver fails every queued page at once (counted and settled, A1).
+    fn fail_queued(&mut self, ctx: &mut Context<Self>) {
+        let mut failed = Vec::new();
+        while let Some(queued) = self.queue.pop() {
+            failed.push(queued);
+        }
+        if !failed.is_empty() {
+            self.account(ctx, &failed, &[], &[]);
+        }
+    }
+
+    /// After a panic lost the staging pool: a host pool of the same shape, registered with
+    /// the pool, or `None` when it cannot be rebuilt (module docs).
+    fn rebuild_staging(&mut self) -> Option<StagingPool> {
+        let (geometry, pinned) = self.staging_shape;
+        if pinned {
+            tracing::error!(rank = self.rank, "save batch panicked and the pinned staging pool is lost; saver retired, later saves fail");
+            return None;
+        }
+        let staging = StagingPool::new_host(geometry);
+        if let Err(err) = self.pool.register_staging(staging.bytes()) {
+            tracing::error!(rank = self.rank, error = %err, kind = err.kind(), "save batch panicked and the new staging pool was refused; saver retired");
+            return None;
+        }
+        self.release_rebuilt();
+        self.rebuilt_registration = Some(staging.as_ptr().addr());
+        tracing::error!(
+            rank = self.rank,
+            "save batch panicked; its pages failed, saver restarted"
+        );
+        Some(staging)
+    }
+
+    /// Unregisters a staging pool this saver rebuilt (idempotent).
+    fn release_rebuilt(&mut self) {
+        if let Some(start) = self.rebuilt_registration.take() {
+            if let Err(err) = self.pool.unregister_staging(start) {
+                tracing::warn!(error = %err, kind = err.kind(), "could not unregister a rebuilt staging pool");
+            }
+        }
+    }
+
+    /// The `staging_exhausted` fault point (feature `faults`): this batch finds no staging.
+    #[cfg(feature = "faults")]
+    fn staging_exhausted(&self) -> bool {
+        use crate::pool::faults::FaultPoint;
+        self.pool
+            .faults()
+            .is_some_and(|faults| faults.fire(FaultPoint::StagingExhausted))
+    }
+
+    #[cfg(not(feature = "faults"))]
+    #[expect(
+        clippy::unused_self,
+        reason = "the fault point exists only with `faults`"
+    )]
+    fn staging_exhausted(&self) -> bool {
+        false
+    }
+
+    /// The `save_queue_full` fault point (feature `faults`): this page finds the queue full.
+    #[cfg(feature = "faults")]
+    fn queue_full_fault(&self) -> bool {
+        use crate::pool::faults::FaultPoint;
+        self.pool
+            .faults()
+            .is_some_and(|faults| faults.fire(FaultPoint::SaveQueueFull))
+    }
+
+    #[cfg(not(feature = "faults"))]
+    #[expect(
+        clippy::unused_self,
+        reason = "the fault point exists only with `faults`"
+    )]
+    fn queue_full_fault(&self) -> bool {
+        false
     }
 
     fn transfer_item(&self, item: &SaveItem) -> Option<TransferItem> {
@@ -192,22 +315,25 @@ impl SaverQueue {
         })
     }
 
+    /// Counts and settles a batch (A1). `items` and `results` are per queued page (as
+    /// [`aligned_results`] gives them); a page without a result failed.
     fn account(
         &mut self,
         ctx: &mut Context<Self>,
         batch: &[Queued],
-        items: &[TransferItem],
-        results: &[SaveResult],
+        items: &[Option<TransferItem>],
+        results: &[Option<SaveResult>],
     ) {
         let mut counts: HashMap<RequestId, u64> = HashMap::new();
         for (position, queued) in batch.iter().enumerate() {
             *counts.entry(queued.item.request).or_default() += 1;
             self.stats.queue_time.record(queued.enqueued_at.elapsed());
-            match results.get(position) {
+            match results.get(position).copied().flatten() {
                 Some(SaveResult::Stored) => {
                     self.stats.saves_done += 1;
                     self.stats.bytes_saved += items
                         .get(position)
+                        .and_then(Option::as_ref)
                         .map_or(0, |item| item.payload_len as u64);
                 }
                 // R20: for a re-save, the saver's existence probe is what refreshes a
@@ -224,11 +350,29 @@ impl SaverQueue {
     }
 }
 
+/// Each queued page's result: the next transfer result for a page that had a transfer
+/// item, `None` for one without (or a result missing from a short answer).
+fn aligned_results(
+    positions: &[Option<TransferItem>],
+    items: &[TransferItem],
+    results: &[SaveResult],
+) -> Vec<Option<SaveResult>> {
+    let mut results = results.iter().take(items.len());
+    positions
+        .iter()
+        .map(|item| item.as_ref().and_then(|_| results.next().copied()))
+        .collect()
+}
+
 impl Actor for SaverQueue {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox_capacity);
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.release_rebuilt();
     }
 }
 
@@ -239,6 +383,11 @@ impl Handler<EnqueueSave> for SaverQueue {
         let mut dropped: HashMap<RequestId, u64> = HashMap::new();
         for (item, priority) in message.items() {
             self.stats.saves_enqueued += 1;
+            if self.queue_full_fault() {
+                self.stats.saves_dropped += 1;
+                *dropped.entry(item.request).or_default() += 1;
+                continue;
+            }
             let outcome = self.queue.push(
                 Queued {
                     item,

@@ -39,8 +39,8 @@ use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
 use crate::replay::{
-    kvc_connector, no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, PoolMaster,
-    ProgressSink, ReplayError, ReplayParams, ReplayReport, Routing,
+    no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, PoolMaster, ProgressSink,
+    ReplayError, ReplayParams, ReplayReport, Routing,
 };
 
 /// Which workload generator `--generate` runs.
@@ -227,6 +227,11 @@ pub struct ReplayArgs {
     /// the replay fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     pub stall_timeout_s: u64,
+    /// Inject faults (needs a build with `--features faults`): `default` turns every fault
+    /// point on at a modest rate, or `point=rate,...` with `seed=N` and `slow_ms=N`, e.g.
+    /// `get=0.01,corrupt_payload=0.005,seed=7` (docs/RELIABILITY.md lists the points).
+    #[arg(long, value_name = "SPEC")]
+    pub faults: Option<String>,
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -248,6 +253,15 @@ pub enum ReplayCliError {
     /// Encoding the JSON report failed.
     #[error("encoding the replay report as json failed")]
     Json(#[source] serde_json::Error),
+    /// `--faults` in a build without the `faults` cargo feature.
+    #[error(
+        "--faults needs a build with the `faults` cargo feature: cargo build --features faults"
+    )]
+    FaultsNotBuilt,
+    /// The `--faults` spec is invalid.
+    #[cfg(feature = "faults")]
+    #[error("invalid --faults spec")]
+    FaultSpec(#[source] crate::pool::faults::FaultSpecError),
 }
 
 impl From<ReplayError> for ReplayCliError {
@@ -263,6 +277,9 @@ impl ReplayCliError {
             Self::Replay(err) => err.kind(),
             Self::Write(_) => "write",
             Self::Json(_) => "json",
+            Self::FaultsNotBuilt => "faults_not_built",
+            #[cfg(feature = "faults")]
+            Self::FaultSpec(_) => "fault_spec",
         }
     }
 }
@@ -297,6 +314,7 @@ pub fn run<S: std::hash::BuildHasher>(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ReplayCliError> {
+    let faults = fault_wiring::injector(args)?;
     let config = load_config(args, env)?;
     if let (Some(master), PoolBackend::Memory) = (&args.master, config.pool.backend) {
         return Err(ReplayError::MasterWithoutMooncake {
@@ -351,10 +369,14 @@ pub fn run<S: std::hash::BuildHasher>(
         local_prefix_cache: args.local_prefix_cache,
     };
     let mut progress = BarProgress::new(args.quiet);
-    let report = match args.connector {
-        ConnectorKind::Kvc => run_replay(&params, &workload, &mut kvc_connector, &mut progress),
+    let mut report = match args.connector {
+        ConnectorKind::Kvc => {
+            let mut factory = fault_wiring::kvc_factory(&faults);
+            run_replay(&params, &workload, &mut factory, &mut progress)
+        }
         ConnectorKind::None => run_replay(&params, &workload, &mut no_connector, &mut progress),
     }?;
+    fault_wiring::record(&faults, &mut report);
     write_report(args, &report, out, err)
 }
 
@@ -464,6 +486,71 @@ fn write_report(
     out.flush().map_err(ReplayCliError::Write)
 }
 
+/// `--faults` (issue 8): each instance's connector sees its pool through a
+/// `pool::faults::FaultyPool`, all sharing one injector, whose counts go in the report.
+#[cfg(feature = "faults")]
+mod fault_wiring {
+    use std::sync::Arc;
+
+    use super::{ReplayArgs, ReplayCliError};
+    use crate::pool::faults::{FaultInjector, FaultSpec, FaultyPool};
+    use crate::replay::{
+        kvc_connector, InstanceContext, ReplayConnector, ReplayError, ReplayReport,
+    };
+
+    pub(super) type Injector = Option<Arc<FaultInjector>>;
+
+    pub(super) fn injector(args: &ReplayArgs) -> Result<Injector, ReplayCliError> {
+        let Some(text) = &args.faults else {
+            return Ok(None);
+        };
+        let spec = FaultSpec::parse(text).map_err(ReplayCliError::FaultSpec)?;
+        Ok(Some(Arc::new(FaultInjector::new(spec))))
+    }
+
+    pub(super) fn kvc_factory(
+        faults: &Injector,
+    ) -> impl FnMut(&InstanceContext) -> Result<Box<dyn ReplayConnector>, ReplayError> + '_ {
+        move |context| match faults {
+            Some(faults) => {
+                let mut context = context.clone();
+                context.pool = Arc::new(FaultyPool::new(context.pool, Arc::clone(faults)));
+                kvc_connector(&context)
+            }
+            None => kvc_connector(context),
+        }
+    }
+
+    pub(super) fn record(faults: &Injector, report: &mut ReplayReport) {
+        if let Some(faults) = faults {
+            let counts = faults.counts().into_iter();
+            report.faults_injected = Some(counts.map(|(name, n)| (name.to_owned(), n)).collect());
+        }
+    }
+}
+
+/// Without the `faults` feature, `--faults` is refused with the feature named.
+#[cfg(not(feature = "faults"))]
+mod fault_wiring {
+    use super::{ReplayArgs, ReplayCliError};
+    use crate::replay::{kvc_connector, ConnectorFactory, ReplayReport};
+
+    pub(super) type Injector = ();
+
+    pub(super) fn injector(args: &ReplayArgs) -> Result<Injector, ReplayCliError> {
+        match args.faults {
+            Some(_) => Err(ReplayCliError::FaultsNotBuilt),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn kvc_factory(_faults: &Injector) -> Box<ConnectorFactory<'static>> {
+        Box::new(kvc_connector)
+    }
+
+    pub(super) fn record(_faults: &Injector, _report: &mut ReplayReport) {}
+}
+
 /// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
 struct BarProgress {
     bar: ProgressBar,
@@ -556,6 +643,24 @@ mod tests {
     }
 
     type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+    /// Without the `faults` feature, `--faults` is refused before anything runs, with the
+    /// feature named (issue 8).
+    #[cfg(not(feature = "faults"))]
+    #[test]
+    fn faults_without_the_feature_name_the_feature() -> TestResult<()> {
+        let args = args(&["--faults", "default"])?;
+        let err = run(
+            &args,
+            HashMap::<String, String>::new(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        )
+        .expect_err("--faults needs the feature");
+        assert_eq!(err.kind(), "faults_not_built");
+        assert!(err.to_string().contains("--features faults"), "{err}");
+        Ok(())
+    }
 
     fn replay_args(flags: &[&str]) -> TestResult<ReplayArgs> {
         let cli = Cli::try_parse_from(["kv-connector", "replay"].iter().chain(flags))?;

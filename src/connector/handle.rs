@@ -86,6 +86,10 @@ pub struct ConnectorHandle {
     saves_refused: u64,
     /// Lookups a full planner mailbox deferred to a later step.
     lookups_deferred: u64,
+    /// Loads the engine asked for (`start_load`) and loads the reservation manager took:
+    /// the difference failed here at once and is counted started and failed (accounting).
+    loads_asked: u64,
+    loads_sent: u64,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -148,6 +152,8 @@ impl ConnectorHandle {
             sync_load,
             saves_refused: 0,
             lookups_deferred: 0,
+            loads_asked: 0,
+            loads_sent: 0,
             runtime,
         })
     }
@@ -163,7 +169,13 @@ impl ConnectorHandle {
             .runtime
             .block_on(self.reporter.send(CollectNow))
             .unwrap_or_default();
+        // Refused pages and loads never reached an actor: counted here on both sides of
+        // the accounting (saves enqueued = ... + dropped; loads started = done + failed).
+        stats.saves.saves_enqueued += self.saves_refused;
         stats.saves.saves_dropped += self.saves_refused;
+        let loads_refused = self.loads_asked.saturating_sub(self.loads_sent);
+        stats.loads.loads_started += loads_refused;
+        stats.loads.loads_failed += loads_refused;
         stats.lookups.deferred += self.lookups_deferred;
         stats
     }
@@ -247,6 +259,7 @@ impl ConnectorHandle {
     /// Starts the load of a reservation whose pages the engine allocated this step.
     fn start_load(&mut self, scheduled: &ScheduledRequest<'_>, reservation: ReservationId) {
         let request = scheduled.request;
+        self.loads_asked += 1;
         let failed = FinishedLoad {
             reservation,
             request,
@@ -290,8 +303,11 @@ impl ConnectorHandle {
         if self.manager.try_send(message).is_err() {
             tracing::warn!(%request, %reservation, "reservation manager full or gone; load failed");
             self.finished_loads.push(failed);
-        } else if self.sync_load {
-            self.wait_for_load(reservation);
+        } else {
+            self.loads_sent += 1;
+            if self.sync_load {
+                self.wait_for_load(reservation);
+            }
         }
     }
 

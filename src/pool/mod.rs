@@ -32,6 +32,8 @@
 //! shutdown, so a backend with registered-memory transfers (Mooncake) moves them directly.
 
 pub mod clock;
+#[cfg(feature = "faults")]
+pub mod faults;
 pub mod memory;
 #[cfg(feature = "mooncake")]
 pub mod mooncake;
@@ -102,6 +104,13 @@ pub trait Pool: Send + Sync {
     fn unregister_staging(&self, start_addr: usize) -> Result<(), PoolError> {
         let _ = start_addr;
         Ok(())
+    }
+
+    /// The fault injector of a [`faults::FaultyPool`] (feature `faults`), through which
+    /// loaders and savers fire the fault points that are not pool calls. Default: none.
+    #[cfg(feature = "faults")]
+    fn faults(&self) -> Option<&faults::FaultInjector> {
+        None
     }
 }
 

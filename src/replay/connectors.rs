@@ -72,6 +72,17 @@ pub struct ConnectorReport {
     pub saves_skipped_present: u64,
     /// Saves shed by the bounded save queue (R22).
     pub saves_dropped: u64,
+    /// Save pages enqueued; accounting (issue 8): `saves_enqueued = pages_saved +
+    /// saves_skipped_present + saves_dropped + saves_failed`.
+    pub saves_enqueued: u64,
+    /// Save pages that could not be stored.
+    pub saves_failed: u64,
+    /// Loads started; accounting: `loads_started = loads_done + loads_failed`.
+    pub loads_started: u64,
+    /// Loads handed to the engine filled.
+    pub loads_done: u64,
+    /// Loads handed to the engine failed (R25), or stale (R26).
+    pub loads_failed: u64,
 }
 
 impl ConnectorReport {
@@ -82,6 +93,11 @@ impl ConnectorReport {
         self.bytes_saved += other.bytes_saved;
         self.saves_skipped_present += other.saves_skipped_present;
         self.saves_dropped += other.saves_dropped;
+        self.saves_enqueued += other.saves_enqueued;
+        self.saves_failed += other.saves_failed;
+        self.loads_started += other.loads_started;
+        self.loads_done += other.loads_done;
+        self.loads_failed += other.loads_failed;
     }
 }
 
@@ -163,6 +179,7 @@ mod tests {
             bytes_saved: 7,
             saves_skipped_present: 8,
             saves_dropped: 9,
+            ..ConnectorReport::default()
         };
         let mut sum = one;
         sum.add(&one);

@@ -53,6 +53,11 @@ impl ReplayConnector for ConnectorHandle {
             bytes_saved: stats.saves.bytes_saved,
             saves_skipped_present: stats.saves.saves_skipped_present,
             saves_dropped: stats.saves.saves_dropped,
+            saves_enqueued: stats.saves.saves_enqueued,
+            saves_failed: stats.saves.saves_failed,
+            loads_started: stats.loads.loads_started,
+            loads_done: stats.loads.loads_done,
+            loads_failed: stats.loads.loads_failed + stats.loads.stale_completions,
         }
     }
 }

@@ -11,11 +11,18 @@
 //! `mismatched_pages`, `lookups` {`full`,
 //! `rewound`, `recovered`, `window_miss`, `full_miss`}, `pages_loaded`, `bytes_loaded`,
 //! `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`, `saves_skipped_present`,
-//! `saves_dropped`, `loads_filled`, `loads_failed`, `stale_load_reports`,
+//! `saves_dropped`, `saves_enqueued`, `saves_done`, `saves_failed`, `loads_started`,
+//! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
-//! `wall_seconds`, `setup` {..., `local_prefix_cache`, ...}.
+//! `wall_seconds`, `setup` {..., `local_prefix_cache`, ...}; with `--faults`, also
+//! `faults_injected` {point name: times it fired}.
+//!
+//! Accounting (issue 8, [`ReplayReport::accounting_closed`]): `saves_enqueued =
+//! saves_done + saves_skipped_present + saves_dropped + saves_failed` and `loads_started =
+//! loads_done + loads_failed`, where `loads_*` and `saves_*` come from the connectors and
+//! `loads_failed` from the engines (they agree when every failed load reached its engine).
 //!
 //! Reuse has two sources that never overlap: `reused_tokens` came from the pool (filled
 //! loads), `local_hit_tokens` from the instance's own local prefix cache (only with
@@ -147,6 +154,16 @@ pub struct ReplayReport {
     pub saves_skipped_present: u64,
     /// Saves shed by the save queue (R22).
     pub saves_dropped: u64,
+    /// Save pages enqueued (accounting, module docs).
+    pub saves_enqueued: u64,
+    /// Save pages stored (the same count as `pages_saved`).
+    pub saves_done: u64,
+    /// Save pages that could not be stored.
+    pub saves_failed: u64,
+    /// Loads the connectors started (accounting, module docs).
+    pub loads_started: u64,
+    /// Loads the connectors handed over filled.
+    pub loads_done: u64,
     /// Reservations reported filled.
     pub loads_filled: u64,
     /// Reservations reported failed (R25).
@@ -173,6 +190,9 @@ pub struct ReplayReport {
     pub wall_seconds: f64,
     /// How the replay was set up.
     pub setup: SetupSummary,
+    /// With `--faults`: how often each fault point fired.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults_injected: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// `part / whole`, 0 for an empty whole.
@@ -214,6 +234,17 @@ fn human_bytes(bytes: u64) -> String {
 }
 
 impl ReplayReport {
+    /// Whether every save and load is counted once (module docs, "Accounting").
+    pub fn accounting_closed(&self) -> bool {
+        u128::from(self.saves_enqueued)
+            == u128::from(self.saves_done)
+                + u128::from(self.saves_skipped_present)
+                + u128::from(self.saves_dropped)
+                + u128::from(self.saves_failed)
+            && u128::from(self.loads_started)
+                == u128::from(self.loads_done) + u128::from(self.loads_failed)
+    }
+
     /// Writes the summary table.
     ///
     /// # Errors
@@ -318,6 +349,22 @@ impl ReplayReport {
             "  loads filled/failed {:>14} / {}",
             self.loads_filled, self.loads_failed
         )?;
+        writeln!(
+            out,
+            "  accounting          {:>14} (saves {} = {} done + {} skipped + {} dropped + {} failed; loads {} = {} done + {} failed)",
+            if self.accounting_closed() { "closed" } else { "NOT CLOSED" },
+            self.saves_enqueued, self.saves_done, self.saves_skipped_present,
+            self.saves_dropped, self.saves_failed,
+            self.loads_started, self.loads_done, self.loads_failed
+        )?;
+        if let Some(faults) = &self.faults_injected {
+            let fired: Vec<String> = faults
+                .iter()
+                .filter(|(_, &count)| count > 0)
+                .map(|(name, count)| format!("{name} {count}"))
+                .collect();
+            writeln!(out, "  faults injected     {:>14}", fired.join(", "))?;
+        }
         Ok(())
     }
 

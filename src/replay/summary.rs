@@ -134,6 +134,11 @@ pub(super) fn summarize(
         bytes_saved: connector.bytes_saved,
         saves_skipped_present: connector.saves_skipped_present,
         saves_dropped: connector.saves_dropped,
+        saves_enqueued: connector.saves_enqueued,
+        saves_done: connector.pages_saved,
+        saves_failed: connector.saves_failed,
+        loads_started: connector.loads_started,
+        loads_done: connector.loads_done,
         loads_filled: counters.loads_filled,
         loads_failed: counters.loads_failed,
         stale_load_reports: counters.stale_load_reports,
@@ -160,5 +165,6 @@ pub(super) fn summarize(
             deployment,
             summaries.first().map_or("none", |summary| summary.device),
         ),
+        faults_injected: None,
     }
 }

@@ -1,0 +1,438 @@
+//! Fault injection (issue 8; feature `faults`): every named fault point, on the connector
+//! and in replays, with the accounting (A1, A2) checked after each.
+//!
+//! What is checked:
+//! - a load fault (pool error, eviction between probe and load, corrupt header or
+//!   payload, timeout, staging exhaustion, a loader panic) fails the load, never fills it
+//!   (R5, R25); a load that is filled has byte-identical pages;
+//! - a lookup fault offers nothing it could not probe (R10);
+//! - a save fault (pool error, full queue, staging exhaustion, a saver panic) is counted and
+//!   settled, so the engine gets its pages back (R22);
+//! - loaders and savers that panic restart in place (their module docs) and keep serving;
+//! - replays with each fault, with `--faults default` and a slice of the soak trace
+//!   complete every request with 0 mismatched pages and closed accounting.
+
+#![cfg(feature = "faults")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use clap::Parser;
+use common::{finished_loads, memory_pool, page_content, prompt, reserve, start, Instance};
+use kv_connector::cli::{replay as replay_cli, Cli, Command};
+use kv_connector::config::Config;
+use kv_connector::connector::{EngineConnector, ReserveAnswer};
+use kv_connector::core::ids::{RequestId, ReservationId};
+use kv_connector::core::layout::{GroupId, Layout};
+use kv_connector::pool::faults::{FaultInjector, FaultPoint, FaultSpec, FaultyPool};
+use kv_connector::pool::{MemoryPool, Pool};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Tokens of the test prompt: 8 full blocks of tiny-full and one more token.
+const PROMPT_BLOCKS: usize = 8;
+
+fn tiny() -> Result<Layout, Box<dyn std::error::Error>> {
+    Ok(Layout::preset("tiny-full")?)
+}
+
+/// `inner` behind a fault injector of `spec`.
+fn faulty(inner: &Arc<MemoryPool>, spec: FaultSpec) -> (Arc<dyn Pool>, Arc<FaultInjector>) {
+    let injector = Arc::new(FaultInjector::new(spec));
+    let pool = FaultyPool::new(Arc::clone(inner) as Arc<dyn Pool>, Arc::clone(&injector));
+    (Arc::new(pool), injector)
+}
+
+/// Saves the test prompt through a pool without faults.
+fn saved_pool(layout: &Layout) -> (Arc<MemoryPool>, Arc<[i64]>) {
+    let inner = memory_pool(64 << 20);
+    let t = layout.tokens_per_block as usize;
+    let tokens = prompt(0, PROMPT_BLOCKS * t + 1);
+    let mut saver = start(
+        Arc::clone(&inner) as Arc<dyn Pool>,
+        layout,
+        Config::default(),
+    );
+    saver.save_prompt(RequestId(1), &tokens, layout, 0);
+    let _ = saver.handle.shutdown();
+    (inner, tokens)
+}
+
+/// Looks up, reserves and loads the test prompt into pages 100..; returns whether the load
+/// was filled, after checking that a filled load's pages are the saved bytes.
+fn load_once(
+    instance: &mut Instance,
+    layout: &Layout,
+    tokens: &Arc<[i64]>,
+    request: u64,
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let (request, reservation) = (RequestId(request), ReservationId(request));
+    instance
+        .handle
+        .lookup_prefix(request, Arc::clone(tokens), 0);
+    let ReserveAnswer::Offer { extra_tokens, .. } =
+        reserve(&mut instance.handle, request, reservation)
+    else {
+        return Err("reserve stayed pending".into());
+    };
+    if extra_tokens == 0 {
+        return Ok(false);
+    }
+    instance.start_load(request, reservation, tokens.len(), layout, 100);
+    let finished = finished_loads(&mut instance.handle);
+    let filled = finished.iter().any(|load| load.filled);
+    if filled {
+        let len = instance.devices[0].page_pool(GroupId(0))?.page_bytes;
+        for block in 0..PROMPT_BLOCKS {
+            let page = u32::try_from(100 + block)?;
+            let bytes = instance.devices[0].read_page_to_vec(GroupId(0), page)?;
+            assert_eq!(
+                bytes,
+                page_content(GroupId(0), 0, block, len),
+                "a filled load has the saved bytes (block {block})"
+            );
+        }
+    }
+    instance.handle.request_finished(request);
+    Ok(filled)
+}
+
+/// Each load fault at rate 1 fails the load (R25) and closes the accounting (A2).
+#[test]
+fn every_load_fault_fails_the_load_and_never_fills_it_r25() -> TestResult {
+    let layout = tiny()?;
+    let (inner, tokens) = saved_pool(&layout);
+    let load_points = [
+        FaultPoint::GetBatch,
+        FaultPoint::Get,
+        FaultPoint::Evict,
+        FaultPoint::CorruptHeader,
+        FaultPoint::CorruptPayload,
+        FaultPoint::Timeout,
+        FaultPoint::StagingExhausted,
+        FaultPoint::LoaderPanic,
+    ];
+    for point in load_points {
+        let (pool, injector) = faulty(&inner, FaultSpec::default().with(point, 1.0));
+        let mut instance = start(pool, &layout, Config::default());
+        let filled = load_once(&mut instance, &layout, &tokens, 2)?;
+        assert!(
+            !filled,
+            "{}: an unverifiable page is a miss",
+            point.as_str()
+        );
+        assert!(injector.fired(point) > 0, "{} never fired", point.as_str());
+        let stats = instance.handle.shutdown();
+        stats.check_accounting()?;
+        assert_eq!(
+            (stats.loads.loads_started, stats.loads.loads_failed),
+            (1, 1),
+            "{}",
+            point.as_str()
+        );
+    }
+    Ok(())
+}
+
+/// A slow pool answer past `loaders.load_timeout_ms` fails the load as a timeout (R25).
+#[test]
+fn a_slow_pool_answer_past_the_load_deadline_fails_the_load_r25() -> TestResult {
+    let layout = tiny()?;
+    let (inner, tokens) = saved_pool(&layout);
+    let mut spec = FaultSpec::default().with(FaultPoint::Slow, 1.0);
+    spec.slow_ms = 30;
+    let (pool, injector) = faulty(&inner, spec);
+    let mut config = Config::default();
+    config.loaders.load_timeout_ms = 5;
+    let mut instance = start(pool, &layout, config);
+    assert!(!load_once(&mut instance, &layout, &tokens, 2)?);
+    assert!(injector.fired(FaultPoint::Slow) > 0);
+    let stats = instance.handle.shutdown();
+    stats.check_accounting()?;
+    assert_eq!(stats.loads.loads_failed, 1);
+    Ok(())
+}
+
+/// A lookup whose probes fail offers nothing (a key it cannot probe is absent, R10).
+#[test]
+fn a_lookup_with_failing_probes_offers_nothing_r10() -> TestResult {
+    let layout = tiny()?;
+    let (inner, tokens) = saved_pool(&layout);
+    for point in [FaultPoint::ExistsBatch, FaultPoint::Exists] {
+        let (pool, injector) = faulty(&inner, FaultSpec::default().with(point, 1.0));
+        let mut instance = start(pool, &layout, Config::default());
+        assert!(!load_once(&mut instance, &layout, &tokens, 2)?);
+        assert!(injector.fired(point) > 0);
+        let stats = instance.handle.shutdown();
+        stats.check_accounting()?;
+        assert_eq!(stats.lookups.full_miss, 1, "{}", point.as_str());
+        assert_eq!(stats.loads.loads_started, 0);
+    }
+    Ok(())
+}
+
+/// A loader that panics restarts in place: with one loader, loads after a panic still
+/// fill (deterministic for the seed), and every load is answered (L1).
+#[test]
+fn a_loader_that_panics_restarts_and_keeps_loading() -> TestResult {
+    let layout = tiny()?;
+    let (inner, tokens) = saved_pool(&layout);
+    let mut spec = FaultSpec::default().with(FaultPoint::LoaderPanic, 0.5);
+    spec.seed = 3;
+    let (pool, injector) = faulty(&inner, spec);
+    let mut config = Config::default();
+    config.loaders.load_threads = 1;
+    let mut instance = start(pool, &layout, config);
+    let mut filled_after_panic = false;
+    for request in 2..14 {
+        let filled = load_once(&mut instance, &layout, &tokens, request)?;
+        filled_after_panic |= filled && injector.fired(FaultPoint::LoaderPanic) > 0;
+    }
+    assert!(
+        injector.fired(FaultPoint::LoaderPanic) > 0,
+        "no panic injected"
+    );
+    assert!(
+        filled_after_panic,
+        "the loader did not come back after a panic"
+    );
+    let stats = instance.handle.shutdown();
+    stats.check_accounting()?;
+    assert_eq!(stats.loads.loads_started, 12);
+    assert_eq!(
+        stats.loads.loads_failed,
+        injector.fired(FaultPoint::LoaderPanic)
+    );
+    Ok(())
+}
+
+/// Saves the test prompt through `spec`; returns the stats after checking that the
+/// request's pages were handed back (R22) and the accounting is closed (A1).
+fn save_with(
+    spec: FaultSpec,
+    config: Config,
+) -> Result<(kv_connector::stats::ConnectorStats, Arc<FaultInjector>), Box<dyn std::error::Error>> {
+    let layout = tiny()?;
+    let inner = memory_pool(64 << 20);
+    let (pool, injector) = faulty(&inner, spec);
+    let mut instance = start(pool, &layout, config);
+    let t = layout.tokens_per_block as usize;
+    let tokens = prompt(0, PROMPT_BLOCKS * t + 1);
+    instance.save_prompt(RequestId(1), &tokens, &layout, 0);
+    let keep = instance.handle.request_finished(RequestId(1));
+    instance.handle.settle_saves();
+    let freed = instance.handle.get_finished_saves();
+    assert!(
+        !keep || freed == vec![RequestId(1)],
+        "pages handed back (R22)"
+    );
+    let stats = instance.handle.shutdown();
+    stats.check_accounting()?;
+    assert_eq!(stats.saves.saves_enqueued, PROMPT_BLOCKS as u64);
+    Ok((stats, injector))
+}
+
+/// Each save fault at rate 1 stores nothing, and every page is counted and settled (A1).
+#[test]
+fn every_save_fault_is_counted_and_settled_r22() -> TestResult {
+    let save_points = [
+        FaultPoint::PutBatch,
+        FaultPoint::Put,
+        FaultPoint::SaveQueueFull,
+        FaultPoint::StagingExhausted,
+        FaultPoint::SaverPanic,
+    ];
+    for point in save_points {
+        let (stats, injector) =
+            save_with(FaultSpec::default().with(point, 1.0), Config::default())?;
+        assert!(injector.fired(point) > 0, "{} never fired", point.as_str());
+        assert_eq!(stats.saves.saves_done, 0, "{}", point.as_str());
+        let lost = stats.saves.saves_failed + stats.saves.saves_dropped;
+        assert_eq!(lost, PROMPT_BLOCKS as u64, "{}", point.as_str());
+    }
+    Ok(())
+}
+
+/// A save whose existence probe fails is still stored (the probe is only an optimisation,
+/// R19), and a saver that panics on some batches restarts and stores the others.
+#[test]
+fn saves_survive_probe_errors_and_saver_panics() -> TestResult {
+    let (stats, _) = save_with(
+        FaultSpec::default().with(FaultPoint::ExistsBatch, 1.0),
+        Config::default(),
+    )?;
+    assert_eq!(stats.saves.saves_done, PROMPT_BLOCKS as u64);
+    let mut config = Config::default();
+    // One page per batch: each batch is one put, so panics hit single pages.
+    config.saver.staging_bytes = 1;
+    let mut spec = FaultSpec::default().with(FaultPoint::SaverPanic, 0.5);
+    spec.seed = 5;
+    let (stats, injector) = save_with(spec, config)?;
+    let panics = injector.fired(FaultPoint::SaverPanic);
+    assert!(
+        panics > 0 && panics < PROMPT_BLOCKS as u64,
+        "{panics} panics"
+    );
+    assert_eq!(stats.saves.saves_failed, panics);
+    assert_eq!(stats.saves.saves_done, PROMPT_BLOCKS as u64 - panics);
+    Ok(())
+}
+
+/// Runs `kv-connector replay` with `flags` and returns its JSON report.
+fn replay_json(flags: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let mut line = vec!["kv-connector", "replay", "--json", "--quiet"];
+    line.extend_from_slice(flags);
+    let Command::Replay(args) = Cli::try_parse_from(line)?.command else {
+        return Err("not the replay subcommand".into());
+    };
+    let mut out = Vec::new();
+    replay_cli::run(
+        &args,
+        HashMap::<String, String>::new(),
+        &mut out,
+        &mut Vec::new(),
+    )?;
+    Ok(serde_json::from_slice(&out)?)
+}
+
+fn field(report: &serde_json::Value, name: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    report[name]
+        .as_u64()
+        .ok_or_else(|| format!("report has no {name}").into())
+}
+
+/// The replay invariants under faults: every request completes, no page mismatches, and
+/// A1/A2 hold in the JSON report.
+fn assert_replay_invariants(report: &serde_json::Value, what: &str) -> TestResult {
+    assert_eq!(
+        field(report, "completed")?,
+        field(report, "requests")?,
+        "{what}"
+    );
+    assert_eq!(
+        field(report, "mismatched_pages")?,
+        0,
+        "{what}: a wrong page reached the engine"
+    );
+    let saves = field(report, "saves_done")?
+        + field(report, "saves_skipped_present")?
+        + field(report, "saves_dropped")?
+        + field(report, "saves_failed")?;
+    assert_eq!(field(report, "saves_enqueued")?, saves, "{what}: A1");
+    let loads = field(report, "loads_done")? + field(report, "loads_failed")?;
+    assert_eq!(field(report, "loads_started")?, loads, "{what}: A2");
+    assert_eq!(
+        field(report, "loads_done")?,
+        field(report, "loads_filled")?,
+        "{what}"
+    );
+    Ok(())
+}
+
+/// The small demo-shaped workload the fault replays run (2 sessions x 3 turns).
+const SMALL: [&str; 12] = [
+    "--sessions",
+    "2",
+    "--turns",
+    "3",
+    "--first-turn-tokens",
+    "3000",
+    "--last-turn-tokens",
+    "4000",
+    "--system-prefix-tokens",
+    "2400",
+    "--output-tokens",
+    "16",
+];
+
+/// Every fault point alone at a high rate, then `--faults default`: the replay invariants
+/// hold after each, and the point fired.
+#[test]
+fn every_fault_replay_completes_with_no_mismatch_and_closed_accounting() -> TestResult {
+    let mut specs: Vec<String> = FaultPoint::ALL
+        .into_iter()
+        .filter(|point| *point != FaultPoint::Slow)
+        .map(|point| format!("{}=0.2,seed=11", point.as_str()))
+        .collect();
+    specs.push("slow=0.3,slow_ms=1".to_owned());
+    specs.push("default,seed=7".to_owned());
+    for spec in &specs {
+        let mut flags = SMALL.to_vec();
+        flags.extend(["--faults", spec]);
+        let report = replay_json(&flags)?;
+        assert_replay_invariants(&report, spec)?;
+        let fired: u64 = report["faults_injected"]
+            .as_object()
+            .ok_or("no faults_injected")?
+            .values()
+            .filter_map(serde_json::Value::as_u64)
+            .sum();
+        // The runtime never calls `touch` (re-save refreshes through its probe, R20), so
+        // the touch points fire only in the pool wrapper's own tests.
+        if !spec.starts_with("touch") {
+            assert!(fired > 0, "{spec}: nothing fired");
+        }
+    }
+    Ok(())
+}
+
+/// The same seed gives the same faults and the same report (but wall-clock figures).
+#[test]
+fn a_fault_replay_is_deterministic_for_its_seed() -> TestResult {
+    let run = || -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+        let mut flags = SMALL.to_vec();
+        flags.extend(["--faults", "get=0.01,put=0.01,evict=0.01,seed=9"]);
+        replay_json(&flags)
+    };
+    let (first, second) = (run()?, run()?);
+    for name in [
+        "faults_injected",
+        "loads_failed",
+        "saves_failed",
+        "reused_tokens",
+    ] {
+        assert_eq!(first[name], second[name], "{name}");
+    }
+    Ok(())
+}
+
+/// Issue 8 part 6, CI slice: the first requests of the shared trace with every fault on.
+#[test]
+fn soak_slice_of_the_shared_trace_with_default_faults() -> TestResult {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/traces/mooncake_synthetic_trace.jsonl"
+    );
+    if !std::path::Path::new(trace).exists() {
+        return Err(format!("{trace} is missing; clone next to shared/").into());
+    }
+    let report = replay_json(&[
+        "--trace",
+        trace,
+        "--limit",
+        "600",
+        "--kv-bytes-scale",
+        "0.0009765625",
+        "--pool-capacity",
+        "4TiB",
+        "--instances",
+        "2",
+        "--model",
+        "llama-3.1-8b",
+        "--faults",
+        "default",
+    ])?;
+    assert_eq!(field(&report, "requests")?, 600);
+    assert_replay_invariants(&report, "soak slice")?;
+    Ok(())
+}
+
+/// A bad spec is refused with the entry named, before the replay starts.
+#[test]
+fn a_bad_fault_spec_is_refused() {
+    let err = replay_json(&["--faults", "gett=0.1"]).expect_err("unknown fault point");
+    let chain = format!("{err} / {:?}", err.source());
+    assert!(chain.contains("gett"), "{chain}");
+}
