@@ -205,7 +205,11 @@ impl ConnectorHandle {
         if self.thread.is_none() {
             return self.final_stats.clone().unwrap_or_default();
         }
-        let deadline = Instant::now() + self.drain_timeout;
+        // A timeout too large for the clock (validation caps it at one day) waits a day.
+        let deadline = Instant::now()
+            .checked_add(self.drain_timeout)
+            .or_else(|| Instant::now().checked_add(Duration::from_secs(86_400)))
+            .unwrap_or_else(Instant::now);
         for state in self.requests.values_mut() {
             state.unsent_lookup = None;
         }
