@@ -3,7 +3,8 @@
 //!
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`); stdout carries only the
 //! subcommand's output. Errors print as `error: ...` with their causes, and the process exits
-//! with status 1 (clap's usage errors exit with 2).
+//! with status 1 (clap's usage errors exit with 2); a replay stopped by SIGINT or SIGTERM
+//! exits with 130 or 143 after its partial report ([`cli::CliError::exit_code`]).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -14,11 +15,16 @@ use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match init_tracing().and_then(|()| cli::run(cli).map_err(anyhow::Error::from)) {
+    if let Err(err) = init_tracing() {
+        eprintln!("error: {err:#}");
+        return ExitCode::FAILURE;
+    }
+    match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+            let code = err.exit_code();
+            eprintln!("error: {:#}", anyhow::Error::from(err));
+            ExitCode::from(code)
         }
     }
 }

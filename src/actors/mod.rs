@@ -11,10 +11,21 @@
 //! Start order: planner, reservation manager, loaders (each on its own Arbiter),
 //! savers (each on its own Arbiter), loaders attached to the manager, stats reporter.
 //!
-//! Stop order (`ConnectorHandle::shutdown`): 1. the handle stops sending lookups;
-//! 2. every queued save is settled (`SettleSaves`), which also lets in-flight loads end;
-//! 3. the stats reporter collects the final report; 4. the system stops and its thread
-//! is joined. Supervision: an actor that panics takes its Arbiter down; its mailbox then
+//! Stop order (`ConnectorHandle::shutdown` / `close`, and the CLI on SIGINT / SIGTERM),
+//! bounded in all by `saver.shutdown_drain_timeout_ms` (the deadline):
+//! 1. the planner stops admitting: the handle drops lookups it has not sent yet (a
+//!    shut-down handle sends none), so no new load can be planned;
+//! 2. in-flight loads finish or fail: the handle waits for the completion of every load it
+//!    started (each has its own `loaders.load_timeout_ms`) until the deadline;
+//! 3. the savers drain: `SettleSaves` to every saver, answered when its queue is empty,
+//!    until the deadline; saves still queued then are dropped with the actors;
+//! 4. the stats reporter collects the final report; pages and loads cut off at the deadline
+//!    are counted as `saves_dropped` and `loads_failed`, so the accounting closes;
+//! 5. the system stops and its thread is joined (which waits for a batch already running
+//!    on the blocking pool), and the staging pools are unregistered from the pool. The
+//!    pool (Mooncake `close()`) is closed by its owner once every connector on it stopped.
+//!
+//! Supervision: an actor that panics takes its Arbiter down; its mailbox then
 //! refuses `try_send`, which the handle and manager turn into failed loads and dropped
 //! saves (service degrades, nothing wrong reaches the engine).
 

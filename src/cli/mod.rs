@@ -4,11 +4,16 @@
 //! its own file with its arguments (`clap::Args`), its typed error and a function that takes
 //! its input and output as `Read` / `Write`, so it is tested without a process.
 //!
+//! `replay` stops gracefully on SIGINT / SIGTERM ([`signals`]): it prints its partial report
+//! on stderr and fails with [`replay::ReplayCliError::Interrupted`], whose
+//! [`CliError::exit_code`] is 130 / 143.
+//!
 //! Adding a subcommand: add a module, a variant of [`Command`] holding its `Args`, a variant of
 //! [`CliError`] wrapping its error, and an arm in [`run`] and in [`CliError::kind`].
 
 pub mod keys;
 pub mod replay;
+pub mod signals;
 
 use std::io;
 
@@ -42,6 +47,9 @@ pub enum CliError {
     /// `kv-connector replay` failed.
     #[error(transparent)]
     Replay(#[from] replay::ReplayCliError),
+    /// The signal handlers could not be installed.
+    #[error("installing the sigint / sigterm handlers failed")]
+    Signals(#[source] io::Error),
 }
 
 impl CliError {
@@ -50,24 +58,40 @@ impl CliError {
         match self {
             Self::Keys(err) => err.kind(),
             Self::Replay(err) => err.kind(),
+            Self::Signals(_) => "signals",
+        }
+    }
+
+    /// The process exit status for this error: 128 + the signal number for a run stopped
+    /// by a signal (130 for SIGINT, 143 for SIGTERM), 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Replay(replay::ReplayCliError::Interrupted { signal, .. }) => signal.exit_code(),
+            _ => 1,
         }
     }
 }
 
-/// Runs the parsed command line against the process's stdin and stdout.
+/// Runs the parsed command line against the process's stdin and stdout; `replay` installs
+/// the SIGINT / SIGTERM handlers first.
 ///
 /// # Errors
 ///
-/// The failed subcommand's error, wrapped in [`CliError`].
+/// The failed subcommand's error, wrapped in [`CliError`]; [`CliError::Signals`] when the
+/// handlers cannot be installed.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Keys(args) => keys::run(&args, io::stdin().lock(), io::stdout().lock())?,
-        Command::Replay(args) => replay::run(
-            &args,
-            ConfigSources::from_process_env().env,
-            &mut io::stdout().lock(),
-            &mut io::stderr().lock(),
-        )?,
+        Command::Replay(args) => {
+            let stop = signals::StopSignal::install().map_err(CliError::Signals)?;
+            replay::run_until_stopped(
+                &args,
+                ConfigSources::from_process_env().env,
+                &stop,
+                &mut io::stdout().lock(),
+                &mut io::stderr().lock(),
+            )?;
+        }
     }
     Ok(())
 }

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::cli::signals::{Signal, StopSignal};
 use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, PoolBackend};
 use crate::core::layout::Layout;
 use crate::replay::cost::CostModel;
@@ -262,6 +263,19 @@ pub enum ReplayCliError {
     #[cfg(feature = "faults")]
     #[error("invalid --faults spec")]
     FaultSpec(#[source] crate::pool::faults::FaultSpecError),
+    /// A signal stopped the replay; the partial report went to stderr.
+    #[error(
+        "replay stopped by {} after {completed} of {requests} requests; the partial report is on stderr",
+        signal.as_str()
+    )]
+    Interrupted {
+        /// The signal.
+        signal: Signal,
+        /// Requests that had their first token.
+        completed: u64,
+        /// Requests in the workload.
+        requests: u64,
+    },
 }
 
 impl From<ReplayError> for ReplayCliError {
@@ -280,6 +294,7 @@ impl ReplayCliError {
             Self::FaultsNotBuilt => "faults_not_built",
             #[cfg(feature = "faults")]
             Self::FaultSpec(_) => "fault_spec",
+            Self::Interrupted { .. } => "interrupted",
         }
     }
 }
@@ -306,11 +321,29 @@ pub fn demo_params() -> LongMultiturnParams {
 ///
 /// # Errors
 ///
-/// [`ReplayCliError::Replay`] for any setup or replay failure, [`ReplayCliError::Write`] or
-/// [`ReplayCliError::Json`] when the report cannot be written.
+/// As [`run_until_stopped`], which it calls with a stop that never fires.
 pub fn run<S: std::hash::BuildHasher>(
     args: &ReplayArgs,
     env: HashMap<String, String, S>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ReplayCliError> {
+    run_until_stopped(args, env, &StopSignal::never(), out, err)
+}
+
+/// Runs `kv-connector replay` until it ends or `stop` fires (SIGINT / SIGTERM): then the
+/// driver stops admitting requests, the connectors shut down, and the partial report goes
+/// to `err`.
+///
+/// # Errors
+///
+/// [`ReplayCliError::Replay`] for any setup or replay failure, [`ReplayCliError::Write`] or
+/// [`ReplayCliError::Json`] when the report cannot be written;
+/// [`ReplayCliError::Interrupted`] after the partial report when `stop` fired.
+pub fn run_until_stopped<S: std::hash::BuildHasher>(
+    args: &ReplayArgs,
+    env: HashMap<String, String, S>,
+    stop: &StopSignal,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ReplayCliError> {
@@ -368,7 +401,7 @@ pub fn run<S: std::hash::BuildHasher>(
         .to_owned(),
         local_prefix_cache: args.local_prefix_cache,
     };
-    let mut progress = BarProgress::new(args.quiet);
+    let mut progress = BarProgress::new(args.quiet, stop.clone());
     let mut report = match args.connector {
         ConnectorKind::Kvc => {
             let mut factory = fault_wiring::kvc_factory(&faults);
@@ -377,6 +410,15 @@ pub fn run<S: std::hash::BuildHasher>(
         ConnectorKind::None => run_replay(&params, &workload, &mut no_connector, &mut progress),
     }?;
     fault_wiring::record(&faults, &mut report);
+    if let Some(signal) = stop.received() {
+        report.write_table(err).map_err(ReplayCliError::Write)?;
+        err.flush().map_err(ReplayCliError::Write)?;
+        return Err(ReplayCliError::Interrupted {
+            signal,
+            completed: report.completed,
+            requests: report.requests,
+        });
+    }
     write_report(args, &report, out, err)
 }
 
@@ -551,13 +593,16 @@ mod fault_wiring {
     pub(super) fn record(_faults: &Injector, _report: &mut ReplayReport) {}
 }
 
-/// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`.
+/// A progress bar on stderr, hidden when stderr is not a terminal or with `--quiet`; also
+/// logs each completion at INFO and relays a stop signal to the driver.
 struct BarProgress {
     bar: ProgressBar,
+    total: u64,
+    stop: StopSignal,
 }
 
 impl BarProgress {
-    fn new(quiet: bool) -> Self {
+    fn new(quiet: bool, stop: StopSignal) -> Self {
         let target = if quiet || !io::stderr().is_terminal() {
             ProgressDrawTarget::hidden()
         } else {
@@ -569,16 +614,27 @@ impl BarProgress {
         {
             bar.set_style(style.progress_chars("=> "));
         }
-        Self { bar }
+        Self {
+            bar,
+            total: 0,
+            stop,
+        }
     }
 }
 
 impl ProgressSink for BarProgress {
     fn start(&mut self, total: u64) {
+        self.total = total;
         self.bar.set_length(total);
     }
 
     fn advance(&mut self, completed: u64, sim_seconds: f64) {
+        tracing::info!(
+            completed,
+            total = self.total,
+            sim_seconds,
+            "replay progress"
+        );
         self.bar.set_position(completed);
         self.bar
             .set_message(format!("(simulated {sim_seconds:.1} s)"));
@@ -586,6 +642,10 @@ impl ProgressSink for BarProgress {
 
     fn finish(&mut self) {
         self.bar.finish_and_clear();
+    }
+
+    fn stop_requested(&mut self) -> bool {
+        self.stop.received().is_some()
     }
 }
 

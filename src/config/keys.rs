@@ -370,6 +370,12 @@ pub static KEYS: &[KeySpec] = &[
         Integer,
         "messages",
     ),
+    key(
+        "saver.shutdown_drain_timeout_ms",
+        "KVC_SAVER_SHUTDOWN_DRAIN_TIMEOUT_MS",
+        Integer,
+        "ms",
+    ),
     key("stats.interval_s", "KVC_STATS_INTERVAL_S", Integer, "s"),
     key(
         "device.kind",

@@ -32,7 +32,7 @@ mod sections;
 mod validate;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -143,25 +143,33 @@ impl Config {
     /// [`ConfigError::InvalidValue`] for a bad key or value in any layer, naming it and
     /// where it came from; whatever [`Config::validate`] refuses.
     pub fn load(sources: &ConfigSources) -> Result<LoadedConfig, ConfigError> {
-        let mut tree = default_tree()?;
-        if let Some(path) = &sources.toml_path {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let file: toml::Table = toml::from_str(&text).map_err(|source| ConfigError::Toml {
-                path: path.clone(),
-                source,
-            })?;
-            layers::merge_file(&mut tree, file, path)?;
-        }
-        let warnings = layers::apply_env(&mut tree, &sources.env)?;
-        layers::apply_cli(&mut tree, &sources.cli_overrides)?;
-        let config: Config = tree
-            .try_into()
-            .map_err(|source| ConfigError::Typed { source })?;
-        config.validate()?;
-        Ok(LoadedConfig { config, warnings })
+        let text = match &sources.toml_path {
+            Some(path) => {
+                Some(
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                        path: path.clone(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let file = sources.toml_path.as_deref().zip(text.as_deref());
+        load_layers(file, sources)
+    }
+
+    /// [`Config::load`] with the TOML layer given as text (`path` only names it in errors);
+    /// `sources.toml_path` is ignored. For tools that hold the file already, and the fuzz
+    /// target of the loader.
+    ///
+    /// # Errors
+    /// As [`Config::load`], without [`ConfigError::Io`].
+    pub fn load_toml_text(
+        text: &str,
+        path: &Path,
+        sources: &ConfigSources,
+    ) -> Result<LoadedConfig, ConfigError> {
+        load_layers(Some((path, text)), sources)
     }
 
     /// The effective configuration as TOML, for a `validate` subcommand or a start log.
@@ -190,6 +198,28 @@ impl Config {
             })
             .collect())
     }
+}
+
+/// Workflow steps 1-5 of the module docs, with the TOML file (path, text) already read.
+fn load_layers(
+    file: Option<(&Path, &str)>,
+    sources: &ConfigSources,
+) -> Result<LoadedConfig, ConfigError> {
+    let mut tree = default_tree()?;
+    if let Some((path, text)) = file {
+        let table: toml::Table = toml::from_str(text).map_err(|source| ConfigError::Toml {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        layers::merge_file(&mut tree, table, path)?;
+    }
+    let warnings = layers::apply_env(&mut tree, &sources.env)?;
+    layers::apply_cli(&mut tree, &sources.cli_overrides)?;
+    let config: Config = tree
+        .try_into()
+        .map_err(|source| ConfigError::Typed { source })?;
+    config.validate()?;
+    Ok(LoadedConfig { config, warnings })
 }
 
 /// The defaults as a two-level table, `section -> key -> value`.

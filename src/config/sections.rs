@@ -301,6 +301,10 @@ pub struct SaverConfig {
     pub staging_bytes: u64,
     /// Bounded mailbox of the saver actor (G4, G5).
     pub mailbox_capacity: usize,
+    /// At shutdown, how long queued saves may still run before what is left is dropped
+    /// (counted in `saves_dropped`). Bounds how long a stopping process waits on a slow
+    /// pool; 0 drops every queued save at once.
+    pub shutdown_drain_timeout_ms: u64,
 }
 
 impl Default for SaverConfig {
@@ -311,6 +315,7 @@ impl Default for SaverConfig {
             queue_capacity_pages: 65_536,
             staging_bytes: 256 * MIB,
             mailbox_capacity: 1024,
+            shutdown_drain_timeout_ms: 10_000,
         }
     }
 }

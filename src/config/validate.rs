@@ -39,6 +39,25 @@ fn positive(value: u64, key: &'static str, example: &str) -> Result<(), ConfigEr
     )
 }
 
+/// Refuses a value outside `1..=max` (a count or size a process cannot use: a huge
+/// staging pool aborts on allocation, a huge timeout overflows the deadline arithmetic).
+fn bounded(value: u64, key: &'static str, max: u64, example: &str) -> Result<(), ConfigError> {
+    require(
+        (1..=max).contains(&value),
+        key,
+        &value,
+        &format!("must be at least 1 and at most {max}, e.g. {example}"),
+    )
+}
+
+/// Most loader threads per rank: each owns a thread, a stream and a staging pool.
+pub const MAX_LOAD_THREADS: u64 = 64;
+/// Largest staging pool (64 GiB): a batch never needs more, and an allocation the host
+/// cannot make would abort the process instead of failing with an error.
+pub const MAX_STAGING_BYTES: u64 = 64 << 30;
+/// Longest timeout in milliseconds (one day): longer ones overflow deadline arithmetic.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
 /// Refuses a ratio outside `(0, 1]` (NaN included).
 fn ratio(value: f64, key: &'static str, example: &str) -> Result<(), ConfigError> {
     require(
@@ -145,14 +164,16 @@ impl Config {
             "reservations.mailbox_capacity",
             "1024",
         )?;
-        positive(
+        bounded(
             usize_u64(self.loaders.load_threads),
             "loaders.load_threads",
+            MAX_LOAD_THREADS,
             "2",
         )?;
-        positive(
+        bounded(
             self.loaders.staging_bytes_per_loader,
             "loaders.staging_bytes_per_loader",
+            MAX_STAGING_BYTES,
             "268435456 (256MiB)",
         )?;
         positive(
@@ -160,9 +181,10 @@ impl Config {
             "loaders.mailbox_capacity",
             "64",
         )?;
-        positive(
+        bounded(
             self.loaders.load_timeout_ms,
             "loaders.load_timeout_ms",
+            MAX_TIMEOUT_MS,
             "30000",
         )?;
         positive(
@@ -170,17 +192,29 @@ impl Config {
             "saver.queue_capacity_pages",
             "65536",
         )?;
-        positive(
+        bounded(
             self.saver.staging_bytes,
             "saver.staging_bytes",
+            MAX_STAGING_BYTES,
             "268435456 (256MiB)",
+        )?;
+        require(
+            self.saver.shutdown_drain_timeout_ms <= MAX_TIMEOUT_MS,
+            "saver.shutdown_drain_timeout_ms",
+            &self.saver.shutdown_drain_timeout_ms,
+            &format!("must be at most {MAX_TIMEOUT_MS} (one day), e.g. 10000"),
         )?;
         positive(
             usize_u64(self.saver.mailbox_capacity),
             "saver.mailbox_capacity",
             "1024",
         )?;
-        positive(self.stats.interval_s, "stats.interval_s", "30")?;
+        bounded(
+            self.stats.interval_s,
+            "stats.interval_s",
+            MAX_TIMEOUT_MS / 1000,
+            "30",
+        )?;
         self.check_budget()
     }
 
@@ -335,6 +369,62 @@ mod tests {
             assert_out_of_range(&err, key, "0", example);
             assert!(err.to_string().contains("at least 1") || err.to_string().contains("(0, 1]"));
         }
+    }
+
+    /// Issue 8 (bad input): sizes a host cannot allocate and timeouts that overflow a
+    /// deadline are refused with the limit and a working value, not an abort later.
+    #[test]
+    fn oversized_counts_sizes_and_timeouts_are_refused() {
+        type Case = (&'static str, fn(&mut Config), &'static str, &'static str);
+        let cases: [Case; 6] = [
+            (
+                "loaders.load_threads",
+                |c| c.loaders.load_threads = 100_000,
+                "100000",
+                "at most 64",
+            ),
+            (
+                "loaders.staging_bytes_per_loader",
+                |c| c.loaders.staging_bytes_per_loader = 1 << 40,
+                "1099511627776",
+                "268435456 (256MiB)",
+            ),
+            (
+                "saver.staging_bytes",
+                |c| c.saver.staging_bytes = 1 << 40,
+                "1099511627776",
+                "at most 68719476736",
+            ),
+            (
+                "loaders.load_timeout_ms",
+                |c| c.loaders.load_timeout_ms = u64::MAX,
+                "18446744073709551615",
+                "30000",
+            ),
+            (
+                "saver.shutdown_drain_timeout_ms",
+                |c| c.saver.shutdown_drain_timeout_ms = u64::MAX,
+                "18446744073709551615",
+                "10000",
+            ),
+            (
+                "stats.interval_s",
+                |c| c.stats.interval_s = u64::MAX,
+                "18446744073709551615",
+                "30",
+            ),
+        ];
+        for (key, change, value, hint) in cases {
+            assert_out_of_range(&refusal(change), key, value, hint);
+        }
+        let mut config = Config::default();
+        config.loaders.load_threads = 64;
+        config.saver.staging_bytes = MAX_STAGING_BYTES;
+        config.saver.shutdown_drain_timeout_ms = 0;
+        assert!(
+            config.validate().is_ok(),
+            "the limits themselves and 0 ms work"
+        );
     }
 
     #[test]

@@ -90,6 +90,13 @@ pub struct ConnectorHandle {
     /// the difference failed here at once and is counted started and failed (accounting).
     loads_asked: u64,
     loads_sent: u64,
+    /// Loads sent to the reservation manager whose completion has not come back yet
+    /// (the shutdown protocol waits for them).
+    loads_in_flight: u64,
+    /// `saver.shutdown_drain_timeout_ms`: how long `shutdown` lets queued work finish.
+    drain_timeout: Duration,
+    /// The report of the first `close`, for a repeated call.
+    final_stats: Option<ConnectorStats>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -112,6 +119,7 @@ impl ConnectorHandle {
         let rewind_tokens =
             usize::try_from(params.config.planner.swa_endpoint_rewind_tokens).unwrap_or(usize::MAX);
         let sync_load = params.config.loaders.sync_load;
+        let drain_timeout = Duration::from_millis(params.config.saver.shutdown_drain_timeout_ms);
         let resave_min_tokens =
             usize::try_from(params.config.saver.resave_min_tokens).unwrap_or(usize::MAX);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -154,6 +162,9 @@ impl ConnectorHandle {
             lookups_deferred: 0,
             loads_asked: 0,
             loads_sent: 0,
+            loads_in_flight: 0,
+            drain_timeout,
+            final_stats: None,
             runtime,
         })
     }
@@ -165,10 +176,21 @@ impl ConnectorHandle {
 
     /// Everything counted since start (blocks briefly for the actors' answers).
     pub fn stats(&self) -> ConnectorStats {
-        let mut stats = self
-            .runtime
+        let mut stats = self.collect_stats();
+        self.add_handle_counts(&mut stats);
+        stats
+    }
+
+    /// The actors' counters alone.
+    fn collect_stats(&self) -> ConnectorStats {
+        self.runtime
             .block_on(self.reporter.send(CollectNow))
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// Adds what only the handle counted (pages refused by a full saver mailbox, lookups
+    /// deferred by a full planner mailbox).
+    fn add_handle_counts(&self, stats: &mut ConnectorStats) {
         // Refused pages and loads never reached an actor: counted here on both sides of
         // the accounting (saves enqueued = ... + dropped; loads started = done + failed).
         stats.saves.saves_enqueued += self.saves_refused;
@@ -177,25 +199,64 @@ impl ConnectorHandle {
         stats.loads.loads_started += loads_refused;
         stats.loads.loads_failed += loads_refused;
         stats.lookups.deferred += self.lookups_deferred;
-        stats
     }
 
-    /// Settles saves, collects the final report and stops the actor system.
+    /// Stops the connector following the stop order of `crate::actors` and returns the
+    /// final report. Waits at most `saver.shutdown_drain_timeout_ms` in all.
     pub fn shutdown(mut self) -> ConnectorStats {
-        self.settle_saves();
-        let stats = self.stats();
+        self.close()
+    }
+
+    /// The shutdown protocol on a borrowed handle (for owners that cannot give the handle
+    /// up, such as a replay's boxed connector); the handle answers nothing afterwards.
+    /// A second call returns the report again without waiting.
+    ///
+    /// 1. Stop admitting: lookups not yet sent are dropped, so their requests get nothing.
+    /// 2. In-flight loads finish or fail: wait for their completions until the deadline.
+    /// 3. Queued saves drain until the deadline; saves still unsettled then are dropped.
+    /// 4. Final stats: pages and loads cut off at the deadline are counted as dropped
+    ///    saves and failed loads, so `enqueued = done + skipped + dropped + failed` and
+    ///    `started = done + failed` hold in the final report.
+    /// 5. The actor system stops, its thread is joined and staging pools are unregistered.
+    ///    The pool itself (Mooncake `close()`) is closed by its owner after every
+    ///    connector on it has stopped (dropping a `MooncakePool` closes it).
+    pub fn close(&mut self) -> ConnectorStats {
+        if self.thread.is_none() {
+            return self.final_stats.clone().unwrap_or_default();
+        }
+        // A timeout too large for the clock (validation caps it at one day) waits a day.
+        let deadline = Instant::now()
+            .checked_add(self.drain_timeout)
+            .or_else(|| Instant::now().checked_add(Duration::from_secs(86_400)))
+            .unwrap_or_else(Instant::now);
+        for state in self.requests.values_mut() {
+            state.unsent_lookup = None;
+        }
+        self.wait_for_loads(deadline);
+        let drained = self.settle_saves_until(deadline);
+        let mut stats = self.collect_stats();
+        let cut_saves = unsettled_saves(&stats);
+        let cut_loads = unfinished_loads(&stats);
+        stats.saves.saves_dropped += cut_saves;
+        stats.loads.loads_failed += cut_loads;
+        self.add_handle_counts(&mut stats);
         self.stop();
         tracing::info!(
             lookups = stats.lookups.lookups(),
             loads_done = stats.loads.loads_done,
+            loads_cut = cut_loads,
             saves_done = stats.saves.saves_done,
+            saves_cut = cut_saves,
+            drained,
             "connector stopped"
         );
+        self.final_stats = Some(stats.clone());
         stats
     }
 
     /// Stops the actor system, joins its thread and unregisters the staging pools from
-    /// the pool (idempotent).
+    /// the pool (idempotent). The join waits for a save or load batch already running on
+    /// the blocking pool; queued work is dropped with the actors.
     fn stop(&mut self) {
         if let Some(thread) = self.thread.take() {
             self.system.stop();
@@ -204,6 +265,62 @@ impl ConnectorHandle {
             }
         }
         self.staging.release();
+    }
+
+    /// Stop order step 2: takes load completions until none is in flight or `deadline`.
+    fn wait_for_loads(&mut self, deadline: Instant) {
+        while self.loads_in_flight > 0 {
+            match self.loads.recv_deadline(deadline) {
+                Ok(finished) => self.accept_load(finished),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Stop order step 3: [`EngineConnector::settle_saves`] with a deadline. Returns
+    /// whether every saver answered "settled" in time.
+    fn settle_saves_until(&mut self, deadline: Instant) -> bool {
+        let savers = self.savers.clone();
+        let mut waiting = Vec::with_capacity(savers.len());
+        for saver in &savers {
+            let (done, settled) = flume::bounded(1);
+            if saver.try_send(SettleSaves { done }).is_ok() {
+                waiting.push(settled);
+            }
+        }
+        let mut all = true;
+        for settled in &waiting {
+            all &= self.wait_settled(settled, Some(deadline));
+        }
+        self.drain_saves();
+        all
+    }
+
+    /// Waits for one saver's "settled" answer, taking settlements meanwhile (a saver with
+    /// a full channel waits for us). `false` when `deadline` passed first.
+    fn wait_settled(&mut self, answer: &flume::Receiver<()>, deadline: Option<Instant>) -> bool {
+        enum Wake {
+            Answered,
+            Settled(SavesSettled),
+        }
+        loop {
+            let selector = flume::Selector::new()
+                .recv(answer, |_| Wake::Answered)
+                .recv(&self.saves, |message| {
+                    message.map_or(Wake::Answered, Wake::Settled)
+                });
+            let wake = match deadline {
+                Some(deadline) => match selector.wait_deadline(deadline) {
+                    Ok(wake) => wake,
+                    Err(_) => return false,
+                },
+                None => selector.wait(),
+            };
+            match wake {
+                Wake::Answered => return true,
+                Wake::Settled(message) => self.accept_settled(message),
+            }
+        }
     }
 
     /// Sends a request's lookup if it has not gone out yet. A full mailbox keeps it for the
@@ -238,6 +355,12 @@ impl ConnectorHandle {
         if let Some(state) = self.requests.get_mut(&done.request) {
             state.lookup = Some((done.plan.map(Arc::new), done.hashes));
         }
+    }
+
+    /// A load completion from the loaders: one fewer in flight.
+    fn accept_load(&mut self, finished: FinishedLoad) {
+        self.loads_in_flight = self.loads_in_flight.saturating_sub(1);
+        self.finished_loads.push(finished);
     }
 
     fn drain_saves(&mut self) {
@@ -303,11 +426,12 @@ impl ConnectorHandle {
         if self.manager.try_send(message).is_err() {
             tracing::warn!(%request, %reservation, "reservation manager full or gone; load failed");
             self.finished_loads.push(failed);
-        } else {
-            self.loads_sent += 1;
-            if self.sync_load {
-                self.wait_for_load(reservation);
-            }
+            return;
+        }
+        self.loads_sent += 1;
+        self.loads_in_flight += 1;
+        if self.sync_load {
+            self.wait_for_load(reservation);
         }
     }
 
@@ -315,7 +439,7 @@ impl ConnectorHandle {
     fn wait_for_load(&mut self, reservation: ReservationId) {
         while let Ok(finished) = self.loads.recv() {
             let done = finished.reservation == reservation;
-            self.finished_loads.push(finished);
+            self.accept_load(finished);
             if done {
                 return;
             }
@@ -390,6 +514,22 @@ impl ConnectorHandle {
             }
         }
     }
+}
+
+/// Pages the savers counted as enqueued but not yet settled (cut off at shutdown).
+fn unsettled_saves(stats: &ConnectorStats) -> u64 {
+    let saves = &stats.saves;
+    saves.saves_enqueued.saturating_sub(
+        saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed,
+    )
+}
+
+/// Loads started but neither done nor failed (cut off at shutdown).
+fn unfinished_loads(stats: &ConnectorStats) -> u64 {
+    let loads = &stats.loads;
+    loads
+        .loads_started
+        .saturating_sub(loads.loads_done + loads.loads_failed)
 }
 
 fn save_groups(layout: &Layout) -> Vec<SaveGroup> {
@@ -478,7 +618,9 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
-        self.finished_loads.extend(self.loads.try_iter());
+        while let Ok(finished) = self.loads.try_recv() {
+            self.accept_load(finished);
+        }
         std::mem::take(&mut self.finished_loads)
     }
 
@@ -550,35 +692,18 @@ impl EngineConnector for ConnectorHandle {
             .wait_timeout(timeout);
         match event {
             Ok(Event::Lookup(done)) => self.accept_lookup(done),
-            Ok(Event::Load(finished)) => self.finished_loads.push(finished),
+            Ok(Event::Load(finished)) => self.accept_load(finished),
             Ok(Event::Save(settled)) => self.accept_settled(settled),
             Ok(Event::Closed) | Err(_) => {}
         }
     }
 
     fn settle_saves(&mut self) {
-        enum Wake {
-            Answered,
-            Settled(SavesSettled),
-        }
         let savers = self.savers.clone();
         for saver in &savers {
             let (done, settled) = flume::bounded(1);
-            if saver.try_send(SettleSaves { done }).is_err() {
-                continue;
-            }
-            // Drain settlements while waiting: a saver with a full channel waits for us.
-            loop {
-                let wake = flume::Selector::new()
-                    .recv(&settled, |_| Wake::Answered)
-                    .recv(&self.saves, |message| {
-                        message.map_or(Wake::Answered, Wake::Settled)
-                    })
-                    .wait();
-                match wake {
-                    Wake::Answered => break,
-                    Wake::Settled(message) => self.accept_settled(message),
-                }
+            if saver.try_send(SettleSaves { done }).is_ok() {
+                self.wait_settled(&settled, None);
             }
         }
         // Settlements sent before the answers are in the channel now.

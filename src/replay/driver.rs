@@ -15,7 +15,8 @@
 //!    and the clock stays where it is;
 //!    d. otherwise the clock jumps to the next event: an arrival, the end of a step, a
 //!    load's modeled end, a resumed request;
-//! 3. when every request has its first token: settle and drain saves, ask every connector
+//! 3. when every request has its first token (or the progress sink asks for a stop, the
+//!    CLI's SIGINT / SIGTERM; the report is then partial): settle and drain saves, ask every connector
 //!    for its report, and sum it all into a [`ReplayReport`].
 //!
 //! Why `settle_saves` before each lookup: simulated time between two turns of a
@@ -266,6 +267,10 @@ impl<'w> Driver<'w> {
     fn run(&mut self, progress: &mut dyn ProgressSink) -> Result<(), ReplayError> {
         let mut stalled_since: Option<Instant> = None;
         loop {
+            if progress.stop_requested() {
+                tracing::warn!(completed = self.totals.completed, "replay stopped early");
+                return Ok(());
+            }
             self.deliver_arrivals()?;
             if self.step_idle_engines(progress)? {
                 stalled_since = None;

@@ -13,6 +13,11 @@ pub trait ProgressSink {
     }
     /// The replay ended.
     fn finish(&mut self) {}
+    /// Whether the replay should stop admitting work and end early with a partial report
+    /// (a signal arrived); asked once per turn of the driver's event loop.
+    fn stop_requested(&mut self) -> bool {
+        false
+    }
 }
 
 /// A progress sink that shows nothing.

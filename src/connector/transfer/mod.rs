@@ -12,6 +12,11 @@
 //! the engine computes the prefix itself; pages already written are not reported as
 //! computed.
 //!
+//! A pool answer of the wrong shape never reaches the device: a batch answered with
+//! another number of results fails the load (pool error) or the saves without an answer
+//! (failed); a get that reports another byte count than the object's fails the load as
+//! corrupt (R5), even when the count exceeds the buffer.
+//!
 //! Save (R19): probe the batch's keys and skip those already present; gather the rest
 //! from device pages into staging slots after the header area, seal each header in
 //! place, batch put; every key's result is reported.
@@ -131,6 +136,11 @@ fn fetch_and_verify(
     let mut buffers: Vec<&mut [u8]> = staging.slots_mut().take(batch.len()).collect();
     let results = pool.get_into(&keys, &mut buffers);
     if results.len() != batch.len() {
+        tracing::warn!(
+            keys = batch.len(),
+            answers = results.len(),
+            "pool answered a batch get with the wrong number of results; load failed"
+        );
         return Err(LoadFailure::PoolError);
     }
     let mut copies = Vec::with_capacity(batch.len());
@@ -140,10 +150,15 @@ fn fetch_and_verify(
             Err(PoolError::NotFound) => return Err(LoadFailure::Evicted),
             Err(_) => return Err(LoadFailure::PoolError),
         };
-        if read != object::object_len(item.payload_len) {
+        // A pool that reports another byte count than the object's (or more than the
+        // buffer holds) is answering wrongly: the object counts as corrupt (R5), and the
+        // buffer is only read within its bounds.
+        let expected = object::object_len(item.payload_len);
+        let Some(object_bytes) = buffer.get(..read).filter(|_| read == expected) else {
+            tracing::warn!(key = %item.key, expected, read, "pool answered a get with the wrong byte count");
             return Err(LoadFailure::Corrupt);
-        }
-        object::open(&item.identity, &buffer[..read], item.payload_len)
+        };
+        object::open(&item.identity, object_bytes, item.payload_len)
             .map_err(|_| LoadFailure::Corrupt)?;
         copies.push(PageCopy {
             group: item.identity.group,

@@ -229,3 +229,114 @@ fn a_load_past_its_deadline_times_out_r25() {
         page_bytes(1)
     );
 }
+
+/// A pool that stores like the embedded one but answers gets with a chosen byte count
+/// (or a chosen number of answers), and puts with no answer at all.
+struct WrongAnswers {
+    inner: MemoryPool,
+    /// Replaces every successful get's byte count.
+    read: Option<usize>,
+    /// Drops the answers to gets and puts.
+    no_answers: bool,
+}
+
+impl Pool for WrongAnswers {
+    fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.inner.exists(keys)
+    }
+
+    fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        let answers = self.inner.put(keys, values);
+        if self.no_answers {
+            Vec::new()
+        } else {
+            answers
+        }
+    }
+
+    fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
+        let answers = self.inner.get_into(keys, buffers);
+        if self.no_answers {
+            return Vec::new();
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.map(|read| self.read.unwrap_or(read)))
+            .collect()
+    }
+
+    fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.inner.touch(keys)
+    }
+
+    fn counters(&self) -> crate::pool::PoolCounters {
+        self.inner.counters()
+    }
+
+    fn name(&self) -> &'static str {
+        "wrong-answers"
+    }
+}
+
+/// Issue 8 (bad input): a get answered with another byte count than the object's, larger
+/// than the staging slot, or with no answers at all fails the load (R25) without a panic,
+/// and the destination page keeps its bytes (no unverified page reaches the device).
+#[test]
+fn a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25() {
+    let object = HEADER_BYTES + PAGE;
+    let cases = [
+        (Some(object - 1), false, LoadFailure::Corrupt),
+        (Some(object + 1), false, LoadFailure::Corrupt),
+        (Some(0), false, LoadFailure::Corrupt),
+        (Some(usize::MAX), false, LoadFailure::Corrupt),
+        (None, true, LoadFailure::PoolError),
+    ];
+    for (read, no_answers, failure) in cases {
+        let mut rig = rig(4);
+        rig.device
+            .write_page(GroupId(0), 0, &page_bytes(1))
+            .unwrap();
+        rig.save(&[save_item(1, 0)]);
+        let before = vec![0xA5; PAGE];
+        rig.device.write_page(GroupId(0), 5, &before).unwrap();
+        let pool = WrongAnswers {
+            inner: rig.pool,
+            read,
+            no_answers,
+        };
+        let staging = rig.staging.take().unwrap();
+        let (_, result) = load_pages(&pool, &mut rig.stream, staging, &[load_item(1, 5)], None);
+        assert_eq!(
+            result,
+            Err(failure),
+            "read {read:?}, no answers {no_answers}"
+        );
+        assert_eq!(rig.device.read_page_to_vec(GroupId(0), 5).unwrap(), before);
+    }
+}
+
+/// Issue 8 (bad input): a put answered with no results counts every page failed, never
+/// stored.
+#[test]
+fn a_put_without_answers_counts_the_saves_failed() {
+    let mut rig = rig(4);
+    rig.device
+        .write_page(GroupId(0), 0, &page_bytes(1))
+        .unwrap();
+    rig.device
+        .write_page(GroupId(0), 1, &page_bytes(2))
+        .unwrap();
+    let pool = WrongAnswers {
+        inner: rig.pool,
+        read: None,
+        no_answers: true,
+    };
+    let staging = rig.staging.take().unwrap();
+    let (_, results) = save_pages(
+        &pool,
+        &mut rig.stream,
+        staging,
+        &[save_item(1, 0), save_item(2, 1)],
+    );
+    assert_eq!(results, [SaveResult::Failed, SaveResult::Failed]);
+}

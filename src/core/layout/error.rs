@@ -118,7 +118,7 @@ pub enum LayoutError {
         source: toml::de::Error,
     },
     /// The page size does not fit in memory arithmetic.
-    #[error("group {group}: page size overflows")]
+    #[error("group {group}: page size overflows 64 bits (tokens_per_block x layers x kv_heads x head_dim x dtype_bytes x 2); use real model sizes, e.g. head_dim = 128")]
     PageBytesOverflow {
         /// Offending group.
         group: GroupId,

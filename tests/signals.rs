@@ -1,0 +1,104 @@
+//! SIGINT and SIGTERM stop `kv-connector replay` gracefully: it stops admitting requests,
+//! shuts its connectors down, prints the partial report on stderr and exits with 130 / 143
+//! (128 + the signal number). Each test spawns the built binary on a generated workload
+//! that runs for minutes, waits until it has logged its first completed request (no
+//! sleeps: the test reads the child's stderr), sends the signal, and checks the exit.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Runs a long replay, sends `signal` (a `kill` flag) after the first completion, and
+/// returns the exit code and everything the replay wrote on stderr.
+fn replay_stopped_by(signal: &str) -> Result<(Option<i32>, String), Box<dyn std::error::Error>> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kv-connector"))
+        .args([
+            "replay",
+            "--model",
+            "tiny-full",
+            "--device",
+            "host",
+            "--generate",
+            "long-multiturn",
+            "--sessions",
+            "2000",
+            "--turns",
+            "4",
+            "--first-turn-tokens",
+            "2000",
+            "--last-turn-tokens",
+            "4000",
+            "--system-prefix-tokens",
+            "1000",
+            "--output-tokens",
+            "8",
+            "--quiet",
+        ])
+        .env("RUST_LOG", "warn,kv_connector::cli::replay=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let mut stderr = BufReader::new(stderr);
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line)? == 0 {
+            return Err(format!("replay ended before its first completion: {seen}").into());
+        }
+        seen.push_str(&line);
+        if line.contains("replay progress") {
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()?;
+    assert!(status.success(), "kill {signal} failed");
+    stderr.read_to_string(&mut seen)?;
+    let mut stdout = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_string(&mut stdout)?;
+    }
+    let exit = child.wait()?;
+    assert!(
+        stdout.trim().is_empty(),
+        "a stopped replay prints no final report on stdout: {stdout}"
+    );
+    Ok((exit.code(), seen))
+}
+
+/// The partial report: the summary table with fewer completions than requests, and the
+/// one-line reason.
+fn assert_partial_report(stderr: &str, signal_name: &str) {
+    assert!(
+        stderr.contains(&format!("replay stopped by {signal_name} after")),
+        "the reason is printed: {stderr}"
+    );
+    assert!(
+        stderr.contains("prompt tokens"),
+        "the partial report is printed on stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "a graceful stop does not panic: {stderr}"
+    );
+}
+
+#[test]
+fn sigint_stops_the_replay_with_a_partial_report_and_exit_130() -> TestResult {
+    let (code, stderr) = replay_stopped_by("-INT")?;
+    assert_eq!(code, Some(130), "stderr: {stderr}");
+    assert_partial_report(&stderr, "sigint");
+    Ok(())
+}
+
+#[test]
+fn sigterm_stops_the_replay_with_a_partial_report_and_exit_143() -> TestResult {
+    let (code, stderr) = replay_stopped_by("-TERM")?;
+    assert_eq!(code, Some(143), "stderr: {stderr}");
+    assert_partial_report(&stderr, "sigterm");
+    Ok(())
+}
