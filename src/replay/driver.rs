@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use crate::core::ids::RequestId;
-use crate::core::layout::Layout;
+use crate::core::layout::{Attention, Layout};
 
 use super::connectors::{ConnectorFactory, InstanceContext};
 use super::cost::{CostModel, SimMicros};
@@ -181,6 +181,22 @@ pub fn run_replay(
     Ok(report)
 }
 
+/// The oracle for the layout in use: with a window group, window groups count only at
+/// prompt ends within the rewind (`workload::Oracle`'s window oracle).
+fn oracle_for(params: &ReplayParams) -> Oracle {
+    let windowed = params
+        .layout
+        .groups
+        .iter()
+        .any(|group| matches!(group.attention(), Attention::Window { .. }));
+    if windowed {
+        let rewind = params.config.planner.swa_endpoint_rewind_tokens;
+        Oracle::with_window_rewind(usize::try_from(rewind).unwrap_or(usize::MAX))
+    } else {
+        Oracle::new()
+    }
+}
+
 /// One engine per instance, each with its devices and connector.
 fn build_engines(
     params: &ReplayParams,
@@ -252,7 +268,7 @@ impl<'w> Driver<'w> {
             arrivals,
             next_turn,
             next_round_robin: 0,
-            oracle: Oracle::new(),
+            oracle: oracle_for(params),
             seed: scope_seed(&Scope::default()),
             tokens: Vec::new(),
             now: 0,

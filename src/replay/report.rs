@@ -7,7 +7,9 @@
 //!
 //! JSON fields (top level): `requests`, `completed`, `prompt_tokens`, `computed_tokens`,
 //! `reused_tokens`, `oracle_reusable_tokens`, `reused_share_of_prompt`,
-//! `reused_share_of_oracle`, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
+//! `reused_share_of_oracle`, `oracle_window_reusable_tokens`,
+//! `reused_share_of_window_oracle`, `window_bytes_per_load` {`loads`, `max`, `mean`,
+//! `bound`}, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
 //! `mismatched_pages`, `lookups` {`full`,
 //! `rewound`, `recovered`, `window_miss`, `full_miss`}, `pages_loaded`, `bytes_loaded`,
 //! `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`, `saves_skipped_present`,
@@ -16,8 +18,9 @@
 //! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
-//! `wall_seconds`, `setup` {..., `local_prefix_cache`, ...}; with `--faults`, also
-//! `faults_injected` {point name: times it fired}.
+//! `wall_seconds`, `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
+//! `window_fallback`, `window_first`, `save_queue_capacity_pages`, ...}; with `--faults`,
+//! also `faults_injected` {point name: times it fired}.
 //!
 //! Accounting (issue 8, [`ReplayReport::accounting_closed`]): `saves_enqueued =
 //! saves_done + saves_skipped_present + saves_dropped + saves_failed` and `loads_started =
@@ -108,6 +111,28 @@ pub struct SetupSummary {
     pub pool_stored_capacity_bytes: u64,
     /// The cost model's numbers.
     pub cost_model: CostModel,
+    /// `R` in force (`planner.swa_endpoint_rewind_tokens`; used only with window groups).
+    pub swa_rewind_tokens: u64,
+    /// `planner.window_fallback` (R13).
+    pub window_fallback: bool,
+    /// `saver.window_first` (R21).
+    pub window_first: bool,
+    /// `saver.queue_capacity_pages` (R22).
+    pub save_queue_capacity_pages: usize,
+}
+
+/// Window groups' bytes per filled load (R15), per rank at full page size.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WindowLoadBytes {
+    /// Filled loads that moved window-group pages.
+    pub loads: u64,
+    /// The most one load moved.
+    pub max: u64,
+    /// The mean over those loads.
+    pub mean: f64,
+    /// R15's bound: per window group, (sink blocks + window blocks + one block) pages;
+    /// 0 without window groups.
+    pub bound: u64,
 }
 
 /// Everything a replay reports.
@@ -130,6 +155,13 @@ pub struct ReplayReport {
     pub reused_share_of_prompt: f64,
     /// `reused_tokens / oracle_reusable_tokens`.
     pub reused_share_of_oracle: f64,
+    /// What an unbounded pool holding window groups only at prompt ends would have reused
+    /// (`workload::Oracle`'s window oracle); `oracle_reusable_tokens` without window groups.
+    pub oracle_window_reusable_tokens: u64,
+    /// `reused_tokens / oracle_window_reusable_tokens`.
+    pub reused_share_of_window_oracle: f64,
+    /// Window groups' bytes per filled load against the R15 bound.
+    pub window_bytes_per_load: WindowLoadBytes,
     /// Prompt tokens served by the instances' local prefix caches (0 when off).
     pub local_hit_tokens: u64,
     /// Requests whose local match was partly evicted between lookup and admission.
@@ -233,6 +265,16 @@ fn human_bytes(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// A mean of bytes, rounded, for the table.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "display only; means are small and non-negative"
+)]
+fn mean_bytes(mean: f64) -> u64 {
+    mean.round() as u64
+}
+
 impl ReplayReport {
     /// Whether every save and load is counted once (module docs, "Accounting").
     pub fn accounting_closed(&self) -> bool {
@@ -296,6 +338,15 @@ impl ReplayReport {
             100.0 * self.reused_share_of_oracle,
             self.oracle_reusable_tokens
         )?;
+        if self.oracle_window_reusable_tokens != self.oracle_reusable_tokens {
+            writeln!(
+                out,
+                "  window oracle       {:>14} ({:.1} % reused; R = {})",
+                self.oracle_window_reusable_tokens,
+                100.0 * self.reused_share_of_window_oracle,
+                setup.swa_rewind_tokens
+            )?;
+        }
         if setup.local_prefix_cache {
             writeln!(
                 out,
@@ -333,6 +384,16 @@ impl ReplayReport {
             human_bytes(self.bytes_loaded),
             human_bytes(self.modeled_bytes_loaded)
         )?;
+        if self.window_bytes_per_load.loads > 0 {
+            let window = &self.window_bytes_per_load;
+            writeln!(
+                out,
+                "  window per load     {:>14} max, {} mean, bound {} (modeled, per rank)",
+                human_bytes(window.max),
+                human_bytes(mean_bytes(window.mean)),
+                human_bytes(window.bound)
+            )?;
+        }
         writeln!(
             out,
             "  saved               {:>14} pages, {}",

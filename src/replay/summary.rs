@@ -2,13 +2,16 @@
 
 use std::time::Duration;
 
+use crate::core::layout::Attention;
 use crate::stats::Latency;
 
 use super::connectors::ConnectorReport;
 use super::cost::{micros_to_seconds, SimMicros};
 use super::driver::ReplayParams;
 use super::engine::{EngineCounters, EngineSummary};
-use super::report::{percentile, share, PageBytes, ReplayReport, SetupSummary, SimSummary};
+use super::report::{
+    percentile, share, PageBytes, ReplayReport, SetupSummary, SimSummary, WindowLoadBytes,
+};
 use super::setup::Deployment;
 use super::workload::Oracle;
 
@@ -53,6 +56,38 @@ fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
     sum.offers_trimmed += other.offers_trimmed;
     sum.computed_tokens += other.computed_tokens;
     sum.steps += other.steps;
+    sum.window_loads += other.window_loads;
+    sum.window_bytes_loaded += other.window_bytes_loaded;
+    sum.window_bytes_per_load_max = sum
+        .window_bytes_per_load_max
+        .max(other.window_bytes_per_load_max);
+}
+
+/// Window groups' bytes per filled load against the R15 bound.
+fn window_load_bytes(params: &ReplayParams, counters: &EngineCounters) -> WindowLoadBytes {
+    let layout = &params.layout;
+    let t = u64::from(layout.tokens_per_block.max(1));
+    let bound = layout
+        .groups
+        .iter()
+        .filter_map(|group| match group.attention() {
+            Attention::Window {
+                window_tokens,
+                sink_tokens,
+            } => {
+                let pages =
+                    u64::from(sink_tokens).div_ceil(t) + u64::from(window_tokens).div_ceil(t) + 1;
+                Some(pages * layout.page_bytes(group).unwrap_or(0))
+            }
+            Attention::Full => None,
+        })
+        .sum();
+    WindowLoadBytes {
+        loads: counters.window_loads,
+        max: counters.window_bytes_per_load_max,
+        mean: share(counters.window_bytes_loaded, counters.window_loads),
+        bound,
+    }
 }
 
 /// The setup section of the report.
@@ -87,6 +122,10 @@ fn setup_summary(params: &ReplayParams, deployment: &Deployment, device: &str) -
         pool_capacity_bytes: params.config.pool.capacity_bytes,
         pool_stored_capacity_bytes: deployment.pool_stored_capacity_bytes,
         cost_model: params.cost.clone(),
+        swa_rewind_tokens: params.config.planner.swa_endpoint_rewind_tokens,
+        window_fallback: params.config.planner.window_fallback,
+        window_first: params.config.saver.window_first,
+        save_queue_capacity_pages: params.config.saver.queue_capacity_pages,
     }
 }
 
@@ -113,6 +152,7 @@ pub(super) fn summarize(
     totals.ttft_us.sort_unstable();
     let duration_s = micros_to_seconds(totals.last_finish_us.max(now));
     let oracle_reusable_tokens = oracle.totals().reusable_tokens;
+    let oracle_window_reusable_tokens = oracle.totals().window_reusable_tokens;
     ReplayReport {
         requests: totals.requests,
         completed: totals.completed,
@@ -122,6 +162,9 @@ pub(super) fn summarize(
         oracle_reusable_tokens,
         reused_share_of_prompt: share(counters.reused_tokens, totals.prompt_tokens),
         reused_share_of_oracle: share(counters.reused_tokens, oracle_reusable_tokens),
+        oracle_window_reusable_tokens,
+        reused_share_of_window_oracle: share(counters.reused_tokens, oracle_window_reusable_tokens),
+        window_bytes_per_load: window_load_bytes(params, &counters),
         local_hit_tokens: counters.local_hit_tokens,
         local_match_shrunk: counters.local_match_shrunk,
         verified_pages: counters.verified_pages,

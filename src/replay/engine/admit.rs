@@ -8,6 +8,16 @@
 //! match must still be cached, or the request takes what is left and gives the offer back.
 //! An offer counts from `L` and is cut to whole blocks that end before the last prompt
 //! token (the engine must compute at least one token); the cut part is released at once.
+//!
+//! A1. Token budget: a request is considered (looked up, then admitted) only while the
+//! prompt tokens ahead of it (what admitted requests still compute, plus the prompts of
+//! requests whose lookup is pending) are fewer than one step's `max_num_tokens`. vLLM and
+//! TensorRT-LLM schedule a waiting request only into a step with tokens left for it, so
+//! its lookup sees the KV of the prompts computed before it. Admitting whatever fits the
+//! KV cache instead looked up a saturated instance's whole queue at once (every request
+//! behind a pending lookup was asked too): prompts were looked up before the earlier
+//! turns of their conversations were computed, and reuse depended on queue length rather
+//! than on what the pool held when the request started.
 
 use crate::connector::ReserveAnswer;
 use crate::core::ids::ReservationId;
@@ -17,6 +27,17 @@ use super::{Active, ArrivedRequest, Engine, Phase, Waiting};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
 use crate::replay::kv_cache::{KvCacheError, RequestPages, SharedPrefix};
+
+impl Active {
+    /// Prompt tokens the request still computes: after its load, if it is loading.
+    fn tokens_left(&self) -> usize {
+        let from = match self.phase {
+            Phase::Loading { end, .. } => end,
+            Phase::Ready { .. } => self.computed,
+        };
+        self.request.prompt_len.saturating_sub(from)
+    }
+}
 
 /// What admission did in one step.
 #[derive(Debug, Default)]
@@ -40,7 +61,8 @@ impl Engine {
             waiting.pending = false;
         }
         let mut index = 0;
-        while index < self.waiting.len() {
+        let mut ahead = self.tokens_ahead();
+        while index < self.waiting.len() && ahead < self.max_num_tokens {
             let head = &self.waiting[index];
             let local_tokens = self.admission_local_tokens(head);
             if !self.cache.can_admit(head.request.prompt_len, local_tokens) {
@@ -66,6 +88,8 @@ impl Engine {
             self.connector_time += started.stop();
             match answer {
                 ReserveAnswer::Pending => {
+                    // A1: the request keeps its place in the budget while its lookup runs.
+                    ahead += self.waiting[index].request.prompt_len - local_tokens;
                     self.waiting[index].pending = true;
                     index += 1;
                 }
@@ -78,10 +102,16 @@ impl Engine {
                     };
                     admitted.changed = true;
                     self.start_request(waiting, extra_tokens, is_async, now, &mut admitted)?;
+                    ahead += self.active.last().map_or(0, Active::tokens_left);
                 }
             }
         }
         Ok(admitted)
+    }
+
+    /// Prompt tokens admitted requests still have to compute, after their loads (A1).
+    pub(super) fn tokens_ahead(&self) -> usize {
+        self.active.iter().map(Active::tokens_left).sum()
     }
 
     /// The local match a waiting request is admitted with: the one its lookup got, or,
@@ -499,9 +529,10 @@ mod tests {
         let mut engine = engine(64, true, Box::new(NoConnector))?;
         enqueue(&mut engine, 7, 0, 100)?;
         let now = run(&mut engine, 0)?;
-        // Two longer prompts extending the first one, admitted in the same step.
-        enqueue(&mut engine, 8, 0, 400)?;
-        enqueue(&mut engine, 9, 0, 400)?;
+        // Two longer prompts extending the first one, admitted in the same step: the
+        // first leaves 300 - 96 = 204 tokens to compute, less than the 256 of a step (A1).
+        enqueue(&mut engine, 8, 0, 300)?;
+        enqueue(&mut engine, 9, 0, 300)?;
         engine.admit(now)?;
         let (first, second) = (&engine.active[0].pages, &engine.active[1].pages);
         for block in 0..6 {
@@ -513,9 +544,49 @@ mod tests {
         run(&mut engine, now)?;
         assert_eq!(engine.counters.local_hit_tokens, 2 * 96);
         assert_eq!(engine.counters.mismatched_pages, 0);
-        // The first of them cached blocks 6..25; the second's copies went back free.
-        assert_eq!(engine.cache.evictable_pages(), vec![25]);
-        assert_eq!(engine.cache.free_pages(), vec![39]);
+        // The first of them cached blocks 6..18; the second's copies went back free.
+        assert_eq!(engine.cache.evictable_pages(), vec![18]);
+        assert_eq!(engine.cache.free_pages(), vec![46]);
+        Ok(())
+    }
+
+    #[test]
+    fn a1_requests_are_looked_up_only_while_a_step_has_tokens_left() -> Result<(), ReplayError> {
+        let log = Rc::new(RefCell::new(Log::default()));
+        let connector = Recording {
+            log: Rc::clone(&log),
+            pending_for: RequestId(1),
+            offer: 0,
+            answered: Vec::new(),
+        };
+        let mut engine = engine(64, false, Box::new(connector))?;
+        for (id, first_token) in [(1, 1_000), (2, 2_000), (3, 3_000), (4, 4_000)] {
+            enqueue(&mut engine, id, first_token, 200)?;
+        }
+        // Request 1's lookup is pending: its 200 tokens hold their place in the budget,
+        // so request 2 is looked up and admitted (400 tokens ahead), and 3 and 4 wait.
+        assert!(engine.wants_lookup());
+        engine.admit(0)?;
+        assert_eq!(log.borrow().lookups, vec![(1, 0), (2, 0)]);
+        assert_eq!(engine.active.len(), 1);
+        assert!(
+            !engine.wants_lookup(),
+            "no step has tokens left for request 3"
+        );
+        // Request 1 is admitted (200 + 200 ahead); still no room for request 3.
+        engine.admit(0)?;
+        assert_eq!(engine.active.len(), 2);
+        assert_eq!(log.borrow().lookups.len(), 2);
+        // One step computes 256 tokens (request 2's 200 and 56 of request 1): 144 are
+        // left, so request 3 is looked up and admitted.
+        let step = engine.step(0)?;
+        assert_eq!(step.done.len(), 1);
+        assert_eq!(engine.tokens_ahead(), 144);
+        assert!(engine.wants_lookup());
+        engine.admit(1)?;
+        assert_eq!(log.borrow().lookups, vec![(1, 0), (2, 0), (3, 0)]);
+        assert_eq!(engine.active.len(), 2);
+        assert!(!engine.wants_lookup());
         Ok(())
     }
 

@@ -7,6 +7,8 @@
 //! end. A failed load releases the range (R25): the reserved pages get the stale pattern
 //! again, the window pages the load added are dropped, and the request computes the prefix
 //! itself from where the load started (its local match, whose pages it keeps).
+//! Per filled load, the window groups' bytes (per rank, full page size) are counted for
+//! the report's `window_bytes_per_load`.
 
 use crate::connector::FinishedLoad;
 
@@ -14,6 +16,7 @@ use super::types::HookTimer;
 use super::{Engine, Phase};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
+use crate::replay::kv_cache::GroupPolicy;
 
 impl Engine {
     /// Handles the loads the connector reports finished; returns whether any request
@@ -57,6 +60,12 @@ impl Engine {
         let t = self.cache.tokens_per_block();
         let ranks = u64::try_from(self.devices.len()).unwrap_or(u64::MAX);
         let active = &self.active[index];
+        let window_groups: Vec<bool> = self
+            .cache
+            .policies()
+            .map(|policy| matches!(policy, GroupPolicy::Window { .. }))
+            .collect();
+        let mut window_bytes = 0;
         for (group, content) in self.groups.iter().enumerate() {
             for block in self.cache.load_blocks(group, end) {
                 if block < start / t {
@@ -76,7 +85,16 @@ impl Engine {
                 self.counters.pages_loaded += ranks;
                 self.counters.bytes_loaded += ranks * self.stored_page_bytes[group];
                 self.counters.modeled_bytes_loaded += ranks * self.full_page_bytes[group];
+                if window_groups[group] {
+                    window_bytes += self.full_page_bytes[group];
+                }
             }
+        }
+        if window_bytes > 0 {
+            self.counters.window_loads += 1;
+            self.counters.window_bytes_loaded += window_bytes;
+            let max = &mut self.counters.window_bytes_per_load_max;
+            *max = (*max).max(window_bytes);
         }
         let active = &mut self.active[index];
         let loaded = end - start;

@@ -280,14 +280,23 @@ impl Engine {
     /// consider has not been looked up yet): the driver settles every connector's saves
     /// first, so the lookup sees what simulated time says is saved.
     pub fn wants_lookup(&self) -> bool {
-        self.waiting
-            .iter()
-            .take_while(|waiting| {
-                let local_tokens = self.admission_local_tokens(waiting);
-                self.cache
+        // The admission round's walk (`admit`, A1), taking every lookup in flight as pending.
+        let mut ahead = self.tokens_ahead();
+        for waiting in &self.waiting {
+            let local_tokens = self.admission_local_tokens(waiting);
+            if ahead >= self.max_num_tokens
+                || !self
+                    .cache
                     .can_admit(waiting.request.prompt_len, local_tokens)
-            })
-            .any(|waiting| waiting.prompt.is_some())
+            {
+                return false;
+            }
+            if waiting.prompt.is_some() {
+                return true;
+            }
+            ahead += waiting.request.prompt_len - local_tokens;
+        }
+        false
     }
 
     /// One scheduler step at simulated time `now` (module workflow 2-5). The engine is busy

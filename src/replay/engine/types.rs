@@ -84,6 +84,13 @@ pub struct EngineCounters {
     pub computed_tokens: u64,
     /// Steps that called `on_step`.
     pub steps: u64,
+    /// Filled loads that moved window-group pages (R15).
+    pub window_loads: u64,
+    /// Window-group bytes per rank those loads moved, at full page size.
+    pub window_bytes_loaded: u64,
+    /// The most window-group bytes per rank one load moved, at full page size (R15 bounds
+    /// it by the sinks, the window and one block per window group).
+    pub window_bytes_per_load_max: u64,
 }
 
 /// What an engine hands back at the end of a replay.
