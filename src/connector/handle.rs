@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use super::save_plan::{blocks_to_save, SaveStep};
+use super::save_plan::{blocks_to_save, past_chunk_end, SaveStep};
 use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
@@ -79,6 +79,9 @@ pub struct ConnectorHandle {
     sync_load: bool,
     /// Pages refused by a full saver mailbox (R22), counted here.
     saves_refused: u64,
+    /// Pages handed to the savers whose block ends past the chunk end of its step (R16;
+    /// the required number is 0).
+    published_past_chunk_end: u64,
     /// Lookups a full planner mailbox deferred to a later step.
     lookups_deferred: u64,
     runtime: tokio::runtime::Runtime,
@@ -140,6 +143,7 @@ impl ConnectorHandle {
             resave_min_tokens,
             sync_load,
             saves_refused: 0,
+            published_past_chunk_end: 0,
             lookups_deferred: 0,
             runtime,
         })
@@ -157,6 +161,7 @@ impl ConnectorHandle {
             .block_on(self.reporter.send(CollectNow))
             .unwrap_or_default();
         stats.saves.saves_dropped += self.saves_refused;
+        stats.saves.published_past_chunk_end += self.published_past_chunk_end;
         stats.lookups.deferred += self.lookups_deferred;
         stats
     }
@@ -344,9 +349,11 @@ impl ConnectorHandle {
                     page: PageIndex(page),
                     hash: hashes[block],
                 };
+                let past_cap = past_chunk_end(&step, block);
                 for (rank, items) in per_rank.iter_mut().enumerate() {
                     if rank == 0 || !group.replicated {
                         items.push((item, priority));
+                        self.published_past_chunk_end += u64::from(past_cap);
                     }
                 }
             }

@@ -8,6 +8,15 @@
 //! - Re-save (R20): at the last chunk of a prompt that computed at least
 //!   `resave_min_tokens`, every full-attention block of the prompt is listed again at the
 //!   lowest priority (the blocks saved in this very step keep their normal priority).
+//!
+//! Invariants (checked by the tests below and, at run time, by the handle, which counts
+//! every planned block past the cap as `published_past_chunk_end`, R16):
+//! - S1. No planned block ends past the chunk end: `(block + 1) * T <= computed_after`
+//!   ([`past_chunk_end`] is false for every block [`blocks_to_save`] returns). Pages a
+//!   drafter's extra KV tokens reach past the chunk end are never published (R16).
+//! - S2. Only prompt blocks are planned: `(block + 1) * T <= P`, so draft and generation
+//!   pages are never published, with or without a drafter (R18).
+//! - S3. A block below `reused_until` is planned only as a re-save (R19, R20).
 
 use crate::core::layout::Attention;
 use crate::core::save_order::SavePriority;
@@ -35,16 +44,45 @@ pub struct SaveStep {
     pub resave_min_tokens: usize,
 }
 
-/// The blocks of one group to save this step, each with its priority, ascending.
+/// Where a step's saves end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveCap {
+    /// R16: at the end of the current chunk (the only cap the connector uses).
+    ChunkEnd,
+    /// At the prompt end, whatever the chunk computed: the cap bypassed. Wrong by design
+    /// (it publishes pages whose tokens are not computed yet); it exists so that tests can
+    /// show what the R16 cap prevents.
+    PromptEnd,
+}
+
+/// Whether `block` ends past the chunk end of `step` (a publication R16 forbids).
+pub fn past_chunk_end(step: &SaveStep, block: usize) -> bool {
+    (block + 1).saturating_mul(step.tokens_per_block.max(1)) > step.computed_after
+}
+
+/// The blocks of one group to save this step, each with its priority, ascending (S1-S3).
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
+    blocks_to_save_capped(attention, step, SaveCap::ChunkEnd)
+}
+
+/// [`blocks_to_save`] with an explicit cap; only tests pass [`SaveCap::PromptEnd`].
+pub fn blocks_to_save_capped(
+    attention: Attention,
+    step: &SaveStep,
+    cap: SaveCap,
+) -> Vec<(usize, SavePriority)> {
     let t = step.tokens_per_block.max(1);
+    let cap_tokens = match cap {
+        SaveCap::ChunkEnd => step.computed_after,
+        SaveCap::PromptEnd => step.prompt_len,
+    };
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
     let reused_blocks = step.reused_until.div_ceil(t);
     match attention {
         Attention::Full => {
             let first = (step.computed_before / t).max(reused_blocks);
             // R16: only blocks whose every token is computed by the end of this chunk.
-            let end = (step.computed_after.min(step.prompt_len) / t).min(prompt_blocks);
+            let end = (cap_tokens.min(step.prompt_len) / t).min(prompt_blocks);
             let computed = step.prompt_len.saturating_sub(step.reused_until);
             let resave =
                 step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens;

@@ -72,6 +72,8 @@ pub struct ConnectorReport {
     pub saves_skipped_present: u64,
     /// Saves shed by the bounded save queue (R22).
     pub saves_dropped: u64,
+    /// Pages handed to the pool past the chunk end of their step (R16; must be 0).
+    pub published_past_chunk_end: u64,
 }
 
 impl ConnectorReport {
@@ -82,6 +84,7 @@ impl ConnectorReport {
         self.bytes_saved += other.bytes_saved;
         self.saves_skipped_present += other.saves_skipped_present;
         self.saves_dropped += other.saves_dropped;
+        self.published_past_chunk_end += other.published_past_chunk_end;
     }
 }
 
@@ -163,6 +166,7 @@ mod tests {
             bytes_saved: 7,
             saves_skipped_present: 8,
             saves_dropped: 9,
+            published_past_chunk_end: 10,
         };
         let mut sum = one;
         sum.add(&one);
@@ -170,6 +174,7 @@ mod tests {
         assert_eq!(sum.lookups.window_miss, 8);
         assert_eq!(sum.pages_saved, 12);
         assert_eq!(sum.saves_dropped, 18);
+        assert_eq!(sum.published_past_chunk_end, 20);
         assert_eq!(NoConnector.report(), ConnectorReport::default());
     }
 }

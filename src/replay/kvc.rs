@@ -53,6 +53,7 @@ impl ReplayConnector for ConnectorHandle {
             bytes_saved: stats.saves.bytes_saved,
             saves_skipped_present: stats.saves.saves_skipped_present,
             saves_dropped: stats.saves.saves_dropped,
+            published_past_chunk_end: stats.saves.published_past_chunk_end,
         }
     }
 }
