@@ -136,6 +136,10 @@ pub struct GeneratorArgs {
 
 /// Arguments of `kv-connector replay`.
 #[derive(Debug, Clone, clap::Args)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent on/off command-line flags, each its own clap switch"
+)]
 pub struct ReplayArgs {
     /// A Mooncake trace file: JSON lines with a timestamp, input and output lengths and the
     /// hash ids of 512-token blocks.
@@ -575,6 +579,44 @@ mod tests {
             Command::Replay(args) => Ok(*args),
             Command::Keys(_) => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
         }
+    }
+
+    #[test]
+    fn drafter_flags_build_the_drafter_and_refuse_bad_values(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        assert_eq!(drafter_setup(&args(&[])?)?, None);
+        let on = drafter_setup(&args(&["--drafter", "--draft-tokens", "4"])?)?;
+        assert_eq!(
+            on,
+            Some(DrafterSetup {
+                draft_tokens: 4,
+                acceptance: 0.7
+            })
+        );
+        // The draft flags need --drafter.
+        assert!(args(&["--draft-tokens", "4"]).is_err());
+        for flags in [
+            ["--drafter", "--draft-tokens", "0"],
+            ["--drafter", "--draft-acceptance", "1.5"],
+        ] {
+            let refused = drafter_setup(&args(&flags)?);
+            assert!(matches!(refused, Err(ReplayError::InvalidSetting { .. })));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn pool_eviction_flags_set_the_config_keys() -> Result<(), Box<dyn std::error::Error>> {
+        let args = args(&[
+            "--pool-high-watermark",
+            "0.97",
+            "--pool-eviction-ratio",
+            "0.01",
+        ])?;
+        let config = load_config(&args, HashMap::<String, String>::new())?;
+        assert!((config.pool.eviction_high_watermark_ratio - 0.97).abs() < 1e-12);
+        assert!((config.pool.eviction_ratio - 0.01).abs() < 1e-12);
+        Ok(())
     }
 
     #[test]

@@ -82,9 +82,15 @@ impl CopyingConnector {
         ) else {
             return Ok(());
         };
-        for block in scheduled.computed_before / T..(scheduled.computed_before + offer) / T {
-            let page = u32::try_from(scheduled.page_tables[0][block]).unwrap_or(u32::MAX);
-            if let Some(bytes) = self.pool.get(&hashes[block]) {
+        let first = scheduled.computed_before / T;
+        let blocks = hashes
+            .iter()
+            .zip(scheduled.page_tables[0])
+            .skip(first)
+            .take((offer / T).saturating_sub(first));
+        for (hash, &page) in blocks {
+            let page = u32::try_from(page).unwrap_or(u32::MAX);
+            if let Some(bytes) = self.pool.get(hash) {
                 self.devices[0].write_page(GROUP, page, bytes)?;
             }
         }

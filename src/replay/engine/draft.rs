@@ -144,9 +144,9 @@ mod tests {
             .collect();
         assert_eq!(counts, again);
         assert!(counts.iter().all(|&count| count <= 3));
-        // The mean run is 0.7 + 0.49 + 0.343 = 1.533.
-        let mean = counts.iter().sum::<usize>() as f64 / 4_000.0;
-        assert!((mean - 1.533).abs() < 0.06, "mean accepted {mean}");
+        // The mean run is 0.7 + 0.49 + 0.343 = 1.533: about 6,132 over 4,000 requests.
+        let total = counts.iter().sum::<usize>();
+        assert!((5_900..6_360).contains(&total), "{total} accepted");
         assert!((drafter.tokens_per_step() - 2.533).abs() < 1e-9);
         let never = DrafterSetup {
             acceptance: 0.0,
