@@ -10,7 +10,9 @@
 //! - re-save (R20): a scripted eviction of a chain's head block, while the engine's local
 //!   prefix cache serves that head, is repaired by the next long prompt (the missing block
 //!   rewritten, the present ones refreshed), and the following lookup gets the full hit;
-//!   without re-save the chain stays unreachable.
+//!   without re-save the chain stays unreachable;
+//! - shedding (R21, R22): a full save queue drops re-saves before full-attention blocks,
+//!   never blocks the engine, and counts every drop.
 
 mod common;
 
@@ -302,5 +304,41 @@ fn without_resave_an_evicted_head_block_makes_the_chain_unreachable_r20() -> Tes
     let (hit, rewritten) = head_block_scenario(0)?;
     assert!(rewritten.is_empty());
     assert_eq!(hit, 0);
+    Ok(())
+}
+
+/// R21, R22: a full save queue sheds re-saves before full-attention blocks, never blocks
+/// the engine (the step returns and the pages are released once the saves settle), and
+/// counts every drop.
+#[test]
+fn a_full_save_queue_sheds_resaves_first_and_counts_every_drop_r22() -> TestResult {
+    let layout = Layout::preset("tiny-full")?;
+    let mut config = Config::default();
+    config.saver.resave_min_tokens = 64;
+    config.saver.queue_capacity_pages = 12;
+    let mut instance = start(memory_pool(64 << 20), &layout, config);
+    // 160 tokens from the local cache, 200 computed in one chunk: 10 re-saves (blocks
+    // 0..10) and 12 new full blocks (10..22) reach a queue of 12 in one message.
+    let tokens = prompt(7, 160 + 200);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 160);
+    assert_eq!(offered(&mut instance.handle, RequestId(1), 160), 0);
+    instance.write_pages(tokens.len(), &layout, 0);
+    instance.chunk(RequestId(1), tokens.len(), &layout, 0, 160..tokens.len());
+    let keep = instance.handle.request_finished(RequestId(1));
+    instance.handle.settle_saves();
+    let finished = instance.handle.get_finished_saves();
+    assert!(!keep || finished == vec![RequestId(1)]);
+    let saves = instance.handle.shutdown().saves;
+    assert_eq!(saves.saves_enqueued, 22);
+    // Every re-save was shed, no full block: the 12 new blocks are stored.
+    assert_eq!(saves.saves_dropped, 10);
+    assert_eq!(saves.saves_done, 12);
+    assert_eq!(saves.saves_refreshed, 0);
+    assert_eq!(
+        saves.saves_enqueued,
+        saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed
+    );
     Ok(())
 }
