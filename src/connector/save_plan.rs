@@ -215,4 +215,75 @@ mod tests {
             .iter()
             .all(|(_, p)| *p == SavePriority::Full));
     }
+
+    /// R16 with the cap bypassed: the same step plans blocks past the chunk end, which
+    /// `past_chunk_end` flags (what the handle counts as `published_past_chunk_end`).
+    #[test]
+    fn bypassing_the_cap_plans_blocks_past_the_chunk_end_r16() {
+        let first_chunk = step(0, 40);
+        let capped = blocks_to_save(Attention::Full, &first_chunk);
+        assert!(capped
+            .iter()
+            .all(|&(block, _)| !past_chunk_end(&first_chunk, block)));
+        let bypassed = blocks_to_save_capped(Attention::Full, &first_chunk, SaveCap::PromptEnd);
+        let past: Vec<usize> = bypassed
+            .iter()
+            .map(|&(block, _)| block)
+            .filter(|&block| past_chunk_end(&first_chunk, block))
+            .collect();
+        assert_eq!(past, (2..12).collect::<Vec<_>>());
+    }
+
+    proptest::proptest! {
+        /// S1-S3 for any chunking, reuse, threshold and attention.
+        #[test]
+        fn planned_blocks_stay_within_the_chunk_and_the_prompt_s1_s2_s3(
+            tokens_per_block in 1_usize..64,
+            prompt_len in 1_usize..4_000,
+            before_share in 0.0_f64..1.0,
+            chunk in 1_usize..2_000,
+            reused_share in 0.0_f64..1.0,
+            resave_min_tokens in 0_usize..3_000,
+            window in proptest::option::of((1_u32..512, 0_u32..8)),
+        ) {
+            let before = to_tokens(before_share, prompt_len);
+            let step = SaveStep {
+                tokens_per_block,
+                prompt_len,
+                computed_before: before,
+                computed_after: (before + chunk).min(prompt_len),
+                reused_until: to_tokens(reused_share, before),
+                hashed_blocks: prompt_len / tokens_per_block,
+                last_chunk: before + chunk >= prompt_len,
+                rewind_tokens: 64,
+                resave_min_tokens,
+            };
+            let attention = window.map_or(Attention::Full, |(window_tokens, sinks)| {
+                Attention::Window {
+                    window_tokens,
+                    sink_tokens: sinks.min(window_tokens - 1),
+                }
+            });
+            for (block, priority) in blocks_to_save(attention, &step) {
+                proptest::prop_assert!(!past_chunk_end(&step, block), "S1: block {block}");
+                proptest::prop_assert!((block + 1) * tokens_per_block <= prompt_len, "S2");
+                if block < step.reused_until / tokens_per_block
+                    && attention == Attention::Full
+                {
+                    proptest::prop_assert_eq!(priority, SavePriority::Resave, "S3");
+                }
+            }
+        }
+    }
+
+    /// `share` of `tokens`, rounded down.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a share in [0, 1) of a few thousand tokens"
+    )]
+    fn to_tokens(share: f64, tokens: usize) -> usize {
+        (share * tokens as f64) as usize
+    }
 }
