@@ -196,6 +196,8 @@ pub struct SaveStats {
     pub bytes_saved: u64,
     /// Largest queue depth seen.
     pub max_queue_depth: u64,
+    /// Pages handed to the savers past the chunk end of their step (R16; must be 0).
+    pub published_past_chunk_end: u64,
     /// Time from enqueue to settle.
     pub queue_time: Latency,
 }
@@ -211,6 +213,7 @@ impl SaveStats {
         self.saves_failed += other.saves_failed;
         self.bytes_saved += other.bytes_saved;
         self.max_queue_depth = self.max_queue_depth.max(other.max_queue_depth);
+        self.published_past_chunk_end += other.published_past_chunk_end;
         self.queue_time.merge(&other.queue_time);
     }
 }

@@ -64,6 +64,7 @@ fn replay_params(
         wait_timeout: Duration::from_millis(5),
         connector_name: "kvc".to_owned(),
         local_prefix_cache: false,
+        drafter: None,
     })
 }
 

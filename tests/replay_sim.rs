@@ -457,6 +457,7 @@ fn params(
         wait_timeout: Duration::from_millis(1),
         connector_name: "scripted".to_owned(),
         local_prefix_cache: false,
+        drafter: None,
     })
 }
 

@@ -5,7 +5,8 @@
 //!
 //! 1. Load the configuration: defaults < `--config` < environment < `--set` < the
 //!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`, `--master`,
-//!    `--device`, `--swa-rewind-tokens`, `--window-fallback`).
+//!    `--device`, `--swa-rewind-tokens`, `--window-fallback`, `--pool-high-watermark`,
+//!    `--pool-eviction-ratio`).
 //! 2. Load the layout (the preset or layout file of the configuration), at `--world` ranks.
 //! 3. Build the workload: `--trace FILE`, `--generate long-multiturn`, or with neither the
 //!    built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
@@ -23,6 +24,11 @@
 //! configuration key: the configuration tree configures the connector runtime, which a
 //! real engine embeds next to its own prefix cache; the replay flag says which engine is
 //! simulated. Off by default, so the pool's share is measured alone.
+//!
+//! `--drafter` (with `--draft-tokens`, `--draft-acceptance`) runs a simulated EAGLE-style
+//! drafter on every instance, a replay flag for the same reason: extra KV tokens past each
+//! chunk end, drafts written and rewound (`replay::engine`'s docs); the report's
+//! `published_past_chunk_end` must stay 0 (R16, R18).
 
 use std::collections::HashMap;
 use std::io::{self, IsTerminal, Write};
@@ -36,6 +42,7 @@ use crate::cli::signals::{Signal, StopSignal};
 use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, PoolBackend};
 use crate::core::layout::Layout;
 use crate::replay::cost::CostModel;
+use crate::replay::engine::DrafterSetup;
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
@@ -130,6 +137,10 @@ pub struct GeneratorArgs {
 
 /// Arguments of `kv-connector replay`.
 #[derive(Debug, Clone, clap::Args)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent on/off command-line flags, each its own clap switch"
+)]
 pub struct ReplayArgs {
     /// A Mooncake trace file: JSON lines with a timestamp, input and output lengths and the
     /// hash ids of 512-token blocks.
@@ -142,8 +153,9 @@ pub struct ReplayArgs {
     /// Generator parameters (for --generate and the demo).
     #[command(flatten)]
     pub generator: GeneratorArgs,
-    /// Model preset whose KV layout is served: llama-3.1-8b, gpt-oss-120b, gemma-3-27b,
-    /// tiny-hybrid, tiny-full (default: the configuration's model.preset).
+    /// Model preset whose KV layout is served: llama-3.1-8b, llama-3.1-8b-eagle (with the
+    /// drafter's layer group), gpt-oss-120b, gemma-3-27b, tiny-hybrid, tiny-full (default:
+    /// the configuration's model.preset).
     #[arg(long, value_name = "PRESET", conflicts_with = "layout")]
     pub model: Option<String>,
     /// A layout TOML file instead of a preset.
@@ -219,6 +231,27 @@ pub struct ReplayArgs {
     /// The connector each instance runs: kvc (the runtime) or none (the baseline).
     #[arg(long, value_enum, default_value_t = ConnectorKind::Kvc)]
     pub connector: ConnectorKind,
+    /// Run a speculative drafter (EAGLE-style) on every instance: the KV cache allocates
+    /// --draft-tokens extra KV tokens past each chunk end, drafts are written into the
+    /// generation pages after the prompt and rejected ones rewound; decoding advances
+    /// the expected accepted run plus one token per step.
+    #[arg(long)]
+    pub drafter: bool,
+    /// Draft tokens per step with --drafter (the extra KV tokens), at least 1.
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "drafter")]
+    pub draft_tokens: usize,
+    /// Probability that one draft token is accepted with --drafter, given that the ones
+    /// before it were (0 to 1).
+    #[arg(long, value_name = "F", default_value_t = 0.7, requires = "drafter")]
+    pub draft_acceptance: f64,
+    /// The embedded pool starts evicting above this share of its capacity
+    /// (`pool.eviction_high_watermark_ratio`; default: the configuration's, 0.95).
+    #[arg(long, value_name = "F")]
+    pub pool_high_watermark: Option<f64>,
+    /// Share of the embedded pool's capacity one eviction pass frees
+    /// (`pool.eviction_ratio`; default: the configuration's, 0.05).
+    #[arg(long, value_name = "F")]
+    pub pool_eviction_ratio: Option<f64>,
     /// Give each instance a local prefix cache: pages of finished prompts are kept
     /// (evicted least recently used) and shared with later prompts on the same instance;
     /// the connector is asked only for what lies beyond the local match.
@@ -400,6 +433,7 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         }
         .to_owned(),
         local_prefix_cache: args.local_prefix_cache,
+        drafter: drafter_setup(args)?,
     };
     let mut progress = BarProgress::new(args.quiet, stop.clone());
     let mut report = match args.connector {
@@ -420,6 +454,31 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         });
     }
     write_report(args, &report, out, err)
+}
+
+/// The drafter of `--drafter`, with its flags checked.
+fn drafter_setup(args: &ReplayArgs) -> Result<Option<DrafterSetup>, ReplayError> {
+    if !args.drafter {
+        return Ok(None);
+    }
+    if args.draft_tokens == 0 {
+        return Err(ReplayError::InvalidSetting {
+            setting: "--draft-tokens",
+            value: "0".to_owned(),
+            working: "3",
+        });
+    }
+    if !(0.0..=1.0).contains(&args.draft_acceptance) {
+        return Err(ReplayError::InvalidSetting {
+            setting: "--draft-acceptance",
+            value: args.draft_acceptance.to_string(),
+            working: "0.7",
+        });
+    }
+    Ok(Some(DrafterSetup {
+        draft_tokens: args.draft_tokens,
+        acceptance: args.draft_acceptance,
+    }))
 }
 
 /// Configuration layers (workflow step 1).
@@ -451,6 +510,10 @@ fn load_config<S: std::hash::BuildHasher>(
             .map(|tokens| ("planner.swa_endpoint_rewind_tokens", tokens.to_string())),
         args.window_fallback
             .map(|on| ("planner.window_fallback", on.to_string())),
+        args.pool_high_watermark
+            .map(|ratio| ("pool.eviction_high_watermark_ratio", ratio.to_string())),
+        args.pool_eviction_ratio
+            .map(|ratio| ("pool.eviction_ratio", ratio.to_string())),
     ];
     cli_overrides.extend(
         dedicated
@@ -663,6 +726,44 @@ mod tests {
             Command::Replay(args) => Ok(*args),
             Command::Keys(_) => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
         }
+    }
+
+    #[test]
+    fn drafter_flags_build_the_drafter_and_refuse_bad_values(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        assert_eq!(drafter_setup(&args(&[])?)?, None);
+        let on = drafter_setup(&args(&["--drafter", "--draft-tokens", "4"])?)?;
+        assert_eq!(
+            on,
+            Some(DrafterSetup {
+                draft_tokens: 4,
+                acceptance: 0.7
+            })
+        );
+        // The draft flags need --drafter.
+        assert!(args(&["--draft-tokens", "4"]).is_err());
+        for flags in [
+            ["--drafter", "--draft-tokens", "0"],
+            ["--drafter", "--draft-acceptance", "1.5"],
+        ] {
+            let refused = drafter_setup(&args(&flags)?);
+            assert!(matches!(refused, Err(ReplayError::InvalidSetting { .. })));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn pool_eviction_flags_set_the_config_keys() -> Result<(), Box<dyn std::error::Error>> {
+        let args = args(&[
+            "--pool-high-watermark",
+            "0.97",
+            "--pool-eviction-ratio",
+            "0.01",
+        ])?;
+        let config = load_config(&args, HashMap::<String, String>::new())?;
+        assert!((config.pool.eviction_high_watermark_ratio - 0.97).abs() < 1e-12);
+        assert!((config.pool.eviction_ratio - 0.01).abs() < 1e-12);
+        Ok(())
     }
 
     #[test]

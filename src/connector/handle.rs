@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use super::save_plan::{block_ranges_to_save, SaveStep};
+use super::save_plan::{block_ranges_to_save, past_chunk_end, SaveCap, SaveStep};
 use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
@@ -84,6 +84,9 @@ pub struct ConnectorHandle {
     sync_load: bool,
     /// Pages refused by a full saver mailbox (R22), counted here.
     saves_refused: u64,
+    /// Pages handed to the savers whose block ends past the chunk end of its step (R16;
+    /// the required number is 0).
+    published_past_chunk_end: u64,
     /// Lookups a full planner mailbox deferred to a later step.
     lookups_deferred: u64,
     /// Loads the engine asked for (`start_load`) and loads the reservation manager took:
@@ -159,6 +162,7 @@ impl ConnectorHandle {
             resave_min_tokens,
             sync_load,
             saves_refused: 0,
+            published_past_chunk_end: 0,
             lookups_deferred: 0,
             loads_asked: 0,
             loads_sent: 0,
@@ -199,6 +203,7 @@ impl ConnectorHandle {
         stats.loads.loads_started += loads_refused;
         stats.loads.loads_failed += loads_refused;
         stats.lookups.deferred += self.lookups_deferred;
+        stats.saves.published_past_chunk_end += self.published_past_chunk_end;
     }
 
     /// Stops the connector following the stop order of `crate::actors` and returns the
@@ -477,8 +482,15 @@ impl ConnectorHandle {
             ) else {
                 continue;
             };
-            block_ranges_to_save(group.attention, &step, &mut self.save_ranges);
+            block_ranges_to_save(
+                group.attention,
+                &step,
+                SaveCap::ChunkEnd,
+                &mut self.save_ranges,
+            );
             let ranks = if group.replicated { 1 } else { per_rank.len() };
+            self.published_past_chunk_end +=
+                pages_past_chunk_end(&step, &self.save_ranges, table) * ranks as u64;
             for batch in per_rank.iter_mut().take(ranks) {
                 for (blocks, priority) in &self.save_ranges {
                     batch.push_run(
@@ -530,6 +542,27 @@ fn unfinished_loads(stats: &ConnectorStats) -> u64 {
     loads
         .loads_started
         .saturating_sub(loads.loads_done + loads.loads_failed)
+}
+
+/// Planned pages (with a valid page) whose block ends past the step's chunk end: the
+/// run-time check of R16, which must stay 0 (`published_past_chunk_end`). Only the blocks
+/// from the first one past the cap are looked at, so a correct plan costs nothing.
+fn pages_past_chunk_end(
+    step: &SaveStep,
+    ranges: &[(std::ops::Range<usize>, SavePriority)],
+    page_table: &[i32],
+) -> u64 {
+    let first_past = step.computed_after / step.tokens_per_block.max(1);
+    let mut count = 0;
+    for (blocks, _) in ranges {
+        for block in blocks.start.max(first_past)..blocks.end {
+            let has_page = page_table.get(block).is_some_and(|&page| page >= 0);
+            if has_page && past_chunk_end(step, block) {
+                count += 1;
+            }
+        }
+    }
+    count
 }
 
 fn save_groups(layout: &Layout) -> Vec<SaveGroup> {

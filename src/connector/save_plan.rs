@@ -8,6 +8,15 @@
 //! - Re-save (R20): at the last chunk of a prompt that computed at least
 //!   `resave_min_tokens`, every full-attention block of the prompt is listed again at the
 //!   lowest priority (the blocks saved in this very step keep their normal priority).
+//!
+//! Invariants (checked by the tests below and, at run time, by the handle, which counts
+//! every planned block past the cap as `published_past_chunk_end`, R16):
+//! - S1. No planned block ends past the chunk end: `(block + 1) * T <= computed_after`
+//!   ([`past_chunk_end`] is false for every block [`blocks_to_save`] returns). Pages a
+//!   drafter's extra KV tokens reach past the chunk end are never published (R16).
+//! - S2. Only prompt blocks are planned: `(block + 1) * T <= P`, so draft and generation
+//!   pages are never published, with or without a drafter (R18).
+//! - S3. A block below `reused_until` is planned only as a re-save (R19, R20).
 
 use std::ops::Range;
 
@@ -37,26 +46,56 @@ pub struct SaveStep {
     pub resave_min_tokens: usize,
 }
 
-/// The blocks of one group to save this step, each with its priority, ascending.
+/// Where a step's saves end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveCap {
+    /// R16: at the end of the current chunk (the only cap the connector uses).
+    ChunkEnd,
+    /// At the prompt end, whatever the chunk computed: the cap bypassed. Wrong by design
+    /// (it publishes pages whose tokens are not computed yet); it exists so that tests can
+    /// show what the R16 cap prevents.
+    PromptEnd,
+}
+
+/// Whether `block` ends past the chunk end of `step` (a publication R16 forbids).
+pub fn past_chunk_end(step: &SaveStep, block: usize) -> bool {
+    (block + 1).saturating_mul(step.tokens_per_block.max(1)) > step.computed_after
+}
+
+/// The blocks of one group to save this step, each with its priority, ascending (S1-S3).
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
+    blocks_to_save_capped(attention, step, SaveCap::ChunkEnd)
+}
+
+/// [`blocks_to_save`] with an explicit cap; only tests pass [`SaveCap::PromptEnd`].
+pub fn blocks_to_save_capped(
+    attention: Attention,
+    step: &SaveStep,
+    cap: SaveCap,
+) -> Vec<(usize, SavePriority)> {
     let mut ranges = Vec::new();
-    block_ranges_to_save(attention, step, &mut ranges);
+    block_ranges_to_save(attention, step, cap, &mut ranges);
     ranges
         .into_iter()
         .flat_map(|(blocks, priority)| blocks.map(move |block| (block, priority)))
         .collect()
 }
 
-/// [`blocks_to_save`] as at most two ascending, disjoint ranges with their priority,
-/// written into a caller's buffer (cleared first): the engine thread reuses one buffer
-/// and copies page numbers range by range.
+/// [`blocks_to_save_capped`] as at most two ascending, disjoint ranges with their
+/// priority, written into a caller's buffer (cleared first): the engine thread reuses one
+/// buffer and copies page numbers range by range.
 pub fn block_ranges_to_save(
     attention: Attention,
     step: &SaveStep,
+    cap: SaveCap,
     ranges: &mut Vec<(Range<usize>, SavePriority)>,
 ) {
     ranges.clear();
     let t = step.tokens_per_block.max(1);
+    let cap_tokens = match cap {
+        SaveCap::ChunkEnd => step.computed_after,
+        SaveCap::PromptEnd => step.prompt_len,
+    };
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
     let reused_blocks = step.reused_until.div_ceil(t);
     let mut push = |blocks: Range<usize>, priority: SavePriority| {
@@ -69,7 +108,7 @@ pub fn block_ranges_to_save(
         Attention::Full => {
             let first = (step.computed_before / t).max(reused_blocks);
             // R16: only blocks whose every token is computed by the end of this chunk.
-            let end = (step.computed_after.min(step.prompt_len) / t).min(prompt_blocks);
+            let end = (cap_tokens.min(step.prompt_len) / t).min(prompt_blocks);
             let computed = step.prompt_len.saturating_sub(step.reused_until);
             let resave =
                 step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens;
@@ -285,5 +324,76 @@ mod tests {
                 prop_assert_eq!(blocks_to_save(attention, &step), expected(attention, &step));
             }
         }
+    }
+
+    /// R16 with the cap bypassed: the same step plans blocks past the chunk end, which
+    /// `past_chunk_end` flags (what the handle counts as `published_past_chunk_end`).
+    #[test]
+    fn bypassing_the_cap_plans_blocks_past_the_chunk_end_r16() {
+        let first_chunk = step(0, 40);
+        let capped = blocks_to_save(Attention::Full, &first_chunk);
+        assert!(capped
+            .iter()
+            .all(|&(block, _)| !past_chunk_end(&first_chunk, block)));
+        let bypassed = blocks_to_save_capped(Attention::Full, &first_chunk, SaveCap::PromptEnd);
+        let past: Vec<usize> = bypassed
+            .iter()
+            .map(|&(block, _)| block)
+            .filter(|&block| past_chunk_end(&first_chunk, block))
+            .collect();
+        assert_eq!(past, (2..12).collect::<Vec<_>>());
+    }
+
+    proptest::proptest! {
+        /// S1-S3 for any chunking, reuse, threshold and attention.
+        #[test]
+        fn planned_blocks_stay_within_the_chunk_and_the_prompt_s1_s2_s3(
+            tokens_per_block in 1_usize..64,
+            prompt_len in 1_usize..4_000,
+            before_share in 0.0_f64..1.0,
+            chunk in 1_usize..2_000,
+            reused_share in 0.0_f64..1.0,
+            resave_min_tokens in 0_usize..3_000,
+            window in proptest::option::of((1_u32..512, 0_u32..8)),
+        ) {
+            let before = to_tokens(before_share, prompt_len);
+            let step = SaveStep {
+                tokens_per_block,
+                prompt_len,
+                computed_before: before,
+                computed_after: (before + chunk).min(prompt_len),
+                reused_until: to_tokens(reused_share, before),
+                hashed_blocks: prompt_len / tokens_per_block,
+                last_chunk: before + chunk >= prompt_len,
+                rewind_tokens: 64,
+                resave_min_tokens,
+            };
+            let attention = window.map_or(Attention::Full, |(window_tokens, sinks)| {
+                Attention::Window {
+                    window_tokens,
+                    sink_tokens: sinks.min(window_tokens - 1),
+                }
+            });
+            for (block, priority) in blocks_to_save(attention, &step) {
+                proptest::prop_assert!(!past_chunk_end(&step, block), "S1: block {block}");
+                proptest::prop_assert!((block + 1) * tokens_per_block <= prompt_len, "S2");
+                if block < step.reused_until / tokens_per_block
+                    && attention == Attention::Full
+                {
+                    proptest::prop_assert_eq!(priority, SavePriority::Resave, "S3");
+                }
+            }
+        }
+    }
+
+    /// `share` of `tokens`, rounded down.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a share in [0, 1) of a few thousand tokens"
+    )]
+    fn to_tokens(share: f64, tokens: usize) -> usize {
+        (share * tokens as f64) as usize
     }
 }

@@ -163,6 +163,30 @@ mod tests {
         );
     }
 
+    /// R8 as an engine passes it: any draft length is admitted; only the recompute tail is
+    /// refused, alone, with the setting, the value given and the value that works.
+    #[test]
+    fn speculation_is_admitted_and_only_a_recompute_tail_refused_r8() -> Result<(), toml::de::Error>
+    {
+        let eagle: LlmArgs = toml::from_str("[speculative_config]\nmax_draft_len = 7\n")?;
+        assert!(validate_llm_args(&eagle).is_empty());
+        let tail: LlmArgs = toml::from_str(
+            "[speculative_config]\nmax_draft_len = 7\ncontext_recompute_tail = 16\n",
+        )?;
+        let refusals = validate_llm_args(&tail);
+        assert_eq!(
+            refusals,
+            vec![EngineArgsError::ContextRecomputeTail { tail: 16 }]
+        );
+        assert_eq!(refusals[0].kind(), "context_recompute_tail");
+        assert_eq!(
+            refusals[0].to_string(),
+            "speculative_config.context_recompute_tail = 16 is not supported with the \
+             connector: set it to 0"
+        );
+        Ok(())
+    }
+
     #[test]
     fn llm_args_refuse_unknown_keys() {
         let parsed: Result<LlmArgs, _> =

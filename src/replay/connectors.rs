@@ -83,6 +83,8 @@ pub struct ConnectorReport {
     pub loads_done: u64,
     /// Loads handed to the engine failed (R25), or stale (R26).
     pub loads_failed: u64,
+    /// Pages handed to the pool past the chunk end of their step (R16; must be 0).
+    pub published_past_chunk_end: u64,
 }
 
 impl ConnectorReport {
@@ -98,6 +100,7 @@ impl ConnectorReport {
         self.loads_started += other.loads_started;
         self.loads_done += other.loads_done;
         self.loads_failed += other.loads_failed;
+        self.published_past_chunk_end += other.published_past_chunk_end;
     }
 }
 
@@ -179,6 +182,7 @@ mod tests {
             bytes_saved: 7,
             saves_skipped_present: 8,
             saves_dropped: 9,
+            published_past_chunk_end: 10,
             ..ConnectorReport::default()
         };
         let mut sum = one;
@@ -187,6 +191,7 @@ mod tests {
         assert_eq!(sum.lookups.window_miss, 8);
         assert_eq!(sum.pages_saved, 12);
         assert_eq!(sum.saves_dropped, 18);
+        assert_eq!(sum.published_past_chunk_end, 20);
         assert_eq!(NoConnector.report(), ConnectorReport::default());
     }
 }

@@ -10,15 +10,19 @@
 //! A page the engine allocated but whose block is not fully computed yet holds
 //! [`STALE_BYTE`] everywhere ([`fill_stale`]): a connector that saves a page past the end of
 //! the current chunk (R16), or reports a load filled without writing it, leaves bytes that
-//! the page check ([`PageChecker`]) later refuses.
+//! the page check ([`PageChecker`]) later refuses. A page a drafter wrote draft tokens into
+//! (past the prompt end, or the prompt's partial last block) holds [`DRAFT_BYTE`]
+//! everywhere ([`fill_draft`]) until its block is computed: a draft that might still be
+//! rejected is never what computing the block gives (R18).
 //!
 //! Invariants:
 //! - C1. Equal (group, shard, hash) give equal bytes, on every machine and run; any
 //!   difference in one of them gives different bytes (up to 64-bit seed collisions).
 //! - C2. A replicated group's page has the same bytes on every rank (its shard is
 //!   `replicated`); a per-rank group's pages differ between ranks.
-//! - C3. No filled page equals a stale page (a splitmix64 stream is never 8 equal bytes
-//!   for a whole page of 64 bytes or more).
+//! - C3. No filled page equals a stale or a draft page (a splitmix64 stream is never 8
+//!   equal bytes for a whole page of 64 bytes or more), and a stale page differs from a
+//!   draft page.
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -29,6 +33,9 @@ use crate::gpu::{Device, GpuError};
 
 /// The byte a page holds while its block is not fully computed (C3).
 pub const STALE_BYTE: u8 = 0xA5;
+
+/// The byte a page holds while it carries draft tokens that are not verified (C3).
+pub const DRAFT_BYTE: u8 = 0x5D;
 
 /// Domain tag in every seed, so page content never collides with other xxh3 uses.
 const CONTENT_DOMAIN: &[u8; 8] = b"kvc-page";
@@ -74,6 +81,11 @@ pub fn fill_page(out: &mut [u8], seed: u64) {
 /// Fills `out` with the stale pattern (C3).
 pub fn fill_stale(out: &mut [u8]) {
     out.fill(STALE_BYTE);
+}
+
+/// Fills `out` with the draft pattern (C3).
+pub fn fill_draft(out: &mut [u8]) {
+    out.fill(DRAFT_BYTE);
 }
 
 /// One layer group as the content writer and checker see it.
@@ -171,10 +183,36 @@ impl PageChecker {
         group: GroupId,
         page: u32,
     ) -> Result<(), GpuError> {
+        self.write_uniform(devices, group, page, STALE_BYTE)
+    }
+
+    /// Writes the draft pattern into `page` of `group` on every rank (a drafter wrote
+    /// unverified draft tokens into it).
+    ///
+    /// # Errors
+    ///
+    /// The device's [`GpuError`].
+    pub fn write_draft(
+        &mut self,
+        devices: &[Device],
+        group: GroupId,
+        page: u32,
+    ) -> Result<(), GpuError> {
+        self.write_uniform(devices, group, page, DRAFT_BYTE)
+    }
+
+    /// Fills `page` of `group` with `byte` on every rank.
+    fn write_uniform(
+        &mut self,
+        devices: &[Device],
+        group: GroupId,
+        page: u32,
+        byte: u8,
+    ) -> Result<(), GpuError> {
         for device in devices {
             let page_bytes = device.page_pool(group)?.page_bytes;
             self.expected.resize(page_bytes, 0);
-            fill_stale(&mut self.expected);
+            self.expected.fill(byte);
             device.write_page(group, page, &self.expected)?;
         }
         Ok(())
@@ -251,9 +289,17 @@ mod tests {
     }
 
     #[test]
-    fn filled_pages_are_never_stale_c3() {
+    fn filled_pages_are_never_stale_or_draft_c3() {
+        assert_ne!(STALE_BYTE, DRAFT_BYTE);
+        let mut draft = vec![0; 64];
+        fill_draft(&mut draft);
+        let mut stale = vec![0; 64];
+        fill_stale(&mut stale);
+        assert_ne!(draft, stale);
         for seed in 0..1_000 {
-            assert!(page(seed, 64).iter().any(|&byte| byte != STALE_BYTE));
+            let filled = page(seed, 64);
+            assert!(filled.iter().any(|&byte| byte != STALE_BYTE));
+            assert_ne!(filled, draft);
         }
     }
 
@@ -287,6 +333,17 @@ mod tests {
         let wrong_hash = checker.check_page(&devices, &group, 1, &hash(4))?;
         assert_eq!(wrong_hash.mismatched, 2);
         checker.write_stale(&devices, GroupId(0), 1)?;
+        assert_eq!(
+            checker
+                .check_page(&devices, &group, 1, &hash(3))?
+                .mismatched,
+            2
+        );
+        checker.write_draft(&devices, GroupId(0), 1)?;
+        assert_eq!(
+            devices[1].read_page_to_vec(GroupId(0), 1)?,
+            vec![DRAFT_BYTE; 128]
+        );
         assert_eq!(
             checker
                 .check_page(&devices, &group, 1, &hash(3))?

@@ -29,7 +29,9 @@
 //! measurements:
 //!
 //! - `prefill_tokens_per_s`: `2 * active parameters` FLOP per token at roughly 40-60 % of
-//!   peak (llama-3.1-8b: 16 GFLOP/token -> 25k tokens/s; gpt-oss-120b: 5.1 B active
+//!   peak (llama-3.1-8b: 16 GFLOP/token -> 25k tokens/s; llama-3.1-8b-eagle adds the
+//!   drafter's decoder layer, about 4 % more per token and one more full layer of
+//!   attention pairs -> 24k and 8.7e8; gpt-oss-120b: 5.1 B active
 //!   parameters, discounted for expert routing -> 12k; gemma-3-27b: 54 GFLOP/token -> 8k);
 //! - `attention_pairs_per_s`: `4 * head_dim * query heads * full layers` FLOP per pair at
 //!   about 500 TFLOP/s (flash attention, causal): llama 524k FLOP/pair -> 9e8 pairs/s,
@@ -89,6 +91,16 @@ const PRESETS: &[PresetRow] = &[
         "llama-3.1-8b",
         25_000.0,
         9.0e8,
+        3.0e-3,
+        60.0,
+        25.0e9,
+        5.0e-4,
+        100 * GIB,
+    ),
+    (
+        "llama-3.1-8b-eagle",
+        24_000.0,
+        8.7e8,
         3.0e-3,
         60.0,
         25.0e9,

@@ -27,7 +27,8 @@
 //!
 //! Generation stage: context instances only prefill; answers decode on a separate
 //! generation stage of unbounded capacity, modeled by time alone (the cost model's decode
-//! rate). A request ends on its context instance (`request_finished`) at its first token.
+//! rate, divided by the tokens per step of a drafter). A request ends on its context
+//! instance (`request_finished`) at its first token.
 //! Turn `k + 1` of a session arrives its nominal gap after turn `k`'s last answer token.
 //!
 //! Invariants:
@@ -48,7 +49,7 @@ use crate::core::layout::{Attention, Layout};
 
 use super::connectors::{ConnectorFactory, InstanceContext};
 use super::cost::{CostModel, SimMicros};
-use super::engine::{ArrivedRequest, Engine, EngineSetup, PromptDone};
+use super::engine::{ArrivedRequest, DrafterSetup, Engine, EngineSetup, PromptDone};
 use super::error::ReplayError;
 use super::progress::ProgressSink;
 use super::report::ReplayReport;
@@ -101,6 +102,10 @@ pub struct ReplayParams {
     /// prompt tokens it serves are `local_hit_tokens`, and the connector is asked only
     /// for what lies beyond them.
     pub local_prefix_cache: bool,
+    /// A speculative drafter on every instance (off by default; `engine`'s docs): extra KV
+    /// tokens past each chunk end, drafts written and rewound, and decoding that advances
+    /// `DrafterSetup::tokens_per_step` tokens per step.
+    pub drafter: Option<DrafterSetup>,
 }
 
 /// The event loop's state.
@@ -230,6 +235,7 @@ fn build_engines(
                 .unwrap_or(usize::MAX),
             cost: params.cost.clone(),
             local_prefix_cache: params.local_prefix_cache,
+            drafter: params.drafter,
         };
         engines.push(Engine::new(setup, connector)?);
     }
@@ -413,7 +419,7 @@ impl<'w> Driver<'w> {
     /// Records a first token; schedules the session's next turn.
     fn prompt_done(&mut self, done: PromptDone) {
         let request = &self.workload[done.workload_index];
-        let finish = done.first_token_us + self.params.cost.decode_micros(request.output_tokens);
+        let finish = done.first_token_us + self.decode_micros(request.output_tokens);
         self.totals.completed += 1;
         self.totals
             .ttft_us
@@ -421,6 +427,24 @@ impl<'w> Driver<'w> {
         self.totals.last_finish_us = self.totals.last_finish_us.max(finish);
         if let Some((next, gap_us)) = self.next_turn[done.workload_index] {
             self.arrivals.push(Reverse((finish + gap_us, next)));
+        }
+    }
+
+    /// Simulated decode time of an answer; a drafter divides it by the tokens one decode
+    /// step advances.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a positive duration in microseconds, far below 2^53"
+    )]
+    fn decode_micros(&self, output_tokens: u32) -> SimMicros {
+        let plain = self.params.cost.decode_micros(output_tokens);
+        match self.params.drafter {
+            Some(drafter) => {
+                (plain as f64 / drafter.tokens_per_step().max(1.0)).ceil() as SimMicros
+            }
+            None => plain,
         }
     }
 

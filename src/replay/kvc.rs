@@ -58,6 +58,7 @@ impl ReplayConnector for ConnectorHandle {
             loads_started: stats.loads.loads_started,
             loads_done: stats.loads.loads_done,
             loads_failed: stats.loads.loads_failed + stats.loads.stale_completions,
+            published_past_chunk_end: stats.saves.published_past_chunk_end,
         }
     }
 }

@@ -15,7 +15,10 @@
 //! `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`, `saves_skipped_present`,
 //! `saves_dropped`, `saves_enqueued`, `saves_done`, `saves_failed`, `loads_started`,
 //! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
-//! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `sim` {`duration_s`,
+//! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `published_past_chunk_end`
+//! (pages handed to the pool past the chunk end of their step, R16; must be 0), `drafter`
+//! (null without `--drafter`; else {`draft_tokens`, `acceptance`, `tokens_proposed`,
+//! `tokens_accepted`, `pages_written`, `pages_rewound`}), `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
 //! `wall_seconds`, `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
@@ -135,6 +138,23 @@ pub struct WindowLoadBytes {
     pub bound: u64,
 }
 
+/// What the simulated drafter did (`--drafter`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DrafterReport {
+    /// Draft tokens per step (`--draft-tokens`).
+    pub draft_tokens: usize,
+    /// Per-token acceptance probability (`--draft-acceptance`).
+    pub acceptance: f64,
+    /// Draft tokens proposed after prompts' last chunks.
+    pub tokens_proposed: u64,
+    /// Of those, accepted.
+    pub tokens_accepted: u64,
+    /// Pages the drafts were written into (per group).
+    pub pages_written: u64,
+    /// Pages given back after rejected drafts.
+    pub pages_rewound: u64,
+}
+
 /// Everything a replay reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReplayReport {
@@ -208,6 +228,10 @@ pub struct ReplayReport {
     pub offers_trimmed: u64,
     /// Requests whose pages were still held for saves at the end.
     pub held_at_end: u64,
+    /// Pages handed to the pool past the chunk end of their step (R16); must be 0.
+    pub published_past_chunk_end: u64,
+    /// The drafter's counts; `None` without `--drafter`.
+    pub drafter: Option<DrafterReport>,
     /// Simulated-time figures.
     pub sim: SimSummary,
     /// Wall-clock microseconds inside connector calls per engine step (the hooks the step
@@ -425,6 +449,18 @@ impl ReplayReport {
                 .map(|(name, count)| format!("{name} {count}"))
                 .collect();
             writeln!(out, "  faults injected     {:>14}", fired.join(", "))?;
+        }
+        writeln!(
+            out,
+            "  past chunk end      {:>14} pages published (must be 0)",
+            self.published_past_chunk_end
+        )?;
+        if let Some(drafter) = &self.drafter {
+            writeln!(
+                out,
+                "  drafter             {:>14} of {} draft tokens accepted, {} pages rewound",
+                drafter.tokens_accepted, drafter.tokens_proposed, drafter.pages_rewound
+            )?;
         }
         Ok(())
     }

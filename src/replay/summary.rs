@@ -10,7 +10,8 @@ use super::cost::{micros_to_seconds, SimMicros};
 use super::driver::ReplayParams;
 use super::engine::{EngineCounters, EngineSummary};
 use super::report::{
-    percentile, share, PageBytes, ReplayReport, SetupSummary, SimSummary, WindowLoadBytes,
+    percentile, share, DrafterReport, PageBytes, ReplayReport, SetupSummary, SimSummary,
+    WindowLoadBytes,
 };
 use super::setup::Deployment;
 use super::workload::Oracle;
@@ -61,6 +62,10 @@ fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
     sum.window_bytes_per_load_max = sum
         .window_bytes_per_load_max
         .max(other.window_bytes_per_load_max);
+    sum.draft_tokens_proposed += other.draft_tokens_proposed;
+    sum.draft_tokens_accepted += other.draft_tokens_accepted;
+    sum.draft_pages_written += other.draft_pages_written;
+    sum.draft_pages_rewound += other.draft_pages_rewound;
 }
 
 /// Window groups' bytes per filled load against the R15 bound.
@@ -188,6 +193,15 @@ pub(super) fn summarize(
         unexpected_save_reports: counters.unexpected_save_reports,
         offers_trimmed: counters.offers_trimmed,
         held_at_end,
+        published_past_chunk_end: connector.published_past_chunk_end,
+        drafter: params.drafter.map(|drafter| DrafterReport {
+            draft_tokens: drafter.draft_tokens,
+            acceptance: drafter.acceptance,
+            tokens_proposed: counters.draft_tokens_proposed,
+            tokens_accepted: counters.draft_tokens_accepted,
+            pages_written: counters.draft_pages_written,
+            pages_rewound: counters.draft_pages_rewound,
+        }),
         sim: SimSummary {
             duration_s,
             throughput_rps: if duration_s > 0.0 {

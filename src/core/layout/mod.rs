@@ -139,6 +139,10 @@ const PRESETS: &[(&str, &str)] = &[
         include_str!("../../../config/models/llama-3.1-8b.toml"),
     ),
     (
+        "llama-3.1-8b-eagle",
+        include_str!("../../../config/models/llama-3.1-8b-eagle.toml"),
+    ),
+    (
         "gpt-oss-120b",
         include_str!("../../../config/models/gpt-oss-120b.toml"),
     ),

@@ -42,6 +42,29 @@ fn every_preset_loads_and_validates() -> Result<(), LayoutError> {
 }
 
 #[test]
+fn eagle_preset_adds_a_draft_group_of_its_own_r6() -> Result<(), LayoutError> {
+    let eagle = Layout::preset("llama-3.1-8b-eagle")?;
+    let target = Layout::preset("llama-3.1-8b")?;
+    assert_eq!(eagle.groups.len(), 2);
+    assert_eq!(eagle.groups[0].role, ModelRole::Target);
+    assert_eq!(eagle.groups[0].layers, target.groups[0].layers);
+    let draft = &eagle.groups[1];
+    assert_eq!(draft.role, ModelRole::Draft);
+    assert_eq!(draft.attention(), Attention::Full);
+    // Draft layer 0 is not target layer 0 (I4 is per model).
+    assert_eq!(draft.layers, vec![0]);
+    // One layer x K,V x 8 heads x 128 x bf16 x 32 tokens.
+    assert_eq!(eagle.page_bytes(draft)?, 2 * 8 * 128 * 2 * 32);
+    // The draft group changes what the pool holds: never the target's keys (R4).
+    assert_ne!(eagle.fingerprint(), target.fingerprint());
+    let mut as_target = eagle.clone();
+    as_target.groups[1].role = ModelRole::Target;
+    as_target.groups[1].layers = vec![32];
+    assert_ne!(eagle.fingerprint(), as_target.fingerprint());
+    Ok(())
+}
+
+#[test]
 fn gpt_oss_preset_matches_the_model() -> Result<(), LayoutError> {
     let layout = Layout::preset("gpt-oss-120b")?;
     assert_eq!(layout.groups.len(), 2);

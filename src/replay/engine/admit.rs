@@ -440,6 +440,7 @@ mod tests {
             rewind_tokens: 0,
             cost: CostModel::for_layout("tiny-full", 1),
             local_prefix_cache,
+            drafter: None,
         };
         Engine::new(setup, connector)
     }

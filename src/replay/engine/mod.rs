@@ -43,14 +43,24 @@
 //!   `mismatched_pages`), and `local_hit_tokens` counts the matched tokens; the engine
 //!   computes from `L`.
 //!
+//! ## Drafter (off by default)
+//!
+//! With [`EngineSetup::drafter`] set (`kv-connector replay --drafter`), an EAGLE-style
+//! drafter runs (see `draft`): the cache reserves `k` extra KV tokens past the prompt end
+//! and past each chunk end, whose pages hold the stale pattern; after the last chunk the
+//! draft tokens are written into the generation pages (the draft pattern) and, once
+//! `on_step` has seen the step, the pages of rejected drafts are rewound. The connector
+//! must publish nothing past the chunk end (R16) and only prompt blocks (R18).
+//!
 //! Sync loads (`is_async = false`) park the request the same way; the difference is time:
 //! the step that starts a sync load lasts until the load's modeled end (the engine waits),
 //! and the connector is expected to report it at the next poll.
 //!
 //! Invariants:
-//! - E1. A request's pages hold, for every block, either its computed content or the stale
-//!   pattern, except while a load fills them; a block's content is written only once all of
-//!   its tokens are computed (R16 is checkable).
+//! - E1. A request's pages hold, for every block, either its computed content, the stale
+//!   pattern or (drafter, past the prompt's last full block) the draft pattern, except while
+//!   a load fills them; a block's content is written only once all of its tokens are
+//!   computed (R16 is checkable).
 //! - E2. A request counts loaded tokens as computed only after the connector reported the
 //!   reservation filled, and every loaded page was checked first (R24, R25).
 //! - E3. Pages of a finished request are freed only after `get_finished_saves` reports it,
@@ -63,10 +73,14 @@
 //!   lookup got, and a reservation starts at `L`.
 
 mod admit;
+#[cfg(test)]
+mod cap_tests;
+mod draft;
 mod loads;
 mod prefill;
 mod types;
 
+pub use draft::DrafterSetup;
 pub use types::{ArrivedRequest, EngineCounters, EngineSummary, PromptDone, StepResult};
 
 use std::collections::VecDeque;
@@ -103,6 +117,8 @@ pub struct EngineSetup {
     pub cost: CostModel,
     /// Keep finished requests' pages and share them with later prompts (module docs).
     pub local_prefix_cache: bool,
+    /// A speculative drafter (module docs, "Drafter"); `None`: no drafter.
+    pub drafter: Option<DrafterSetup>,
 }
 
 /// A request waiting for admission.
@@ -166,6 +182,8 @@ pub struct Engine {
     next_reservation: u64,
     /// The local prefix cache is on (module docs).
     local_prefix_cache: bool,
+    /// The drafter, if one runs (module docs, "Drafter").
+    drafter: Option<DrafterSetup>,
     /// The head of the queue did not fit in the cache at the last admission.
     admission_blocked: bool,
     counters: EngineCounters,
@@ -225,7 +243,8 @@ impl Engine {
                 setup.kv_pages,
                 to_usize(layout.tokens_per_block),
                 setup.max_num_tokens,
-            ),
+            )
+            .with_extra_tokens(setup.drafter.map_or(0, |drafter| drafter.draft_tokens)),
             checker: PageChecker::new(world),
             cost: setup.cost,
             max_num_tokens: setup.max_num_tokens.max(1),
@@ -236,6 +255,7 @@ impl Engine {
             link_free_us: 0,
             next_reservation: 1,
             local_prefix_cache: setup.local_prefix_cache,
+            drafter: setup.drafter,
             admission_blocked: false,
             counters: EngineCounters::default(),
             connector_time: HookTime::default(),
@@ -476,6 +496,7 @@ mod tests {
             rewind_tokens: 0,
             cost: CostModel::for_layout("tiny-full", 1),
             local_prefix_cache: false,
+            drafter: None,
         };
         Engine::new(setup, Box::new(NoConnector))
     }

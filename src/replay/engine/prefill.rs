@@ -5,9 +5,12 @@
 //! completes, and the stale pattern for the rest (E1):
 //! 1. each running request gets a chunk, in admission order, until `max_num_tokens` is
 //!    spent; window pages the chunk touches are allocated (stale);
-//! 2. the pages of blocks whose tokens are now all computed get their content;
+//! 2. the pages of blocks whose tokens are now all computed get their content; with a
+//!    drafter, the pages the extra KV tokens reach past the chunk end are allocated
+//!    (stale), and after the last chunk the drafts are written (`draft`);
 //! 3. `on_step` gets every chunk and every new reservation, with page tables;
-//! 4. window pages out of the kept range are freed; requests whose prompt is done call
+//! 4. window pages out of the kept range are freed; a drafter's rejected drafts are
+//!    rewound; requests whose prompt is done call
 //!    `request_finished`; with the local prefix cache on their computed full blocks are
 //!    cached; their pages are held for saves or released (E3).
 
@@ -92,7 +95,7 @@ impl Engine {
         }
         active.computed = after;
         self.counters.computed_tokens += u64::try_from(after - before).unwrap_or(u64::MAX);
-        Ok(())
+        self.draft_past_chunk_end(index, after)
     }
 
     /// Reports the step to the connector (step 3).
@@ -155,6 +158,9 @@ impl Engine {
             if chunk.after == active.request.prompt_len {
                 finished.push(chunk.index);
             }
+        }
+        for &index in &finished {
+            self.verify_drafts(index);
         }
         let mut done = Vec::with_capacity(finished.len());
         let mut hold = Vec::with_capacity(finished.len());

@@ -91,6 +91,14 @@ pub struct EngineCounters {
     /// The most window-group bytes per rank one load moved, at full page size (R15 bounds
     /// it by the sinks, the window and one block per window group).
     pub window_bytes_per_load_max: u64,
+    /// Draft tokens the drafter proposed after prompts' last chunks.
+    pub draft_tokens_proposed: u64,
+    /// Of those, accepted by the target's verification.
+    pub draft_tokens_accepted: u64,
+    /// Pages (per group, all ranks at once) the drafter wrote draft tokens into.
+    pub draft_pages_written: u64,
+    /// Pages given back because they held only rejected draft tokens.
+    pub draft_pages_rewound: u64,
 }
 
 /// What an engine hands back at the end of a replay.

@@ -17,6 +17,12 @@
 //!    prompt's computed full blocks when the request finishes;
 //! 5. [`KvCache::release`] gives up every page and gives the quota back.
 //!
+//! With a drafter ([`KvCache::with_extra_tokens`], see `draft`), every request's tables
+//! and quota also cover `k` extra KV tokens past the prompt end (the draft length): full
+//! groups get those pages at admission, window groups as each chunk reaches past its end
+//! ([`KvCache::ensure_past_chunk_end`]); [`KvCache::rewind`] gives back the pages of
+//! rejected draft tokens.
+//!
 //! A window group keeps its sink blocks and the blocks overlapping
 //! `[computed - W - R, computed)`, where `R` is the planner's `swa_endpoint_rewind_tokens`:
 //! the extra `R` tokens are what lets the connector save a prompt end's rewind range (R17).
@@ -56,6 +62,7 @@
 //! - K5. A request shares cached pages only below its local match, where neither the
 //!   engine nor the connector writes ([`KvCache::ensure_writable`] guards the engine).
 
+mod draft;
 mod group_pool;
 mod prefix;
 #[cfg(test)]
@@ -213,6 +220,9 @@ pub struct KvCache {
     max_chunk_tokens: usize,
     /// Pages per group.
     num_pages: u32,
+    /// KV tokens allocated past the prompt end and past each chunk end (a drafter's draft
+    /// length; 0 without one).
+    extra_tokens: usize,
 }
 
 /// Blocks covering `tokens` tokens (the last one possibly partial).
@@ -242,6 +252,7 @@ impl KvCache {
             tokens_per_block: tokens_per_block.max(1),
             max_chunk_tokens,
             num_pages,
+            extra_tokens: 0,
         }
     }
 
@@ -262,10 +273,16 @@ impl KvCache {
 
     /// Pages a prompt of `prompt_len` tokens with a local match of `local_tokens` is
     /// promised per group: every block in a full group; in a window group the sinks, the
-    /// kept range and one chunk, plus one window when a local match is shared (K2).
+    /// kept range and one chunk, plus one window when a local match is shared (K2). With
+    /// extra tokens (a drafter) the blocks past the prompt end that they reach count too.
     pub fn quota_for(&self, prompt_len: usize, local_tokens: usize) -> Vec<u32> {
         let t = self.tokens_per_block;
-        let blocks = blocks_for(prompt_len, t);
+        let blocks = blocks_for(prompt_len + self.extra_tokens, t);
+        let extra_blocks = if self.extra_tokens > 0 {
+            blocks_for(self.extra_tokens, t) + 1
+        } else {
+            0
+        };
         self.groups
             .iter()
             .map(|group| {
@@ -286,6 +303,7 @@ impl KvCache {
                             + blocks_for(self.max_chunk_tokens, t)
                             + 2
                             + shared_window
+                            + extra_blocks
                     }
                 };
                 u32::try_from(need.min(blocks)).unwrap_or(u32::MAX)
@@ -329,7 +347,7 @@ impl KvCache {
                 tokens: shared.tokens,
             });
         }
-        let blocks = blocks_for(prompt_len, self.tokens_per_block);
+        let blocks = blocks_for(prompt_len + self.extra_tokens, self.tokens_per_block);
         let mut pages = RequestPages {
             tables: vec![vec![-1; blocks]; self.groups.len()],
             held: vec![0; self.groups.len()],
