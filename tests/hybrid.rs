@@ -18,20 +18,22 @@
 mod common;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{finished_loads, memory_pool, page_content, prompt, reserve, start, TestPool};
 use kv_connector::config::Config;
-use kv_connector::connector::{EngineConnector, ReserveAnswer};
+use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::hash::{hash_blocks, scope_seed, Scope};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::{GroupId, Layout};
 use kv_connector::pool::Pool;
 use kv_connector::replay::cost::CostModel;
 use kv_connector::replay::workload::{
-    generate_long_multiturn, LongMultiturnParams, PromptSource, TokenSegment, WorkloadRequest,
+    generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, Oracle, PromptSource,
+    TokenSegment, WorkloadRequest,
 };
 use kv_connector::replay::{
     kvc_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, NoProgress, PoolMaster,
@@ -39,6 +41,11 @@ use kv_connector::replay::{
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const SHARED_TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/traces/mooncake_synthetic_trace.jsonl"
+);
 
 /// Replay parameters for `preset` on 2 instances with `config`.
 fn replay_params(
@@ -182,6 +189,15 @@ fn a_larger_rewind_reuses_more_r17() -> TestResult {
     assert_eq!(default.reused_tokens, 2000 + 2192 + 2288 + 2560);
     assert!(none.reused_tokens < some.reused_tokens);
     assert!(some.reused_tokens < default.reused_tokens);
+    // The window oracle counts a resume point only within R of an earlier prompt end:
+    // C and D fall back to A's end below R = 2048, F needs R >= 40. The replay reaches it.
+    for (report, window_oracle) in [(&none, 8000), (&some, 8560), (&default, 9040)] {
+        assert_eq!(report.oracle_window_reusable_tokens, window_oracle);
+        assert_eq!(report.reused_tokens, window_oracle);
+        assert_eq!(report.oracle_reusable_tokens, 9040);
+    }
+    assert_eq!(none.setup.swa_rewind_tokens, 0);
+    assert_eq!(default.setup.swa_rewind_tokens, 2048);
     // Each prompt end saves `(W + R) / T` window pages at most: more R, more pages.
     assert!(none.pages_saved < some.pages_saved);
     assert!(some.pages_saved < default.pages_saved);
@@ -236,6 +252,115 @@ fn conversations_with_rerendered_tails_need_the_rewind() -> TestResult {
     // no prompt ended) finds no window.
     assert_eq!(default.lookups.full, 6, "{:?}", default.lookups);
     assert_eq!(default.lookups.window_miss, 1, "{:?}", default.lookups);
+    Ok(())
+}
+
+/// R15 in the report: on tiny-hybrid (`T = 16`, `W = 64`, `S = 4`) a load moves at most
+/// one sink block, the four window blocks and one block of misalignment per rank.
+#[test]
+fn window_bytes_per_load_stay_within_sinks_window_and_one_block_r15() -> TestResult {
+    let report = replay_diverging(Config::default())?;
+    let layout = Layout::preset("tiny-hybrid")?;
+    let window_page = layout
+        .groups
+        .iter()
+        .find(|group| group.id == GroupId(1))
+        .ok_or("no window group")?;
+    let page_bytes = layout.page_bytes(window_page)?;
+    let window = &report.window_bytes_per_load;
+    assert_eq!(window.bound, (1 + 4 + 1) * page_bytes);
+    assert_eq!(window.loads, report.loads_filled);
+    assert!(window.loads > 0);
+    assert!(window.max <= window.bound, "{window:?}");
+    // Every resume point here lies past the sinks and a whole window: 1 + 4 pages each.
+    assert_eq!(window.max, 5 * page_bytes);
+    #[expect(clippy::cast_precision_loss, reason = "a small exact integer")]
+    let expected_mean = (5 * page_bytes) as f64;
+    assert!((window.mean - expected_mean).abs() < 1e-6);
+    // A full-attention layout has no window bytes and no bound.
+    let params = replay_params("tiny-full", Config::default(), 1.0)?;
+    let full = run_replay(
+        &params,
+        &diverging_prompts(),
+        &mut kvc_connector,
+        &mut NoProgress,
+    )?;
+    assert_eq!(
+        (
+            full.window_bytes_per_load.loads,
+            full.window_bytes_per_load.bound
+        ),
+        (0, 0)
+    );
+    assert_eq!(
+        full.oracle_window_reusable_tokens,
+        full.oracle_reusable_tokens
+    );
+    Ok(())
+}
+
+/// The Rust window oracle against `scripts/window-oracle`'s "issue tokens" column on the
+/// shared trace at `T = 32` (`scripts/window-oracle 512 1024 2048`).
+#[test]
+fn window_oracle_agrees_with_the_script_on_the_shared_trace() -> TestResult {
+    let workload = read_mooncake_trace(Path::new(SHARED_TRACE), None)?;
+    let seed = scope_seed(&Scope::default());
+    let mut tokens = Vec::new();
+    let mut prompts = Vec::with_capacity(workload.len());
+    for request in &workload {
+        request.write_prompt_tokens(&mut tokens);
+        prompts.push((hash_blocks(seed, &tokens, 32)?, tokens.len()));
+    }
+    for (rewind, script) in [(512, 31_182_560), (1024, 36_883_680), (2048, 39_635_168)] {
+        let mut oracle = Oracle::with_window_rewind(rewind);
+        for (hashes, prompt_len) in &prompts {
+            oracle.admit(hashes, *prompt_len, 32);
+        }
+        let totals = oracle.totals();
+        assert_eq!(totals.reusable_tokens, 39_849_184);
+        assert_eq!(totals.window_reusable_tokens, script, "R = {rewind}");
+    }
+    Ok(())
+}
+
+/// R3 with a window group: at world size 2, a prompt end whose window pages reached the
+/// pool for rank 0 only has no complete window; nothing is offered until both ranks'
+/// window pages are stored.
+#[test]
+fn a_window_counts_only_when_every_shard_is_stored_r3() -> TestResult {
+    let layout = Layout::preset("tiny-hybrid")?.with_world_size(2)?;
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
+    let tokens = prompt(21, 12 * 16 + 1);
+    *test_pool.refuse_puts_containing.lock() = Some("/w2r1/lg1/".into());
+    let mut writer = start(Arc::clone(&pool), &layout, Config::default());
+    writer.save_prompt(RequestId(1), &tokens, &layout, 0);
+    let mut reader = start(Arc::clone(&pool), &layout, Config::default());
+    reader
+        .handle
+        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    let nothing = ReserveAnswer::Offer {
+        extra_tokens: 0,
+        is_async: false,
+    };
+    assert_eq!(
+        reserve(&mut reader.handle, RequestId(2), ReservationId(2)),
+        nothing
+    );
+    *test_pool.refuse_puts_containing.lock() = None;
+    writer.save_prompt(RequestId(3), &tokens, &layout, 0);
+    reader
+        .handle
+        .lookup_prefix(RequestId(4), Arc::clone(&tokens), 0);
+    assert_eq!(
+        reserve(&mut reader.handle, RequestId(4), ReservationId(4)),
+        ReserveAnswer::Offer {
+            extra_tokens: 12 * 16,
+            is_async: true
+        }
+    );
+    let lookups = reader.handle.shutdown().lookups;
+    assert_eq!((lookups.window_miss, lookups.full), (1, 1), "{lookups:?}");
     Ok(())
 }
 
@@ -333,7 +458,15 @@ fn put_order(window_first: bool) -> Result<Vec<(u32, usize)>, Box<dyn std::error
     test_pool.release_one_get();
     instance.handle.settle_saves();
     assert_eq!(instance.handle.shutdown().saves.saves_done, 20);
-    let hashes = hash_blocks(scope_seed(&Scope::default()), &tokens, 16)?;
+    logged_puts(&test_pool, &tokens)
+}
+
+/// The pool's put log as `(group, block)` of `tokens`' blocks (tiny-hybrid, `T = 16`).
+fn logged_puts(
+    test_pool: &TestPool,
+    tokens: &[i64],
+) -> Result<Vec<(u32, usize)>, Box<dyn std::error::Error>> {
+    let hashes = hash_blocks(scope_seed(&Scope::default()), tokens, 16)?;
     let blocks: HashMap<String, usize> = hashes
         .iter()
         .enumerate()
@@ -353,6 +486,57 @@ fn put_order(window_first: bool) -> Result<Vec<(u32, usize)>, Box<dyn std::error
             }
         })
         .collect()
+}
+
+/// R17 save set through the connector: nothing of the window group at an earlier chunk;
+/// at the last chunk exactly the sink block and the tail blocks overlapping
+/// `[P - W - R, P)` that the request still holds (a page index of `-1` is skipped).
+#[test]
+fn window_saves_are_the_sinks_and_the_held_tail_at_the_last_chunk_r17() -> TestResult {
+    let layout = Layout::preset("tiny-hybrid")?;
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
+    let mut instance = start(pool, &layout, config(0, true));
+    // P = 163, W = 64, R = 0: the tail [99, 163) overlaps blocks 6..=9; sinks: block 0.
+    let tokens = prompt(31, 10 * 16 + 3);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
+    instance.write_pages(tokens.len(), &layout, 0);
+    instance.chunk(RequestId(1), tokens.len(), &layout, 0, 0..64);
+    instance.handle.settle_saves();
+    let early = logged_puts(&test_pool, &tokens)?;
+    assert_eq!(early, (0..4).map(|block| (0, block)).collect::<Vec<_>>());
+    // The last chunk, with the window group no longer holding block 8.
+    let full_table: Vec<i32> = (0..11).collect();
+    let mut window_table = full_table.clone();
+    window_table[8] = -1;
+    let tables: Vec<&[i32]> = vec![&full_table, &window_table];
+    instance.handle.on_step(&SchedulerOutput {
+        requests: vec![ScheduledRequest {
+            request: RequestId(1),
+            prompt_len: tokens.len(),
+            computed_before: 64,
+            computed_after: tokens.len(),
+            new_reservation: None,
+            page_tables: &tables,
+        }],
+    });
+    instance.handle.settle_saves();
+    let mut window: Vec<usize> = logged_puts(&test_pool, &tokens)?
+        .into_iter()
+        .filter(|&(group, _)| group == 1)
+        .map(|(_, block)| block)
+        .collect();
+    window.sort_unstable();
+    assert_eq!(window, vec![0, 6, 7, 9]);
+    let full = logged_puts(&test_pool, &tokens)?
+        .iter()
+        .filter(|&&(group, _)| group == 0)
+        .count();
+    assert_eq!(full, 10);
+    Ok(())
 }
 
 /// R21: window pages are put ahead of full-attention blocks queued before them; full

@@ -196,7 +196,7 @@ pub struct ReplayArgs {
     pub device: Option<String>,
     /// `R`: how far before a prompt end a later request may resume and still find window
     /// KV (`planner.swa_endpoint_rewind_tokens`, R12, R17); window groups keep and save
-    /// `W + R` tokens at each prompt end (default: the configuration's, 1024).
+    /// `W + R` tokens at each prompt end (default: the configuration's, 2048).
     #[arg(long, value_name = "TOKENS")]
     pub swa_rewind_tokens: Option<u64>,
     /// Probe further back for an earlier prompt end with a complete window when none is
@@ -204,6 +204,14 @@ pub struct ReplayArgs {
     /// configuration's, true).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub window_fallback: Option<bool>,
+    /// Queue window pages ahead of full-attention blocks (`saver.window_first`, R21; false
+    /// saves first in, first out; default: the configuration's, true).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub window_first: Option<bool>,
+    /// Most pages each rank's save queue holds before it sheds (`saver.queue_capacity_pages`,
+    /// R22; default: the configuration's, 65536).
+    #[arg(long, value_name = "PAGES")]
+    pub save_queue_pages: Option<usize>,
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
@@ -514,6 +522,10 @@ fn load_config<S: std::hash::BuildHasher>(
             .map(|ratio| ("pool.eviction_high_watermark_ratio", ratio.to_string())),
         args.pool_eviction_ratio
             .map(|ratio| ("pool.eviction_ratio", ratio.to_string())),
+        args.window_first
+            .map(|on| ("saver.window_first", on.to_string())),
+        args.save_queue_pages
+            .map(|pages| ("saver.queue_capacity_pages", pages.to_string())),
     ];
     cli_overrides.extend(
         dedicated
@@ -855,6 +867,26 @@ mod tests {
         assert!(on.planner.window_fallback);
         assert!(replay_args(&["--window-fallback", "maybe"]).is_err());
         assert!(replay_args(&["--swa-rewind-tokens", "-1"]).is_err());
+        Ok(())
+    }
+
+    /// `--window-first` and `--save-queue-pages` set the saver keys over `--set` (R21, R22).
+    #[test]
+    fn save_order_flags_set_the_saver_keys() -> TestResult<()> {
+        let defaults = load_config(&replay_args(&[])?, HashMap::<String, String>::new())?;
+        assert_eq!(defaults.saver, Config::default().saver);
+        let args = replay_args(&[
+            "--window-first",
+            "false",
+            "--save-queue-pages",
+            "256",
+            "--set",
+            "saver.queue_capacity_pages=64",
+        ])?;
+        let config = load_config(&args, HashMap::<String, String>::new())?;
+        assert!(!config.saver.window_first);
+        assert_eq!(config.saver.queue_capacity_pages, 256);
+        assert!(replay_args(&["--window-first", "maybe"]).is_err());
         Ok(())
     }
 }

@@ -735,6 +735,113 @@ mod tests {
     }
 
     #[test]
+    fn r12_a_rewind_of_exactly_r_is_rewound_and_one_token_less_is_not() -> TestResult {
+        // W = 8: the window of e = 20 is blocks 3 and 4; H*T = 32, so e = 20 is 12 back.
+        let mut present = items(0..8, &[0]);
+        present.extend(items([3, 4], &[1]));
+        let exactly = LookupRequest {
+            rewind_tokens: 12,
+            ..hybrid(8, 0)
+        };
+        let trace = run(&exactly, &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Rewound);
+        assert_eq!(trace.plan.resume_tokens, 20);
+        assert_eq!(trace.plan.loads, vec![load(0, 0..5), load(1, [3, 4])]);
+        assert_eq!(trace.count(RoundKind::Fallback), 0);
+        // R = 11 walks down to 24 only: e = 20 is the fallback's.
+        let short = LookupRequest {
+            rewind_tokens: 11,
+            ..exactly
+        };
+        let trace = run(&short, &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Recovered);
+        assert_eq!(trace.plan.resume_tokens, 20);
+        Ok(())
+    }
+
+    #[test]
+    fn r12_a_window_starting_at_token_0_needs_every_block_before_e() -> TestResult {
+        // H = 2 (e = 8) and W = 12: the window [max(0, 8 - 12), 8) is blocks 0 and 1.
+        let mut present = items(0..2, &[0]);
+        present.extend(items([1], &[1]));
+        let trace = run(&hybrid(12, 0), &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::WindowMiss);
+        present.insert((0, GroupId(1)));
+        let trace = run(&hybrid(12, 0), &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Full);
+        assert_eq!(trace.plan.resume_tokens, 8);
+        assert_eq!(trace.plan.loads, vec![load(0, 0..2), load(1, [0, 1])]);
+        Ok(())
+    }
+
+    #[test]
+    fn r12_sinks_spanning_two_blocks_are_both_required_and_loaded() -> TestResult {
+        // S = 6 with T = 4: sink blocks 0 and 1; the window of 32 is blocks 6 and 7.
+        let mut present = items(0..8, &[0]);
+        present.extend(items([0, 6, 7], &[1]));
+        let trace = run(&hybrid(8, 6), &present)?;
+        // Without sink block 1 only e = 4 is complete (its sinks and window are block 0).
+        assert_eq!(trace.plan.outcome, LookupOutcome::Recovered);
+        assert_eq!(trace.plan.resume_tokens, 4);
+        assert_eq!(trace.plan.loads, vec![load(0, [0]), load(1, [0])]);
+        present.insert((1, GroupId(1)));
+        let trace = run(&hybrid(8, 6), &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Full);
+        assert_eq!(trace.plan.loads, vec![load(0, 0..8), load(1, [0, 1, 6, 7])]);
+        Ok(())
+    }
+
+    #[test]
+    fn r12_two_window_groups_with_different_windows_must_both_be_complete() -> TestResult {
+        // Group 1: W = 4 (one block); group 2: W = 12 (three blocks). At 32 group 2 lacks
+        // block 6; at 28 group 1 lacks block 6; at 24 both are complete.
+        let groups = vec![full(0), window(1, 4, 0), window(2, 12, 0)];
+        let request = LookupRequest {
+            rewind_tokens: 8,
+            ..request(4, 33, 0, groups)
+        };
+        let mut present = items(0..8, &[0]);
+        present.extend(items([5, 7], &[1]));
+        present.extend(items([3, 4, 5, 7], &[2]));
+        let trace = run(&request, &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Rewound);
+        assert_eq!(trace.plan.resume_tokens, 24);
+        assert_eq!(
+            trace.plan.loads,
+            vec![load(0, 0..6), load(1, [5]), load(2, [3, 4, 5])]
+        );
+        // Group 2's block 6 makes 32 complete for both.
+        present.insert((6, GroupId(2)));
+        let trace = run(&request, &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Full);
+        assert_eq!(trace.plan.loads[1], load(1, [7]));
+        assert_eq!(trace.plan.loads[2], load(2, [5, 6, 7]));
+        Ok(())
+    }
+
+    #[test]
+    fn r10_a_hole_in_the_full_chain_caps_h_whatever_the_window_groups_hold() -> TestResult {
+        // Block 3 is missing from the full group; the window group holds every block.
+        let mut present = items([0, 1, 2, 4, 5, 6, 7], &[0]);
+        present.extend(items(0..8, &[1]));
+        let request = LookupRequest {
+            rewind_tokens: 32,
+            ..hybrid(8, 0)
+        };
+        let trace = run(&request, &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::Full);
+        assert_eq!(trace.plan.full_hit_tokens, 12);
+        assert_eq!(trace.plan.resume_tokens, 12);
+        assert_eq!(trace.plan.loads, vec![load(0, 0..3), load(1, [1, 2])]);
+        // A hole in block 0 is a full miss, even with every window page present.
+        present.remove(&(0, GroupId(0)));
+        let trace = run(&request, &present)?;
+        assert_eq!(trace.plan.outcome, LookupOutcome::FullMiss);
+        assert!(trace.plan.loads.is_empty());
+        Ok(())
+    }
+
+    #[test]
     fn r14_initial_round_covers_full_candidates_sinks_and_walk_at_largest_h() -> TestResult {
         let request = LookupRequest {
             rewind_tokens: 4,

@@ -89,7 +89,10 @@ impl Engine {
             match answer {
                 ReserveAnswer::Pending => {
                     // A1: the request keeps its place in the budget while its lookup runs.
-                    ahead += self.waiting[index].request.prompt_len - local_tokens;
+                    ahead += self.waiting[index]
+                        .request
+                        .prompt_len
+                        .saturating_sub(local_tokens);
                     self.waiting[index].pending = true;
                     index += 1;
                 }

@@ -7,11 +7,13 @@
 //!    time admission considers it, with the request's local match `L` (0 unless the local
 //!    prefix cache is on, see below);
 //! 2. admission (`admit`), in arrival order: a request waits while the KV cache lacks its
-//!    page quota; `reserve_prefix(request, L, ..)` answering `Pending` keeps it waiting
-//!    (later ones may still be admitted); an `Offer` shares the pages of the local match,
-//!    allocates the others and, for `extra_tokens > 0`, a reservation for tokens
-//!    `[L, L + extra_tokens)` whose pages are reported in this step's `on_step` and filled
-//!    by the connector while the request is parked (`Loading`);
+//!    page quota, or while the prompt tokens ahead of it fill a step (rule A1 in
+//!    `admit`); `reserve_prefix(request, L, ..)` answering `Pending` keeps it waiting
+//!    (later ones may still be admitted while a step has tokens left); an `Offer` shares
+//!    the pages of the local match, allocates the others and, for `extra_tokens > 0`, a
+//!    reservation for tokens `[L, L + extra_tokens)` whose pages are reported in this
+//!    step's `on_step` and filled by the connector while the request is parked
+//!    (`Loading`);
 //! 3. `loads`: `get_finished_prefix_loads` reports the reservation filled (every loaded
 //!    page is read back and checked, and the request resumes at the later of the report and
 //!    the modeled end of the load) or failed (the range is released and the prefix
@@ -314,7 +316,7 @@ impl Engine {
             if waiting.prompt.is_some() {
                 return true;
             }
-            ahead += waiting.request.prompt_len - local_tokens;
+            ahead += waiting.request.prompt_len.saturating_sub(local_tokens);
         }
         false
     }
