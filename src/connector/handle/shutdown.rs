@@ -1,0 +1,160 @@
+//! The shutdown protocol of [`ConnectorHandle`]: the stop order of `crate::actors`,
+//! bounded by `saver.shutdown_drain_timeout_ms` (issue 8).
+//!
+//! Workflow ([`ConnectorHandle::close`]): stop admitting lookups; wait for in-flight loads;
+//! settle queued saves; take the final stats, counting what the deadline cut off
+//! (unsettled saves as dropped, unfinished loads as failed); stop the actor system.
+//!
+//! Invariant: in the report `close` returns, `saves_enqueued = done + skipped + dropped +
+//! failed` and `loads_started = done + failed` hold whatever the deadline cut off.
+
+use std::time::{Duration, Instant};
+
+use super::ConnectorHandle;
+use crate::messages::saver_queue::SettleSaves;
+use crate::messages::SavesSettled;
+use crate::stats::ConnectorStats;
+
+impl ConnectorHandle {
+    /// Stops the connector following the stop order of `crate::actors` and returns the
+    /// final report. Waits at most `saver.shutdown_drain_timeout_ms` in all.
+    pub fn shutdown(mut self) -> ConnectorStats {
+        self.close()
+    }
+
+    /// The shutdown protocol on a borrowed handle (for owners that cannot give the handle
+    /// up, such as a replay's boxed connector); the handle answers nothing afterwards.
+    /// A second call returns the report again without waiting.
+    ///
+    /// 1. Stop admitting: lookups not yet sent are dropped, so their requests get nothing.
+    /// 2. In-flight loads finish or fail: wait for their completions until the deadline.
+    /// 3. Queued saves drain until the deadline; saves still unsettled then are dropped.
+    /// 4. Final stats: pages and loads cut off at the deadline are counted as dropped
+    ///    saves and failed loads, so `enqueued = done + skipped + dropped + failed` and
+    ///    `started = done + failed` hold in the final report.
+    /// 5. The actor system stops, its thread is joined and staging pools are unregistered.
+    ///    The pool itself (Mooncake `close()`) is closed by its owner after every
+    ///    connector on it has stopped (dropping a `MooncakePool` closes it).
+    pub fn close(&mut self) -> ConnectorStats {
+        if self.thread.is_none() {
+            return self.final_stats.clone().unwrap_or_default();
+        }
+        // A timeout too large for the clock (validation caps it at one day) waits a day.
+        let deadline = Instant::now()
+            .checked_add(self.drain_timeout)
+            .or_else(|| Instant::now().checked_add(Duration::from_secs(86_400)))
+            .unwrap_or_else(Instant::now);
+        for state in self.requests.values_mut() {
+            state.unsent_lookup = None;
+        }
+        self.wait_for_loads(deadline);
+        let drained = self.settle_saves_until(deadline);
+        let mut stats = self.collect_stats();
+        let cut_saves = unsettled_saves(&stats);
+        let cut_loads = unfinished_loads(&stats);
+        stats.saves.saves_dropped += cut_saves;
+        stats.loads.loads_failed += cut_loads;
+        self.add_handle_counts(&mut stats);
+        self.stop();
+        tracing::info!(
+            lookups = stats.lookups.lookups(),
+            loads_done = stats.loads.loads_done,
+            loads_cut = cut_loads,
+            saves_done = stats.saves.saves_done,
+            saves_cut = cut_saves,
+            drained,
+            "connector stopped"
+        );
+        self.final_stats = Some(stats.clone());
+        stats
+    }
+
+    /// Stops the actor system, joins its thread and unregisters the staging pools from
+    /// the pool (idempotent). The join waits for a save or load batch already running on
+    /// the blocking pool; queued work is dropped with the actors.
+    pub(super) fn stop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.system.stop();
+            if thread.join().is_err() {
+                tracing::error!("the actor system thread panicked");
+            }
+        }
+        self.staging.release();
+    }
+
+    /// Stop order step 2: takes load completions until none is in flight or `deadline`.
+    fn wait_for_loads(&mut self, deadline: Instant) {
+        while self.loads_in_flight > 0 {
+            match self.loads.recv_deadline(deadline) {
+                Ok(finished) => self.accept_load(finished),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Stop order step 3: [`EngineConnector::settle_saves`] with a deadline. Returns
+    /// whether every saver answered "settled" in time.
+    fn settle_saves_until(&mut self, deadline: Instant) -> bool {
+        let savers = self.savers.clone();
+        let mut waiting = Vec::with_capacity(savers.len());
+        for saver in &savers {
+            let (done, settled) = flume::bounded(1);
+            if saver.try_send(SettleSaves { done }).is_ok() {
+                waiting.push(settled);
+            }
+        }
+        let mut all = true;
+        for settled in &waiting {
+            all &= self.wait_settled(settled, Some(deadline));
+        }
+        self.drain_saves();
+        all
+    }
+
+    /// Waits for one saver's "settled" answer, taking settlements meanwhile (a saver with
+    /// a full channel waits for us). `false` when `deadline` passed first.
+    pub(super) fn wait_settled(
+        &mut self,
+        answer: &flume::Receiver<()>,
+        deadline: Option<Instant>,
+    ) -> bool {
+        enum Wake {
+            Answered,
+            Settled(SavesSettled),
+        }
+        loop {
+            let selector = flume::Selector::new()
+                .recv(answer, |_| Wake::Answered)
+                .recv(&self.saves, |message| {
+                    message.map_or(Wake::Answered, Wake::Settled)
+                });
+            let wake = match deadline {
+                Some(deadline) => match selector.wait_deadline(deadline) {
+                    Ok(wake) => wake,
+                    Err(_) => return false,
+                },
+                None => selector.wait(),
+            };
+            match wake {
+                Wake::Answered => return true,
+                Wake::Settled(message) => self.accept_settled(message),
+            }
+        }
+    }
+}
+
+/// Pages the savers counted as enqueued but not yet settled (cut off at shutdown).
+fn unsettled_saves(stats: &ConnectorStats) -> u64 {
+    let saves = &stats.saves;
+    saves.saves_enqueued.saturating_sub(
+        saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed,
+    )
+}
+
+/// Loads started but neither done nor failed (cut off at shutdown).
+fn unfinished_loads(stats: &ConnectorStats) -> u64 {
+    let loads = &stats.loads;
+    loads
+        .loads_started
+        .saturating_sub(loads.loads_done + loads.loads_failed)
+}
