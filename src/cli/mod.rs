@@ -13,11 +13,22 @@ pub mod replay;
 use std::io;
 
 use crate::config::ConfigSources;
+use crate::logging::LogFormat;
 
 /// The command line of the `kv-connector` binary.
 #[derive(Debug, clap::Parser)]
 #[command(name = "kv-connector", version, about, long_about = None)]
 pub struct Cli {
+    /// Log lines on stderr: text (`key=value` fields) or json (one object per line). Filter
+    /// with `RUST_LOG`, e.g. `RUST_LOG=info` for the periodic stats reports.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "KVC_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

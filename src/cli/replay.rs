@@ -5,7 +5,7 @@
 //!
 //! 1. Load the configuration: defaults < `--config` < environment < `--set` < the
 //!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`, `--master`,
-//!    `--device`, `--swa-rewind-tokens`, `--window-fallback`).
+//!    `--device`, `--swa-rewind-tokens`, `--window-fallback`, `--metrics-addr`).
 //! 2. Load the layout (the preset or layout file of the configuration), at `--world` ranks.
 //! 3. Build the workload: `--trace FILE`, `--generate long-multiturn`, or with neither the
 //!    built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
@@ -34,13 +34,16 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, PoolBackend};
 use crate::core::layout::Layout;
+use crate::metrics::{parse_metrics_addr, MetricsError, MetricsServer, MetricsSources};
 use crate::replay::cost::CostModel;
+use crate::replay::kvc::kvc_handle;
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
 use crate::replay::{
-    kvc_connector, no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, PoolMaster,
-    ProgressSink, ReplayError, ReplayParams, ReplayReport, Routing,
+    kvc_connector, no_connector, run_replay, DeploymentParams, InstanceContext, KvBytesScale,
+    KvPages, PoolMaster, ProgressSink, ReplayConnector, ReplayError, ReplayParams, ReplayReport,
+    Routing,
 };
 
 /// Which workload generator `--generate` runs.
@@ -233,6 +236,11 @@ pub struct ReplayArgs {
     /// No progress bar, and no table on stderr with --json.
     #[arg(long)]
     pub quiet: bool,
+    /// Serve Prometheus metrics of every instance's connector (label `connector`) at
+    /// http://HOST:PORT/metrics while the replay runs, e.g. 127.0.0.1:9464 (port 0 picks a
+    /// free one, logged at INFO). Sets `stats.metrics_addr` (env `KVC_STATS_METRICS_ADDR`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
 }
 
 /// Why `kv-connector replay` failed.
@@ -248,6 +256,9 @@ pub enum ReplayCliError {
     /// Encoding the JSON report failed.
     #[error("encoding the replay report as json failed")]
     Json(#[source] serde_json::Error),
+    /// The metrics endpoint could not start.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
 }
 
 impl From<ReplayError> for ReplayCliError {
@@ -263,6 +274,7 @@ impl ReplayCliError {
             Self::Replay(err) => err.kind(),
             Self::Write(_) => "write",
             Self::Json(_) => "json",
+            Self::Metrics(err) => err.kind(),
         }
     }
 }
@@ -298,6 +310,7 @@ pub fn run<S: std::hash::BuildHasher>(
     err: &mut dyn Write,
 ) -> Result<(), ReplayCliError> {
     let config = load_config(args, env)?;
+    let sources = MetricsSources::new();
     if let (Some(master), PoolBackend::Memory) = (&args.master, config.pool.backend) {
         return Err(ReplayError::MasterWithoutMooncake {
             master: master.clone(),
@@ -350,8 +363,20 @@ pub fn run<S: std::hash::BuildHasher>(
         .to_owned(),
         local_prefix_cache: args.local_prefix_cache,
     };
+    let metrics = match parse_metrics_addr(&params.config.stats.metrics_addr)? {
+        Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&sources))?),
+        None => None,
+    };
+    let mut kvc_with_metrics = |context: &InstanceContext| {
+        let handle = kvc_handle(context)?;
+        sources.add(context.instance.to_string(), handle.stats_source());
+        Ok::<Box<dyn ReplayConnector>, ReplayError>(Box::new(handle))
+    };
     let mut progress = BarProgress::new(args.quiet);
     let report = match args.connector {
+        ConnectorKind::Kvc if metrics.is_some() => {
+            run_replay(&params, &workload, &mut kvc_with_metrics, &mut progress)
+        }
         ConnectorKind::Kvc => run_replay(&params, &workload, &mut kvc_connector, &mut progress),
         ConnectorKind::None => run_replay(&params, &workload, &mut no_connector, &mut progress),
     }?;
@@ -387,6 +412,9 @@ fn load_config<S: std::hash::BuildHasher>(
             .map(|tokens| ("planner.swa_endpoint_rewind_tokens", tokens.to_string())),
         args.window_fallback
             .map(|on| ("planner.window_fallback", on.to_string())),
+        args.metrics_addr
+            .clone()
+            .map(|addr| ("stats.metrics_addr", addr)),
     ];
     cli_overrides.extend(
         dedicated

@@ -181,6 +181,13 @@ impl Config {
             "1024",
         )?;
         positive(self.stats.interval_s, "stats.interval_s", "30")?;
+        let metrics_addr = self.stats.metrics_addr.trim();
+        require(
+            metrics_addr.is_empty() || metrics_addr.parse::<std::net::SocketAddr>().is_ok(),
+            "stats.metrics_addr",
+            &format!("{metrics_addr:?}"),
+            "must be HOST:PORT with an IP address, e.g. 127.0.0.1:9464, or empty for none",
+        )?;
         self.check_budget()
     }
 

@@ -161,6 +161,13 @@ impl ConnectorHandle {
         stats
     }
 
+    /// A handle on this connector's statistics that another thread (the metrics endpoint)
+    /// can query without going through the engine thread. It does not see the two counts
+    /// kept on the engine thread (mailbox-refused saves, deferred lookups).
+    pub fn stats_source(&self) -> crate::metrics::StatsSource {
+        crate::metrics::StatsSource::new(self.reporter.clone())
+    }
+
     /// Settles saves, collects the final report and stops the actor system.
     pub fn shutdown(mut self) -> ConnectorStats {
         self.settle_saves();
