@@ -110,3 +110,16 @@ fn scraped_counters_move_after_saves_and_loads() -> anyhow::Result<()> {
     server.stop();
     Ok(())
 }
+
+/// docs/OPERATIONS.md lists every metric the endpoint serves.
+#[test]
+fn every_served_metric_is_documented() -> anyhow::Result<()> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))?;
+    for name in exposition::exposed_names() {
+        assert!(
+            doc.contains(&format!("`{name}`")),
+            "{name} missing from docs/OPERATIONS.md"
+        );
+    }
+    Ok(())
+}
