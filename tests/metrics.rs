@@ -123,3 +123,64 @@ fn every_served_metric_is_documented() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The binary end to end: `replay --metrics-addr` starts the endpoint, `--log-format json`
+/// with `RUST_LOG=info` writes only JSON lines to stderr, and the run completes. Also the
+/// regression test for stderr being locked by `replay` for its whole run: a log line from
+/// any other thread (here the metrics thread's "listening" line; in production an actor's
+/// warning) then blocked that thread, and the replay hung joining or waiting on it.
+#[test]
+fn replay_with_json_info_logs_and_metrics_completes() -> anyhow::Result<()> {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"))
+        .args([
+            "--log-format",
+            "json",
+            "replay",
+            "--limit",
+            "4",
+            "--json",
+            "--quiet",
+        ])
+        .args([
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--set",
+            "stats.interval_s=1",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    std::thread::spawn(move || sender.send(child.wait_with_output()));
+    let Ok(output) = receiver.recv_timeout(Duration::from_secs(120)) else {
+        // Leave no hung replay behind.
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
+        bail!("the replay did not finish in 120 s");
+    };
+    let output = output?;
+    let stderr = String::from_utf8(output.stderr)?;
+    assert!(output.status.success(), "replay failed:\n{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    assert!(report.is_object());
+    let mut messages = Vec::new();
+    for line in stderr.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("not a JSON log line: {line}"))?;
+        messages.push(event["message"].as_str().unwrap_or_default().to_owned());
+        if event["message"] == "lookups" {
+            assert!(event["full"].is_u64(), "{line}");
+        }
+    }
+    assert!(
+        messages
+            .iter()
+            .any(|message| message == "metrics endpoint listening"),
+        "{stderr}"
+    );
+    Ok(())
+}

@@ -77,7 +77,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             &args,
             ConfigSources::from_process_env().env,
             &mut io::stdout().lock(),
-            &mut io::stderr().lock(),
+            // Not locked: log lines from the connector's threads also go to stderr, and a
+            // lock held for the whole replay would block them (and the replay) forever.
+            &mut io::stderr(),
         )?,
     }
     Ok(())

@@ -55,12 +55,12 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("kvc-metrics".into())
             .spawn(move || {
+                tracing::info!(addr = %local_addr, "metrics endpoint listening");
                 for request in serving.incoming_requests() {
                     answer(request, &sources, &runtime);
                 }
             })
             .map_err(MetricsError::Thread)?;
-        tracing::info!(addr = %local_addr, "metrics endpoint listening");
         Ok(Self {
             local_addr,
             server,
