@@ -21,6 +21,8 @@
 //! | [`replay`] | the main job: workloads (Mooncake traces, long multi-turn sessions), the oracle, the engine simulator |
 //! | [`cli`] | the `kv-connector` subcommands; `main.rs` only dispatches to them |
 //! | [`error`] | the crate error that aggregates each layer's typed error |
+//! | [`metrics`] | the optional Prometheus endpoint (`--metrics-addr`, `stats.metrics_addr`) serving the stats reporter's counters and histograms |
+//! | [`logging`] | the tracing subscriber: `RUST_LOG` filter, text or json lines on stderr |
 //! | [`stats`] | per-actor counters and latency histograms merged by the stats reporter (R27) |
 
 #![deny(unsafe_code)]
@@ -36,7 +38,9 @@ pub mod error;
     reason = "device memory and copies need FFI; every block has a SAFETY note"
 )]
 pub mod gpu;
+pub mod logging;
 pub mod messages;
+pub mod metrics;
 pub mod pool;
 pub mod replay;
 pub mod stats;

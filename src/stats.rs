@@ -65,6 +65,31 @@ impl Latency {
         self.0.len()
     }
 
+    /// For each of `upper_bounds_micros` (ascending), the values recorded at or below it,
+    /// to the histogram's precision: cumulative counts for Prometheus histogram buckets.
+    pub fn counts_at_or_below(&self, upper_bounds_micros: &[u64]) -> Vec<u64> {
+        upper_bounds_micros
+            .iter()
+            .map(|&bound| {
+                if self.0.is_empty() {
+                    0
+                } else {
+                    self.0.count_between(0, bound)
+                }
+            })
+            .collect()
+    }
+
+    /// Sum of the recorded values in microseconds, to the histogram's precision.
+    pub fn sum_micros(&self) -> f64 {
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "an approximate sum for a metric"
+        )]
+        let count = self.0.len() as f64;
+        self.0.mean() * count
+    }
+
     /// Percentiles in microseconds.
     pub fn summary(&self) -> LatencySummary {
         if self.0.is_empty() {

@@ -18,11 +18,22 @@ pub mod signals;
 use std::io;
 
 use crate::config::ConfigSources;
+use crate::logging::LogFormat;
 
 /// The command line of the `kv-connector` binary.
 #[derive(Debug, clap::Parser)]
 #[command(name = "kv-connector", version, about, long_about = None)]
 pub struct Cli {
+    /// Log lines on stderr: text (`key=value` fields) or json (one object per line). Filter
+    /// with `RUST_LOG`, e.g. `RUST_LOG=info` for the periodic stats reports.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "KVC_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -89,7 +100,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 ConfigSources::from_process_env().env,
                 &stop,
                 &mut io::stdout().lock(),
-                &mut io::stderr().lock(),
+                // Not locked: log lines from the connector's threads also go to stderr, and a
+                // lock held for the whole replay would block them (and the replay) forever.
+                &mut io::stderr(),
             )?;
         }
     }

@@ -6,7 +6,7 @@
 //! 1. Load the configuration: defaults < `--config` < environment < `--set` < the
 //!    dedicated flags (`--model`, `--layout`, `--pool`, `--pool-capacity`, `--master`,
 //!    `--device`, `--swa-rewind-tokens`, `--window-fallback`, `--pool-high-watermark`,
-//!    `--pool-eviction-ratio`).
+//!    `--pool-eviction-ratio`, `--metrics-addr`).
 //! 2. Load the layout (the preset or layout file of the configuration), at `--world` ranks.
 //! 3. Build the workload: `--trace FILE`, `--generate long-multiturn`, or with neither the
 //!    built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
@@ -41,14 +41,16 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::cli::signals::{Signal, StopSignal};
 use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, PoolBackend};
 use crate::core::layout::Layout;
+use crate::metrics::{parse_metrics_addr, MetricsError, MetricsServer, MetricsSources};
 use crate::replay::cost::CostModel;
 use crate::replay::engine::DrafterSetup;
+use crate::replay::kvc::kvc_handle;
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
 use crate::replay::{
-    no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, PoolMaster, ProgressSink,
-    ReplayError, ReplayParams, ReplayReport, Routing,
+    no_connector, run_replay, DeploymentParams, InstanceContext, KvBytesScale, KvPages, PoolMaster,
+    ProgressSink, ReplayConnector, ReplayError, ReplayParams, ReplayReport, Routing,
 };
 
 /// Which workload generator `--generate` runs.
@@ -280,6 +282,11 @@ pub struct ReplayArgs {
     /// No progress bar, and no table on stderr with --json.
     #[arg(long)]
     pub quiet: bool,
+    /// Serve Prometheus metrics of every instance's connector (label `connector`) at
+    /// http://HOST:PORT/metrics while the replay runs, e.g. 127.0.0.1:9464 (port 0 picks a
+    /// free one, logged at INFO). Sets `stats.metrics_addr` (env `KVC_STATS_METRICS_ADDR`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
 }
 
 /// Why `kv-connector replay` failed.
@@ -317,6 +324,9 @@ pub enum ReplayCliError {
         /// Requests in the workload.
         requests: u64,
     },
+    /// The metrics endpoint could not start.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
 }
 
 impl From<ReplayError> for ReplayCliError {
@@ -336,6 +346,7 @@ impl ReplayCliError {
             #[cfg(feature = "faults")]
             Self::FaultSpec(_) => "fault_spec",
             Self::Interrupted { .. } => "interrupted",
+            Self::Metrics(err) => err.kind(),
         }
     }
 }
@@ -390,6 +401,7 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
 ) -> Result<(), ReplayCliError> {
     let faults = fault_wiring::injector(args)?;
     let config = load_config(args, env)?;
+    let sources = MetricsSources::new();
     if let (Some(master), PoolBackend::Memory) = (&args.master, config.pool.backend) {
         return Err(ReplayError::MasterWithoutMooncake {
             master: master.clone(),
@@ -443,12 +455,23 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         local_prefix_cache: args.local_prefix_cache,
         drafter: drafter_setup(args)?,
     };
+    let metrics = match parse_metrics_addr(&params.config.stats.metrics_addr)? {
+        Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&sources))?),
+        None => None,
+    };
+    // The real connector, seeing its pool through the fault injector with `--faults` and
+    // registered with the metrics endpoint with `--metrics-addr`.
+    let mut kvc = |context: &InstanceContext| {
+        let context = fault_wiring::context(&faults, context);
+        let handle = kvc_handle(&context)?;
+        if metrics.is_some() {
+            sources.add(context.instance.to_string(), handle.stats_source());
+        }
+        Ok::<Box<dyn ReplayConnector>, ReplayError>(Box::new(handle))
+    };
     let mut progress = BarProgress::new(args.quiet, stop.clone());
     let mut report = match args.connector {
-        ConnectorKind::Kvc => {
-            let mut factory = fault_wiring::kvc_factory(&faults);
-            run_replay(&params, &workload, &mut factory, &mut progress)
-        }
+        ConnectorKind::Kvc => run_replay(&params, &workload, &mut kvc, &mut progress),
         ConnectorKind::None => run_replay(&params, &workload, &mut no_connector, &mut progress),
     }?;
     fault_wiring::record(&faults, &mut report);
@@ -526,6 +549,9 @@ fn load_config<S: std::hash::BuildHasher>(
             .map(|on| ("saver.window_first", on.to_string())),
         args.save_queue_pages
             .map(|pages| ("saver.queue_capacity_pages", pages.to_string())),
+        args.metrics_addr
+            .clone()
+            .map(|addr| ("stats.metrics_addr", addr)),
     ];
     cli_overrides.extend(
         dedicated
@@ -611,9 +637,7 @@ mod fault_wiring {
 
     use super::{ReplayArgs, ReplayCliError};
     use crate::pool::faults::{FaultInjector, FaultSpec, FaultyPool};
-    use crate::replay::{
-        kvc_connector, InstanceContext, ReplayConnector, ReplayError, ReplayReport,
-    };
+    use crate::replay::{InstanceContext, ReplayReport};
 
     pub(super) type Injector = Option<Arc<FaultInjector>>;
 
@@ -625,17 +649,13 @@ mod fault_wiring {
         Ok(Some(Arc::new(FaultInjector::new(spec))))
     }
 
-    pub(super) fn kvc_factory(
-        faults: &Injector,
-    ) -> impl FnMut(&InstanceContext) -> Result<Box<dyn ReplayConnector>, ReplayError> + '_ {
-        move |context| match faults {
-            Some(faults) => {
-                let mut context = context.clone();
-                context.pool = Arc::new(FaultyPool::new(context.pool, Arc::clone(faults)));
-                kvc_connector(&context)
-            }
-            None => kvc_connector(context),
+    /// The instance's context, its pool wrapped in the injector when `--faults` is on.
+    pub(super) fn context(faults: &Injector, context: &InstanceContext) -> InstanceContext {
+        let mut context = context.clone();
+        if let Some(faults) = faults {
+            context.pool = Arc::new(FaultyPool::new(context.pool, Arc::clone(faults)));
         }
+        context
     }
 
     pub(super) fn record(faults: &Injector, report: &mut ReplayReport) {
@@ -650,7 +670,7 @@ mod fault_wiring {
 #[cfg(not(feature = "faults"))]
 mod fault_wiring {
     use super::{ReplayArgs, ReplayCliError};
-    use crate::replay::{kvc_connector, ConnectorFactory, ReplayReport};
+    use crate::replay::{InstanceContext, ReplayReport};
 
     pub(super) type Injector = ();
 
@@ -661,8 +681,8 @@ mod fault_wiring {
         }
     }
 
-    pub(super) fn kvc_factory(_faults: &Injector) -> Box<ConnectorFactory<'static>> {
-        Box::new(kvc_connector)
+    pub(super) fn context(_faults: &Injector, context: &InstanceContext) -> InstanceContext {
+        context.clone()
     }
 
     pub(super) fn record(_faults: &Injector, _report: &mut ReplayReport) {}

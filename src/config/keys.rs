@@ -377,6 +377,7 @@ pub static KEYS: &[KeySpec] = &[
         "ms",
     ),
     key("stats.interval_s", "KVC_STATS_INTERVAL_S", Integer, "s"),
+    key("stats.metrics_addr", "KVC_STATS_METRICS_ADDR", Text, ""),
     key(
         "device.kind",
         "KVC_DEVICE_KIND",

@@ -327,11 +327,17 @@ pub struct StatsConfig {
     /// Seconds between INFO reports: often enough to follow a run, rare enough not to flood
     /// the log.
     pub interval_s: u64,
+    /// `HOST:PORT` of the Prometheus metrics endpoint (`GET /metrics`), or empty for none:
+    /// off by default, since a listening port is something an operator opts into.
+    pub metrics_addr: String,
 }
 
 impl Default for StatsConfig {
     fn default() -> Self {
-        Self { interval_s: 30 }
+        Self {
+            interval_s: 30,
+            metrics_addr: String::new(),
+        }
     }
 }
 

@@ -215,6 +215,13 @@ impl Config {
             MAX_TIMEOUT_MS / 1000,
             "30",
         )?;
+        let metrics_addr = self.stats.metrics_addr.trim();
+        require(
+            metrics_addr.is_empty() || metrics_addr.parse::<std::net::SocketAddr>().is_ok(),
+            "stats.metrics_addr",
+            &format!("{metrics_addr:?}"),
+            "must be HOST:PORT with an IP address, e.g. 127.0.0.1:9464, or empty for none",
+        )?;
         self.check_budget()
     }
 

@@ -208,6 +208,13 @@ impl ConnectorHandle {
         stats.saves.published_past_chunk_end += self.published_past_chunk_end;
     }
 
+    /// A handle on this connector's statistics that another thread (the metrics endpoint)
+    /// can query without going through the engine thread. It does not see the counts
+    /// kept on the engine thread (mailbox-refused saves and loads, deferred lookups).
+    pub fn stats_source(&self) -> crate::metrics::StatsSource {
+        crate::metrics::StatsSource::new(self.reporter.clone())
+    }
+
     /// Sends a request's lookup if it has not gone out yet. A full mailbox keeps it for the
     /// next attempt; a planner that is gone ends the lookup with nothing offered.
     fn send_lookup(&mut self, request: RequestId) {

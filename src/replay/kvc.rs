@@ -14,6 +14,16 @@ use crate::core::hash::{scope_seed, Scope};
 /// [`ReplayError::Connector`] when the connector cannot start (layout refused, devices
 /// missing, bad key segments).
 pub fn kvc_connector(context: &InstanceContext) -> Result<Box<dyn ReplayConnector>, ReplayError> {
+    Ok(Box::new(kvc_handle(context)?))
+}
+
+/// Starts the real connector for one instance and returns its handle (for callers that
+/// need more than the replay hooks, such as the metrics endpoint).
+///
+/// # Errors
+///
+/// As [`kvc_connector`].
+pub fn kvc_handle(context: &InstanceContext) -> Result<ConnectorHandle, ReplayError> {
     let config = context.config.as_ref().clone();
     let model_key = if config.keys.model_key.is_empty() {
         context.layout.name.clone()
@@ -28,11 +38,10 @@ pub fn kvc_connector(context: &InstanceContext) -> Result<Box<dyn ReplayConnecto
         seed: scope_seed(&Scope::default()),
         model_key,
     };
-    let handle = ConnectorHandle::start(params).map_err(|source| ReplayError::Connector {
+    ConnectorHandle::start(params).map_err(|source| ReplayError::Connector {
         instance: context.instance,
         source: Box::new(source),
-    })?;
-    Ok(Box::new(handle))
+    })
 }
 
 impl ReplayConnector for ConnectorHandle {

@@ -1,0 +1,186 @@
+//! The metrics endpoint (`kv-connector replay --metrics-addr`, `stats.metrics_addr`):
+//! started on a free loopback port, scraped over HTTP while the embedding example's engine
+//! saves and loads, and after its connector stopped.
+
+#[path = "../examples/embed.rs"]
+#[expect(dead_code, reason = "only the example's engine is used here")]
+mod embed;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use kv_connector::core::eviction::EvictionPolicy;
+use kv_connector::core::ids::RequestId;
+use kv_connector::metrics::{exposition, MetricsServer, MetricsSources};
+use kv_connector::pool::{MemoryPool, Pool, SystemClock};
+
+/// One HTTP/1.0 GET: the status code, the `Content-Type` and the body.
+fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String, String)> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("response without a header end")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .context("no status code")?
+        .parse()?;
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    Ok((status, content_type, body.to_owned()))
+}
+
+/// The value of the counter-like series whose name and labels are `series`.
+fn value(body: &str, series: &str) -> anyhow::Result<u64> {
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix(series) {
+            return Ok(rest.trim().parse()?);
+        }
+    }
+    bail!("{series} missing from:\n{body}")
+}
+
+#[test]
+fn scraped_counters_move_after_saves_and_loads() -> anyhow::Result<()> {
+    let pool: Arc<dyn Pool> = Arc::new(MemoryPool::new(
+        EvictionPolicy::mooncake_defaults(64 << 20),
+        Arc::new(SystemClock::new()),
+    )?);
+    let mut engine = embed::MiniEngine::start(pool)?;
+    let sources = MetricsSources::new();
+    sources.add("0", engine.handle.stats_source());
+    let server = MetricsServer::start("127.0.0.1:0".parse()?, Arc::clone(&sources))?;
+    let addr = server.local_addr();
+    assert_ne!(addr.port(), 0, "port 0 is replaced by the bound port");
+
+    let stored = "kv_connector_save_pages_total{connector=\"0\",result=\"stored\"}";
+    let loads_done = "kv_connector_load_done_total{connector=\"0\"}";
+    let (status, content_type, before) = get(addr, "/metrics")?;
+    assert_eq!(status, 200);
+    assert_eq!(content_type, exposition::CONTENT_TYPE);
+    assert_eq!(value(&before, stored)?, 0);
+    assert_eq!(value(&before, loads_done)?, 0);
+
+    let first = embed::prompt(512, 10_000, 133);
+    let second = embed::prompt(512, 20_000, 70);
+    assert_eq!(engine.serve(RequestId(1), &first)?, 0);
+    assert_eq!(engine.serve(RequestId(2), &second)?, 512);
+
+    let (status, _, after) = get(addr, "/metrics")?;
+    assert_eq!(status, 200);
+    assert_eq!(value(&after, stored)?, 44);
+    assert_eq!(value(&after, loads_done)?, 1);
+    assert_eq!(
+        value(&after, "kv_connector_load_pages_total{connector=\"0\"}")?,
+        32
+    );
+    assert!(value(&after, "kv_connector_load_bytes_total{connector=\"0\"}")? > 0);
+    let outcome = |name: &str| {
+        value(
+            &after,
+            &format!("kv_connector_lookup_outcomes_total{{connector=\"0\",outcome=\"{name}\"}}"),
+        )
+    };
+    assert_eq!((outcome("full")?, outcome("full_miss")?), (1, 1));
+    let load_count = "kv_connector_load_seconds_count{connector=\"0\"}";
+    assert_eq!(value(&after, load_count)?, 1);
+    let inf = "kv_connector_load_seconds_bucket{le=\"+Inf\",connector=\"0\"}";
+    assert_eq!(value(&after, inf)?, 1);
+
+    // Invariant 2: a stopped connector keeps its last totals; nothing goes backwards.
+    let final_stats = engine.shutdown();
+    let (_, _, stopped) = get(addr, "/metrics")?;
+    assert_eq!(value(&stopped, stored)?, final_stats.saves.saves_done);
+    assert_eq!(value(&stopped, loads_done)?, 1);
+
+    assert_eq!(get(addr, "/nope")?.0, 404);
+    server.stop();
+    Ok(())
+}
+
+/// docs/OPERATIONS.md lists every metric the endpoint serves.
+#[test]
+fn every_served_metric_is_documented() -> anyhow::Result<()> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))?;
+    for name in exposition::exposed_names() {
+        assert!(
+            doc.contains(&format!("`{name}`")),
+            "{name} missing from docs/OPERATIONS.md"
+        );
+    }
+    Ok(())
+}
+
+/// The binary end to end: `replay --metrics-addr` starts the endpoint, `--log-format json`
+/// with `RUST_LOG=info` writes only JSON lines to stderr, and the run completes. Also the
+/// regression test for stderr being locked by `replay` for its whole run: a log line from
+/// any other thread (here the metrics thread's "listening" line; in production an actor's
+/// warning) then blocked that thread, and the replay hung joining or waiting on it.
+#[test]
+fn replay_with_json_info_logs_and_metrics_completes() -> anyhow::Result<()> {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"))
+        .args([
+            "--log-format",
+            "json",
+            "replay",
+            "--limit",
+            "4",
+            "--json",
+            "--quiet",
+        ])
+        .args([
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--set",
+            "stats.interval_s=1",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    std::thread::spawn(move || sender.send(child.wait_with_output()));
+    let Ok(output) = receiver.recv_timeout(Duration::from_secs(120)) else {
+        // Leave no hung replay behind.
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
+        bail!("the replay did not finish in 120 s");
+    };
+    let output = output?;
+    let stderr = String::from_utf8(output.stderr)?;
+    assert!(output.status.success(), "replay failed:\n{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    assert!(report.is_object());
+    let mut messages = Vec::new();
+    for line in stderr.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("not a JSON log line: {line}"))?;
+        messages.push(event["message"].as_str().unwrap_or_default().to_owned());
+        if event["message"] == "lookups" {
+            assert!(event["full"].is_u64(), "{line}");
+        }
+    }
+    assert!(
+        messages
+            .iter()
+            .any(|message| message == "metrics endpoint listening"),
+        "{stderr}"
+    );
+    Ok(())
+}
