@@ -15,6 +15,9 @@
 //!    with `--quiet`).
 //! 5. Print the summary table on stdout, or with `--json` one JSON object on stdout (and
 //!    the table on stderr unless `--quiet`).
+//! 6. With `--report-dir DIR`, the replay also collects time series per simulated time
+//!    bucket, and `DIR` gets the JSON report, the timeline and PNG plots
+//!    ([`crate::replay::plots`]).
 //!
 //! `--local-prefix-cache` gives every simulated instance a local prefix cache (vLLM's
 //! automatic prefix caching, TensorRT-LLM's KV cache reuse): pages of finished prompts
@@ -35,12 +38,14 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, PoolBackend};
 use crate::core::layout::Layout;
 use crate::replay::cost::CostModel;
+use crate::replay::plots::{write_report_dir, PlotError};
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
 use crate::replay::{
-    kvc_connector, no_connector, run_replay, DeploymentParams, KvBytesScale, KvPages, PoolMaster,
-    ProgressSink, ReplayError, ReplayParams, ReplayReport, Routing,
+    kvc_connector, no_connector, run_replay, run_replay_with_timeline, ConnectorFactory,
+    DeploymentParams, KvBytesScale, KvPages, PoolMaster, ProgressSink, ReplayError, ReplayParams,
+    ReplayReport, Routing,
 };
 
 /// Which workload generator `--generate` runs.
@@ -233,6 +238,12 @@ pub struct ReplayArgs {
     /// No progress bar, and no table on stderr with --json.
     #[arg(long)]
     pub quiet: bool,
+    /// Also write DIR/report.json (the --json object), DIR/timeline.json (per simulated
+    /// time bucket: reuse, lookup outcomes, saves, loads; every TTFT) and four PNG plots:
+    /// reuse.png, lookups.png, ttft.png, throughput.png. Needs a TrueType font such as
+    /// `DejaVu Sans` (Debian: `fonts-dejavu-core`).
+    #[arg(long, value_name = "DIR")]
+    pub report_dir: Option<PathBuf>,
 }
 
 /// Why `kv-connector replay` failed.
@@ -248,6 +259,9 @@ pub enum ReplayCliError {
     /// Encoding the JSON report failed.
     #[error("encoding the replay report as json failed")]
     Json(#[source] serde_json::Error),
+    /// Writing `--report-dir` failed.
+    #[error(transparent)]
+    ReportDir(#[from] PlotError),
 }
 
 impl From<ReplayError> for ReplayCliError {
@@ -263,6 +277,7 @@ impl ReplayCliError {
             Self::Replay(err) => err.kind(),
             Self::Write(_) => "write",
             Self::Json(_) => "json",
+            Self::ReportDir(err) => err.kind(),
         }
     }
 }
@@ -351,11 +366,25 @@ pub fn run<S: std::hash::BuildHasher>(
         local_prefix_cache: args.local_prefix_cache,
     };
     let mut progress = BarProgress::new(args.quiet);
-    let report = match args.connector {
-        ConnectorKind::Kvc => run_replay(&params, &workload, &mut kvc_connector, &mut progress),
-        ConnectorKind::None => run_replay(&params, &workload, &mut no_connector, &mut progress),
-    }?;
-    write_report(args, &report, out, err)
+    let factory: &mut ConnectorFactory<'_> = match args.connector {
+        ConnectorKind::Kvc => &mut kvc_connector,
+        ConnectorKind::None => &mut no_connector,
+    };
+    let Some(dir) = &args.report_dir else {
+        let report = run_replay(&params, &workload, factory, &mut progress)?;
+        return write_report(args, &report, out, err);
+    };
+    let (report, timeline) = run_replay_with_timeline(&params, &workload, factory, &mut progress)?;
+    write_report(args, &report, out, err)?;
+    let written = write_report_dir(dir, &report, &timeline)?;
+    if !args.quiet {
+        let names: Vec<String> = written
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect();
+        writeln!(err, "report written: {}", names.join(", ")).map_err(ReplayCliError::Write)?;
+    }
+    Ok(())
 }
 
 /// Configuration layers (workflow step 1).
@@ -514,7 +543,7 @@ mod tests {
         line.extend_from_slice(flags);
         match Cli::try_parse_from(line)?.command {
             Command::Replay(args) => Ok(*args),
-            Command::Keys(_) => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+            _ => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
         }
     }
 
