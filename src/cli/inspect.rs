@@ -80,7 +80,7 @@ pub struct InspectArgs {
     /// `hash_ids` of 512-token blocks); the prompt is request --line of it.
     #[arg(long, value_name = "FILE", requires = "line")]
     pub trace: Option<PathBuf>,
-    /// Which request of --trace to inspect, from 1.
+    /// Which request of --trace to inspect: its N-th non-blank line, from 1.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub line: Option<u64>,
     /// Tokens the engine already holds locally (`num_computed`, block aligned).
@@ -103,9 +103,10 @@ pub struct InspectArgs {
     pub seed_requests: Option<usize>,
     /// Stored page size scale of the pool's objects (the `b{bytes}` key segment): with
     /// --pool mooncake, the `--kv-bytes-scale` the writers used (default 1, a serving
-    /// engine); with --pool memory, the seeding replay's (default 1).
-    #[arg(long, value_name = "F", default_value_t = 1.0)]
-    pub kv_bytes_scale: f64,
+    /// engine); with --pool memory, the seeding replay's (default: as `replay` picks it,
+    /// the largest power of two whose pages fit 4 GiB of host memory).
+    #[arg(long, value_name = "F")]
+    pub kv_bytes_scale: Option<f64>,
     /// Print every block's hash and keys, not only the summary.
     #[arg(long)]
     pub keys: bool,
@@ -253,10 +254,8 @@ pub fn run<S: std::hash::BuildHasher>(
     env: HashMap<String, String, S>,
     out: &mut dyn Write,
 ) -> Result<(), InspectError> {
-    if !(args.kv_bytes_scale > 0.0 && args.kv_bytes_scale <= 1.0) {
-        return Err(InspectError::BadScale {
-            scale: args.kv_bytes_scale,
-        });
+    if let Some(scale) = args.kv_bytes_scale.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
+        return Err(InspectError::BadScale { scale });
     }
     let config = load_config(args, env)?;
     let layout = args.config.layout(&config)?;
@@ -371,7 +370,9 @@ fn seed_memory_pool(
         deployment: DeploymentParams {
             instances: 1,
             kv_pages: KvPages::Memory(cost.kv_memory_bytes),
-            kv_bytes_scale: KvBytesScale::Fixed(args.kv_bytes_scale),
+            kv_bytes_scale: args
+                .kv_bytes_scale
+                .map_or(KvBytesScale::Auto, KvBytesScale::Fixed),
             host_memory_limit_bytes: 4 << 30,
             pool_master: PoolMaster::Start,
         },
@@ -403,7 +404,7 @@ fn seed_memory_pool(
         Some(seeded) => seeded,
         None => (
             empty_memory_pool(config)?,
-            scaled_payloads(layout, args.kv_bytes_scale)?,
+            scaled_payloads(layout, args.kv_bytes_scale.unwrap_or(1.0))?,
         ),
     };
     Ok(PoolUnderTest {
@@ -440,7 +441,7 @@ fn connect_mooncake(
     Ok(PoolUnderTest {
         pool: Arc::new(pool),
         description,
-        payload_lens: scaled_payloads(layout, args.kv_bytes_scale)?,
+        payload_lens: scaled_payloads(layout, args.kv_bytes_scale.unwrap_or(1.0))?,
     })
 }
 

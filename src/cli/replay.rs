@@ -132,8 +132,29 @@ pub struct GeneratorArgs {
     pub seed: Option<u64>,
 }
 
+/// The end of `replay --help`: a Mooncake replay from a fresh clone, and the configuration
+/// layers.
+const REPLAY_AFTER_HELP: &str = "\
+A replay on Mooncake Store, from a fresh clone:
+  scripts/setup-mooncake                    # .venv: the client wheel and mooncake_master
+  export PYO3_PYTHON=$PWD/.venv/bin/python
+  cargo build --release --features mooncake
+  # the replay starts a mooncake_master on free loopback ports for the run:
+  target/release/kv-connector replay --pool mooncake --instances 2 \\
+    --trace ../shared/traces/mooncake_synthetic_trace.jsonl --limit 150 \\
+    --model llama-3.1-8b --kv-bytes-scale 0.0002 --pool-capacity 512GiB
+  # or against a master you run (RPC port; its HTTP metadata server is
+  # mooncake.metadata_server, default http://HOST:8080/metadata):
+  target/release/kv-connector replay --pool mooncake --master 127.0.0.1:50051
+
+Configuration: defaults < --config FILE < environment < --set < the flags above. Every key
+has an environment variable KVC_<SECTION>_<KEY> (config/default.toml lists them all);
+`kv-connector validate` prints the effective configuration and every refusal.
+Logs: RUST_LOG (default warn) on stderr.";
+
 /// Arguments of `kv-connector replay`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = REPLAY_AFTER_HELP)]
 pub struct ReplayArgs {
     /// A Mooncake trace file: JSON lines with a timestamp, input and output lengths and the
     /// hash ids of 512-token blocks.
@@ -147,16 +168,20 @@ pub struct ReplayArgs {
     #[command(flatten)]
     pub generator: GeneratorArgs,
     /// Model preset whose KV layout is served: llama-3.1-8b, gpt-oss-120b, gemma-3-27b,
-    /// tiny-hybrid, tiny-full (default: the configuration's model.preset).
+    /// tiny-hybrid, tiny-full (default: the configuration's `model.preset`, env
+    /// `KVC_MODEL_PRESET`).
     #[arg(long, value_name = "PRESET", conflicts_with = "layout")]
     pub model: Option<String>,
-    /// A layout TOML file instead of a preset.
+    /// A layout TOML file instead of a preset (`model.layout_file`, env
+    /// `KVC_MODEL_LAYOUT_FILE`).
     #[arg(long, value_name = "FILE")]
     pub layout: Option<PathBuf>,
-    /// A configuration TOML file merged over the built-in defaults.
+    /// A configuration TOML file merged over the built-in defaults (`config/default.toml`
+    /// lists every key with its env name).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// A configuration override `section.key=value`; repeat for several.
+    /// A configuration override `section.key=value` (e.g. `pool.capacity_bytes=8GiB`),
+    /// applied over the file and the environment; repeat for several.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub overrides: Vec<String>,
     /// Context instances sharing the pool.
@@ -167,18 +192,19 @@ pub struct ReplayArgs {
     pub routing: RoutingKind,
     /// The pool backend: memory (embedded) or mooncake (Mooncake Store, one client per
     /// instance; needs a build with --features mooncake). Default: the configuration's
-    /// pool.backend.
+    /// `pool.backend` (env `KVC_POOL_BACKEND`).
     #[arg(long, value_enum)]
     pub pool: Option<PoolKind>,
     /// With --pool mooncake: use the running `mooncake_master` at HOST:PORT (its RPC port;
     /// the metadata server is `mooncake.metadata_server`, by default
     /// `http://HOST:8080/metadata`) instead of starting one on free loopback ports for the
-    /// run.
+    /// run (`mooncake.master_address`, env `KVC_MOONCAKE_MASTER_ADDRESS`).
     #[arg(long, value_name = "HOST:PORT")]
     pub master: Option<String>,
     /// Modeled pool capacity at full page size (e.g. 64GiB); the pool holds
     /// --kv-bytes-scale times it (for Mooncake, split evenly into one segment per
-    /// instance). Default: the configuration's `pool.capacity_bytes`.
+    /// instance). Default: the configuration's `pool.capacity_bytes` (env
+    /// `KVC_POOL_CAPACITY_BYTES`).
     #[arg(long, value_name = "BYTES")]
     pub pool_capacity: Option<String>,
     /// Where pages live: `cuda` (GPU memory through cudarc; needs a build with
@@ -188,12 +214,13 @@ pub struct ReplayArgs {
     pub device: Option<String>,
     /// `R`: how far before a prompt end a later request may resume and still find window
     /// KV (`planner.swa_endpoint_rewind_tokens`, R12, R17); window groups keep and save
-    /// `W + R` tokens at each prompt end (default: the configuration's, 1024).
+    /// `W + R` tokens at each prompt end (default: the configuration's; env
+    /// `KVC_PLANNER_SWA_ENDPOINT_REWIND_TOKENS`).
     #[arg(long, value_name = "TOKENS")]
     pub swa_rewind_tokens: Option<u64>,
     /// Probe further back for an earlier prompt end with a complete window when none is
     /// complete within the rewind (`planner.window_fallback`, R13; default: the
-    /// configuration's, true).
+    /// configuration's, true; env `KVC_PLANNER_WINDOW_FALLBACK`).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub window_fallback: Option<bool>,
     /// Replay only the first N requests.
