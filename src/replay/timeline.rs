@@ -34,18 +34,15 @@
 //! "settle saves, then read the counters", which changes nothing a later lookup sees
 //! (every lookup settles saves first anyway, see the driver's docs).
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
-
 use serde::Serialize;
-
-use crate::connector::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
-use crate::core::ids::{RequestId, ReservationId};
 
 use super::connectors::{ConnectorReport, LookupOutcomes, ReplayConnector};
 use super::cost::{micros_to_seconds, SimMicros};
 use super::engine::PromptDone;
+
+mod probe;
+
+pub use probe::{ConnectorProbe, LoadTally, ProbeHandle};
 
 /// Width of a bucket before any merge: 100 ms of simulated time.
 const FIRST_BUCKET_US: SimMicros = 100_000;
@@ -118,143 +115,6 @@ impl Timeline {
             sum.add(bucket);
         }
         sum
-    }
-}
-
-/// What a [`ConnectorProbe`] saw of loads since the driver last took it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoadTally {
-    /// Reservations reported filled.
-    pub filled: u64,
-    /// Reservations reported failed.
-    pub failed: u64,
-    /// Tokens the filled ones covered.
-    pub tokens: u64,
-}
-
-/// The state a probe shares with the driver.
-struct ProbeState {
-    connector: Box<dyn ReplayConnector>,
-    /// Tokens offered per open reservation, minus what the engine released.
-    offers: HashMap<ReservationId, usize>,
-    tally: LoadTally,
-}
-
-/// The driver's side of a [`ConnectorProbe`]: samples the connector between steps.
-#[derive(Clone)]
-pub struct ProbeHandle(Rc<RefCell<ProbeState>>);
-
-impl ProbeHandle {
-    /// The connector's cumulative counters now.
-    pub fn sample(&self) -> ConnectorReport {
-        self.0.borrow_mut().connector.report()
-    }
-
-    /// The load tally since the last call.
-    pub fn take_loads(&self) -> LoadTally {
-        std::mem::take(&mut self.0.borrow_mut().tally)
-    }
-}
-
-/// A connector wrapper that forwards every hook and tallies loads (workflow step 1).
-pub struct ConnectorProbe(Rc<RefCell<ProbeState>>);
-
-impl ConnectorProbe {
-    /// Wraps `connector`; the handle samples it.
-    pub fn wrap(connector: Box<dyn ReplayConnector>) -> (Box<dyn ReplayConnector>, ProbeHandle) {
-        let state = Rc::new(RefCell::new(ProbeState {
-            connector,
-            offers: HashMap::new(),
-            tally: LoadTally::default(),
-        }));
-        (
-            Box::new(ConnectorProbe(Rc::clone(&state))),
-            ProbeHandle(state),
-        )
-    }
-}
-
-impl EngineConnector for ConnectorProbe {
-    fn lookup_prefix(&mut self, request: RequestId, prompt: std::sync::Arc<[i64]>, local: usize) {
-        self.0
-            .borrow_mut()
-            .connector
-            .lookup_prefix(request, prompt, local);
-    }
-
-    fn reserve_prefix(
-        &mut self,
-        request: RequestId,
-        num_computed: usize,
-        reservation: ReservationId,
-    ) -> ReserveAnswer {
-        let mut state = self.0.borrow_mut();
-        let answer = state
-            .connector
-            .reserve_prefix(request, num_computed, reservation);
-        if let ReserveAnswer::Offer { extra_tokens, .. } = answer {
-            if extra_tokens > 0 {
-                state.offers.insert(reservation, extra_tokens);
-            }
-        }
-        answer
-    }
-
-    fn release_prefix_reservation(
-        &mut self,
-        request: RequestId,
-        reservation: ReservationId,
-        start: usize,
-        end: usize,
-    ) {
-        let mut state = self.0.borrow_mut();
-        if let Some(tokens) = state.offers.get_mut(&reservation) {
-            *tokens = tokens.saturating_sub(end.saturating_sub(start));
-        }
-        state
-            .connector
-            .release_prefix_reservation(request, reservation, start, end);
-    }
-
-    fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
-        let mut state = self.0.borrow_mut();
-        let finished = state.connector.get_finished_prefix_loads();
-        for load in &finished {
-            let tokens = state.offers.remove(&load.reservation).unwrap_or(0);
-            if load.filled {
-                state.tally.filled += 1;
-                state.tally.tokens += u64::try_from(tokens).unwrap_or(u64::MAX);
-            } else {
-                state.tally.failed += 1;
-            }
-        }
-        finished
-    }
-
-    fn on_step(&mut self, output: &SchedulerOutput<'_>) {
-        self.0.borrow_mut().connector.on_step(output);
-    }
-
-    fn request_finished(&mut self, request: RequestId) -> bool {
-        self.0.borrow_mut().connector.request_finished(request)
-    }
-
-    fn get_finished_saves(&mut self) -> Vec<RequestId> {
-        self.0.borrow_mut().connector.get_finished_saves()
-    }
-
-    fn wait_for_progress(&mut self, timeout: std::time::Duration) {
-        self.0.borrow_mut().connector.wait_for_progress(timeout);
-    }
-
-    fn settle_saves(&mut self) {
-        self.0.borrow_mut().connector.settle_saves();
-    }
-}
-
-impl ReplayConnector for ConnectorProbe {
-    fn report(&mut self) -> ConnectorReport {
-        self.0.borrow_mut().connector.report()
     }
 }
 
