@@ -32,6 +32,12 @@ impl Drop for ScratchDir {
 
 /// Runs `replay` with a three-turn conversation on tiny-hybrid and `--report-dir dir`.
 fn short_replay(dir: &Path, extra: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    let dir_text = dir.display().to_string();
+    replay_with(&[&["--report-dir", dir_text.as_str()][..], extra].concat())
+}
+
+/// Runs `replay` with a three-turn conversation on tiny-hybrid and `flags`; returns stdout.
+fn replay_with(flags: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
     let mut line = vec![
         "kv-connector",
         "replay",
@@ -48,11 +54,8 @@ fn short_replay(dir: &Path, extra: &[&str]) -> Result<String, Box<dyn std::error
         "--system-prefix-tokens",
         "1000",
         "--quiet",
-        "--report-dir",
     ];
-    let dir_text = dir.display().to_string();
-    line.push(&dir_text);
-    line.extend_from_slice(extra);
+    line.extend_from_slice(flags);
     let Command::Replay(args) = Cli::try_parse_from(line)?.command else {
         return Err("not the replay subcommand".into());
     };
@@ -129,5 +132,27 @@ fn report_dir_under_a_file_is_an_error_naming_the_path() -> TestResult {
     std::fs::write(&file, b"x")?;
     let err = short_replay(&file.join("reports"), &[]).expect_err("a file is not a directory");
     assert!(err.to_string().contains("plain-file"), "{err}");
+    Ok(())
+}
+
+/// The report without the wall-clock fields, which differ between any two runs.
+fn simulated_fields(mut report: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = report.as_object_mut() {
+        for field in ["wall_seconds", "connector_step_us", "connector_step_cpu_us"] {
+            object.remove(field);
+        }
+    }
+    report
+}
+
+/// The timeline probes and samples change nothing the replay reports (driver D2).
+#[test]
+fn collecting_the_timeline_does_not_change_the_report() -> TestResult {
+    let scratch = ScratchDir::new("report-same");
+    short_replay(&scratch.0, &[])?;
+    let with: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(scratch.0.join("report.json"))?)?;
+    let without: serde_json::Value = serde_json::from_str(&replay_with(&["--json"])?)?;
+    assert_eq!(simulated_fields(with), simulated_fields(without));
     Ok(())
 }
