@@ -31,7 +31,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::validate::{error_chain, ConfigArgs};
+use super::validate::ConfigArgs;
 use crate::actors::keyspace::KeySpace;
 use crate::actors::lookup_planner::{run_lookup, PlannerSettings};
 use crate::config::{Config, ConfigError};
@@ -447,9 +447,4 @@ fn write_text(out: &mut dyn Write, inspection: &Inspection, all_keys: bool) -> i
         )?;
     }
     Ok(())
-}
-
-/// The error and its causes, for tests and logs.
-pub fn describe(error: &InspectError) -> String {
-    error_chain(error)
 }

@@ -187,7 +187,7 @@ struct Refusal {
 }
 
 /// The error and its causes on one line.
-pub(crate) fn error_chain(error: &dyn StdError) -> String {
+fn error_chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
