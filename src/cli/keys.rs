@@ -246,6 +246,19 @@ pub fn run(args: &KeysArgs, stdin: impl Read, output: impl Write) -> Result<(), 
         .map_err(KeysError::Write)
 }
 
+/// Reads token ids from the file at `path` (or `stdin` when there is none or it is `-`):
+/// a JSON array of integers, or integers separated by whitespace. Shared with `inspect`.
+///
+/// # Errors
+///
+/// [`KeysError::ReadInput`], [`KeysError::BadToken`] or [`KeysError::BadJson`].
+pub(crate) fn read_token_file(
+    path: Option<&Path>,
+    stdin: impl Read,
+) -> Result<Vec<i64>, KeysError> {
+    parse_tokens(&read_input(path, stdin)?)
+}
+
 /// Reads the whole input: the file at `path`, or `stdin` when there is none or it is `-`.
 fn read_input(path: Option<&Path>, stdin: impl Read) -> Result<String, KeysError> {
     let mut text = String::new();

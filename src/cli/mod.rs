@@ -11,9 +11,12 @@
 //! Adding a subcommand: add a module, a variant of [`Command`] holding its `Args`, a variant of
 //! [`CliError`] wrapping its error, and an arm in [`run`] and in [`CliError::kind`].
 
+pub mod bench;
+pub mod inspect;
 pub mod keys;
 pub mod replay;
 pub mod signals;
+pub mod validate;
 
 use std::io;
 
@@ -47,6 +50,17 @@ pub enum Command {
     /// Replay a workload through simulated serving instances sharing one pool, and report
     /// the prefix reuse, page checks and simulated latency the connector achieved.
     Replay(Box<replay::ReplayArgs>),
+    /// Load the configuration (file, KVC_* environment, flags), the layout and optional
+    /// engine arguments as the runtime would; print the effective configuration as TOML and
+    /// every refusal. Exits 1 when anything is refused.
+    Validate(validate::ValidateArgs),
+    /// Show where a prompt's blocks live in a pool: per group and shard, which blocks and
+    /// window tails are present, and what a lookup would offer (the real planner), with its
+    /// outcome.
+    Inspect(Box<inspect::InspectArgs>),
+    /// Run the connector's own micro-benchmarks (hashing, keys, planner, embedded pool
+    /// get/put) and print a table or JSON.
+    Bench(bench::BenchArgs),
 }
 
 /// Why a subcommand failed; one variant per subcommand.
@@ -61,6 +75,21 @@ pub enum CliError {
     /// The signal handlers could not be installed.
     #[error("installing the sigint / sigterm handlers failed")]
     Signals(#[source] io::Error),
+    /// `kv-connector validate` failed or refused something.
+    #[error(transparent)]
+    Validate(#[from] validate::ValidateError),
+    /// `kv-connector inspect` failed.
+    #[error(transparent)]
+    Inspect(Box<inspect::InspectError>),
+    /// `kv-connector bench` failed.
+    #[error(transparent)]
+    Bench(#[from] bench::BenchError),
+}
+
+impl From<inspect::InspectError> for CliError {
+    fn from(err: inspect::InspectError) -> Self {
+        Self::Inspect(Box::new(err))
+    }
 }
 
 impl CliError {
@@ -70,6 +99,9 @@ impl CliError {
             Self::Keys(err) => err.kind(),
             Self::Replay(err) => err.kind(),
             Self::Signals(_) => "signals",
+            Self::Validate(err) => err.kind(),
+            Self::Inspect(err) => err.kind(),
+            Self::Bench(err) => err.kind(),
         }
     }
 
@@ -105,6 +137,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 &mut io::stderr(),
             )?;
         }
+        Command::Validate(args) => validate::run(
+            &args,
+            ConfigSources::from_process_env().env,
+            &mut io::stdout().lock(),
+            &mut io::stderr().lock(),
+        )?,
+        Command::Inspect(args) => inspect::run(
+            &args,
+            ConfigSources::from_process_env().env,
+            &mut io::stdout().lock(),
+        )?,
+        Command::Bench(args) => bench::run(&args, &mut io::stdout().lock())?,
     }
     Ok(())
 }

@@ -16,6 +16,9 @@
 //!    with `--quiet`).
 //! 5. Print the summary table on stdout, or with `--json` one JSON object on stdout (and
 //!    the table on stderr unless `--quiet`).
+//! 6. With `--report-dir DIR`, the replay also collects time series per simulated time
+//!    bucket, and `DIR` gets the JSON report, the timeline and PNG plots
+//!    ([`crate::replay::plots`]).
 //!
 //! `--local-prefix-cache` gives every simulated instance a local prefix cache (vLLM's
 //! automatic prefix caching, TensorRT-LLM's KV cache reuse): pages of finished prompts
@@ -45,12 +48,14 @@ use crate::metrics::{parse_metrics_addr, MetricsError, MetricsServer, MetricsSou
 use crate::replay::cost::CostModel;
 use crate::replay::engine::DrafterSetup;
 use crate::replay::kvc::kvc_handle;
+use crate::replay::plots::{write_report_dir, PlotError};
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
 use crate::replay::{
-    no_connector, run_replay, DeploymentParams, InstanceContext, KvBytesScale, KvPages, PoolMaster,
-    ProgressSink, ReplayConnector, ReplayError, ReplayParams, ReplayReport, Routing,
+    no_connector, run_replay, run_replay_with_timeline, ConnectorFactory, DeploymentParams,
+    InstanceContext, KvBytesScale, KvPages, PoolMaster, ProgressSink, ReplayConnector, ReplayError,
+    ReplayParams, ReplayReport, Routing,
 };
 
 /// Which workload generator `--generate` runs.
@@ -137,12 +142,33 @@ pub struct GeneratorArgs {
     pub seed: Option<u64>,
 }
 
+/// The end of `replay --help`: a Mooncake replay from a fresh clone, and the configuration
+/// layers.
+const REPLAY_AFTER_HELP: &str = "\
+A replay on Mooncake Store, from a fresh clone:
+  scripts/setup-mooncake                    # .venv: the client wheel and mooncake_master
+  export PYO3_PYTHON=$PWD/.venv/bin/python
+  cargo build --release --features mooncake
+  # the replay starts a mooncake_master on free loopback ports for the run:
+  target/release/kv-connector replay --pool mooncake --instances 2 \\
+    --trace ../shared/traces/mooncake_synthetic_trace.jsonl --limit 150 \\
+    --model llama-3.1-8b --kv-bytes-scale 0.0002 --pool-capacity 512GiB
+  # or against a master you run (RPC port; its HTTP metadata server is
+  # mooncake.metadata_server, default http://HOST:8080/metadata):
+  target/release/kv-connector replay --pool mooncake --master 127.0.0.1:50051
+
+Configuration: defaults < --config FILE < environment < --set < the flags above. Every key
+has an environment variable KVC_<SECTION>_<KEY> (config/default.toml lists them all);
+`kv-connector validate` prints the effective configuration and every refusal.
+Logs: RUST_LOG (default warn) on stderr.";
+
 /// Arguments of `kv-connector replay`.
 #[derive(Debug, Clone, clap::Args)]
 #[expect(
     clippy::struct_excessive_bools,
     reason = "independent on/off command-line flags, each its own clap switch"
 )]
+#[command(after_help = REPLAY_AFTER_HELP)]
 pub struct ReplayArgs {
     /// A Mooncake trace file: JSON lines with a timestamp, input and output lengths and the
     /// hash ids of 512-token blocks.
@@ -157,16 +183,19 @@ pub struct ReplayArgs {
     pub generator: GeneratorArgs,
     /// Model preset whose KV layout is served: llama-3.1-8b, llama-3.1-8b-eagle (with the
     /// drafter's layer group), gpt-oss-120b, gemma-3-27b, tiny-hybrid, tiny-full (default:
-    /// the configuration's model.preset).
+    /// the configuration's `model.preset`, env `KVC_MODEL_PRESET`).
     #[arg(long, value_name = "PRESET", conflicts_with = "layout")]
     pub model: Option<String>,
-    /// A layout TOML file instead of a preset.
+    /// A layout TOML file instead of a preset (`model.layout_file`, env
+    /// `KVC_MODEL_LAYOUT_FILE`).
     #[arg(long, value_name = "FILE")]
     pub layout: Option<PathBuf>,
-    /// A configuration TOML file merged over the built-in defaults.
+    /// A configuration TOML file merged over the built-in defaults (`config/default.toml`
+    /// lists every key with its env name).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// A configuration override `section.key=value`; repeat for several.
+    /// A configuration override `section.key=value` (e.g. `pool.capacity_bytes=8GiB`),
+    /// applied over the file and the environment; repeat for several.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub overrides: Vec<String>,
     /// Context instances sharing the pool.
@@ -177,18 +206,19 @@ pub struct ReplayArgs {
     pub routing: RoutingKind,
     /// The pool backend: memory (embedded) or mooncake (Mooncake Store, one client per
     /// instance; needs a build with --features mooncake). Default: the configuration's
-    /// pool.backend.
+    /// `pool.backend` (env `KVC_POOL_BACKEND`).
     #[arg(long, value_enum)]
     pub pool: Option<PoolKind>,
     /// With --pool mooncake: use the running `mooncake_master` at HOST:PORT (its RPC port;
     /// the metadata server is `mooncake.metadata_server`, by default
     /// `http://HOST:8080/metadata`) instead of starting one on free loopback ports for the
-    /// run.
+    /// run (`mooncake.master_address`, env `KVC_MOONCAKE_MASTER_ADDRESS`).
     #[arg(long, value_name = "HOST:PORT")]
     pub master: Option<String>,
     /// Modeled pool capacity at full page size (e.g. 64GiB); the pool holds
     /// --kv-bytes-scale times it (for Mooncake, split evenly into one segment per
-    /// instance). Default: the configuration's `pool.capacity_bytes`.
+    /// instance). Default: the configuration's `pool.capacity_bytes` (env
+    /// `KVC_POOL_CAPACITY_BYTES`).
     #[arg(long, value_name = "BYTES")]
     pub pool_capacity: Option<String>,
     /// Where pages live: `cuda` (GPU memory through cudarc; needs a build with
@@ -198,12 +228,13 @@ pub struct ReplayArgs {
     pub device: Option<String>,
     /// `R`: how far before a prompt end a later request may resume and still find window
     /// KV (`planner.swa_endpoint_rewind_tokens`, R12, R17); window groups keep and save
-    /// `W + R` tokens at each prompt end (default: the configuration's, 2048).
+    /// `W + R` tokens at each prompt end (default: the configuration's, 2048; env
+    /// `KVC_PLANNER_SWA_ENDPOINT_REWIND_TOKENS`).
     #[arg(long, value_name = "TOKENS")]
     pub swa_rewind_tokens: Option<u64>,
     /// Probe further back for an earlier prompt end with a complete window when none is
     /// complete within the rewind (`planner.window_fallback`, R13; default: the
-    /// configuration's, true).
+    /// configuration's, true; env `KVC_PLANNER_WINDOW_FALLBACK`).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub window_fallback: Option<bool>,
     /// Queue window pages ahead of full-attention blocks (`saver.window_first`, R21; false
@@ -287,6 +318,12 @@ pub struct ReplayArgs {
     /// free one, logged at INFO). Sets `stats.metrics_addr` (env `KVC_STATS_METRICS_ADDR`).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// Also write DIR/report.json (the --json object), DIR/timeline.json (per simulated
+    /// time bucket: reuse, lookup outcomes, saves, loads; every TTFT) and four PNG plots:
+    /// reuse.png, lookups.png, ttft.png, throughput.png. Needs a TrueType font such as
+    /// `DejaVu Sans` (Debian: `fonts-dejavu-core`).
+    #[arg(long, value_name = "DIR")]
+    pub report_dir: Option<PathBuf>,
 }
 
 /// Why `kv-connector replay` failed.
@@ -327,6 +364,9 @@ pub enum ReplayCliError {
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    /// Writing `--report-dir` failed.
+    #[error(transparent)]
+    ReportDir(#[from] PlotError),
 }
 
 impl From<ReplayError> for ReplayCliError {
@@ -347,6 +387,7 @@ impl ReplayCliError {
             Self::FaultSpec(_) => "fault_spec",
             Self::Interrupted { .. } => "interrupted",
             Self::Metrics(err) => err.kind(),
+            Self::ReportDir(err) => err.kind(),
         }
     }
 }
@@ -409,6 +450,64 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         }
         .into());
     }
+    let params = replay_params(args, config)?;
+    let workload = build_workload(args)?;
+    let metrics = match parse_metrics_addr(&params.config.stats.metrics_addr)? {
+        Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&sources))?),
+        None => None,
+    };
+    // The real connector, seeing its pool through the fault injector with `--faults` and
+    // registered with the metrics endpoint with `--metrics-addr`.
+    let mut kvc = |context: &InstanceContext| {
+        let context = fault_wiring::context(&faults, context);
+        let handle = kvc_handle(&context)?;
+        if metrics.is_some() {
+            sources.add(context.instance.to_string(), handle.stats_source());
+        }
+        Ok::<Box<dyn ReplayConnector>, ReplayError>(Box::new(handle))
+    };
+    let mut progress = BarProgress::new(args.quiet, stop.clone());
+    let factory: &mut ConnectorFactory<'_> = match args.connector {
+        ConnectorKind::Kvc => &mut kvc,
+        ConnectorKind::None => &mut no_connector,
+    };
+    let (mut report, timeline) = match &args.report_dir {
+        Some(_) => {
+            let (report, timeline) =
+                run_replay_with_timeline(&params, &workload, factory, &mut progress)?;
+            (report, Some(timeline))
+        }
+        None => (
+            run_replay(&params, &workload, factory, &mut progress)?,
+            None,
+        ),
+    };
+    fault_wiring::record(&faults, &mut report);
+    if let Some(signal) = stop.received() {
+        report.write_table(err).map_err(ReplayCliError::Write)?;
+        err.flush().map_err(ReplayCliError::Write)?;
+        return Err(ReplayCliError::Interrupted {
+            signal,
+            completed: report.completed,
+            requests: report.requests,
+        });
+    }
+    write_report(args, &report, out, err)?;
+    if let (Some(dir), Some(timeline)) = (&args.report_dir, timeline) {
+        let written = write_report_dir(dir, &report, &timeline)?;
+        if !args.quiet {
+            let names: Vec<String> = written
+                .iter()
+                .map(|path| path.display().to_string())
+                .collect();
+            writeln!(err, "report written: {}", names.join(", ")).map_err(ReplayCliError::Write)?;
+        }
+    }
+    Ok(())
+}
+
+/// The replay's parameters from the flags and the loaded configuration (workflow step 2).
+fn replay_params(args: &ReplayArgs, config: Config) -> Result<ReplayParams, ReplayCliError> {
     let mut layout = match config.model.layout_file() {
         Some(path) => Layout::from_file(path).map_err(ReplayError::from)?,
         None => Layout::preset(&config.model.preset).map_err(ReplayError::from)?,
@@ -416,14 +515,13 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
     if let Some(world) = args.world {
         layout = layout.with_world_size(world).map_err(ReplayError::from)?;
     }
-    let workload = build_workload(args)?;
     let cost = CostModel::for_layout(&layout.name, layout.world_size);
     let kv_pages = match (args.kv_pages, args.kv_memory) {
         (Some(pages), _) => KvPages::Fixed(pages),
         (None, Some(bytes)) => KvPages::Memory(bytes),
         (None, None) => KvPages::Memory(cost.kv_memory_bytes),
     };
-    let params = ReplayParams {
+    Ok(ReplayParams {
         config: Arc::new(config),
         layout: Arc::new(layout),
         deployment: DeploymentParams {
@@ -454,37 +552,7 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         .to_owned(),
         local_prefix_cache: args.local_prefix_cache,
         drafter: drafter_setup(args)?,
-    };
-    let metrics = match parse_metrics_addr(&params.config.stats.metrics_addr)? {
-        Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&sources))?),
-        None => None,
-    };
-    // The real connector, seeing its pool through the fault injector with `--faults` and
-    // registered with the metrics endpoint with `--metrics-addr`.
-    let mut kvc = |context: &InstanceContext| {
-        let context = fault_wiring::context(&faults, context);
-        let handle = kvc_handle(&context)?;
-        if metrics.is_some() {
-            sources.add(context.instance.to_string(), handle.stats_source());
-        }
-        Ok::<Box<dyn ReplayConnector>, ReplayError>(Box::new(handle))
-    };
-    let mut progress = BarProgress::new(args.quiet, stop.clone());
-    let mut report = match args.connector {
-        ConnectorKind::Kvc => run_replay(&params, &workload, &mut kvc, &mut progress),
-        ConnectorKind::None => run_replay(&params, &workload, &mut no_connector, &mut progress),
-    }?;
-    fault_wiring::record(&faults, &mut report);
-    if let Some(signal) = stop.received() {
-        report.write_table(err).map_err(ReplayCliError::Write)?;
-        err.flush().map_err(ReplayCliError::Write)?;
-        return Err(ReplayCliError::Interrupted {
-            signal,
-            completed: report.completed,
-            requests: report.requests,
-        });
-    }
-    write_report(args, &report, out, err)
+    })
 }
 
 /// The drafter of `--drafter`, with its flags checked.
@@ -756,7 +824,7 @@ mod tests {
         line.extend_from_slice(flags);
         match Cli::try_parse_from(line)?.command {
             Command::Replay(args) => Ok(*args),
-            Command::Keys(_) => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+            _ => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
         }
     }
 

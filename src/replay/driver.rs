@@ -31,6 +31,11 @@
 //! instance (`request_finished`) at its first token.
 //! Turn `k + 1` of a session arrives its nominal gap after turn `k`'s last answer token.
 //!
+//! With [`run_replay_with_timeline`] the driver also books time series per simulated
+//! time bucket ([`super::timeline`]): each connector is wrapped in a probe, every step's
+//! load reports, every first token and, at bucket boundaries, each connector's counters
+//! go into the bucket of the simulated time they happened at.
+//!
 //! Invariants:
 //! - D1. The simulated clock never moves backwards, and never jumps while an idle
 //!   instance waits on its connector.
@@ -55,6 +60,7 @@ use super::progress::ProgressSink;
 use super::report::ReplayReport;
 use super::setup::{Deployment, DeploymentParams};
 use super::summary::{summarize, RunTotals};
+use super::timeline::{Timeline, TimelineHooks};
 use super::workload::{Oracle, WorkloadRequest};
 
 /// How arriving requests are spread over instances.
@@ -124,6 +130,8 @@ struct Driver<'w> {
     tokens: Vec<i64>,
     now: SimMicros,
     totals: RunTotals,
+    /// Time series hooks, only with [`run_replay_with_timeline`].
+    timeline: Option<TimelineHooks>,
 }
 
 /// Runs a replay of `workload` (module workflow).
@@ -140,6 +148,34 @@ pub fn run_replay(
     factory: &mut ConnectorFactory<'_>,
     progress: &mut dyn ProgressSink,
 ) -> Result<ReplayReport, ReplayError> {
+    run(params, workload, factory, progress, None).map(|(report, _)| report)
+}
+
+/// [`run_replay`], also collecting the time series of [`super::timeline`] (for
+/// `replay --report-dir`).
+///
+/// # Errors
+///
+/// As [`run_replay`].
+pub fn run_replay_with_timeline(
+    params: &ReplayParams,
+    workload: &[WorkloadRequest],
+    factory: &mut ConnectorFactory<'_>,
+    progress: &mut dyn ProgressSink,
+) -> Result<(ReplayReport, Timeline), ReplayError> {
+    let hooks = TimelineHooks::new(params.deployment.instances, workload.len());
+    let (report, timeline) = run(params, workload, factory, progress, Some(hooks))?;
+    Ok((report, timeline.unwrap_or_default()))
+}
+
+/// The replay, with or without timeline hooks.
+fn run(
+    params: &ReplayParams,
+    workload: &[WorkloadRequest],
+    factory: &mut ConnectorFactory<'_>,
+    progress: &mut dyn ProgressSink,
+    mut timeline: Option<TimelineHooks>,
+) -> Result<(ReplayReport, Option<Timeline>), ReplayError> {
     let started = Instant::now();
     if workload.is_empty() {
         return Err(ReplayError::NoRequests);
@@ -157,12 +193,14 @@ pub fn run_replay(
         }
     }
     let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
-    let engines = build_engines(params, &deployment, factory)?;
+    let engines = build_engines(params, &deployment, factory, timeline.as_mut())?;
     let mut driver = Driver::new(params, workload, deployment, engines);
+    driver.timeline = timeline;
     progress.start(u64::try_from(workload.len()).unwrap_or(u64::MAX));
     driver.run(progress)?;
     driver.drain_saves();
     progress.finish();
+    let timeline = driver.timeline.take().map(|hooks| hooks.finish(driver.now));
     let Driver {
         engines,
         deployment,
@@ -183,7 +221,7 @@ pub fn run_replay(
         started.elapsed(),
     );
     deployment.close();
-    Ok(report)
+    Ok((report, timeline))
 }
 
 /// The oracle for the layout in use: with a window group, window groups count only at
@@ -207,6 +245,7 @@ fn build_engines(
     params: &ReplayParams,
     deployment: &Deployment,
     factory: &mut ConnectorFactory<'_>,
+    mut timeline: Option<&mut TimelineHooks>,
 ) -> Result<Vec<Engine>, ReplayError> {
     let instances = params.deployment.instances;
     let mut engines = Vec::with_capacity(instances);
@@ -224,7 +263,10 @@ fn build_engines(
             stored_page_bytes: deployment.stored_page_bytes.clone(),
             kv_bytes_scale: deployment.kv_bytes_scale,
         };
-        let connector = factory(&context)?;
+        let mut connector = factory(&context)?;
+        if let Some(hooks) = timeline.as_deref_mut() {
+            connector = hooks.wrap(connector);
+        }
         let setup = EngineSetup {
             instance,
             layout: params.layout.clone(),
@@ -282,6 +324,7 @@ impl<'w> Driver<'w> {
                 requests: u64::try_from(workload.len()).unwrap_or(u64::MAX),
                 ..RunTotals::default()
             },
+            timeline: None,
         }
     }
 
@@ -310,6 +353,9 @@ impl<'w> Driver<'w> {
             let next = self.next_event();
             if blocked.is_empty() {
                 if let Some(next) = next {
+                    if let Some(hooks) = &mut self.timeline {
+                        hooks.clock_moves(self.now, next);
+                    }
                     self.now = next;
                     self.deployment.pool_clock.set_ms(next / 1000);
                     stalled_since = None;
@@ -362,7 +408,10 @@ impl<'w> Driver<'w> {
         let tokens_per_block = usize::try_from(self.params.layout.tokens_per_block).unwrap_or(1);
         let hashes = hash_blocks(self.seed, &self.tokens, tokens_per_block)?;
         let prompt_len = self.tokens.len();
-        self.oracle.admit(&hashes, prompt_len, tokens_per_block);
+        let reusable = self.oracle.admit(&hashes, prompt_len, tokens_per_block);
+        if let Some(hooks) = &mut self.timeline {
+            hooks.delivered(index, prompt_len, reusable);
+        }
         self.totals.prompt_tokens += u64::try_from(prompt_len).unwrap_or(u64::MAX);
         let instance = self.route(request);
         let arrived = ArrivedRequest {
@@ -404,6 +453,9 @@ impl<'w> Driver<'w> {
                 continue;
             }
             let result = self.engines[index].step(self.now)?;
+            if let Some(hooks) = &mut self.timeline {
+                hooks.after_step(index, self.now);
+            }
             changed |= result.changed;
             for done in result.done {
                 self.prompt_done(done);
@@ -418,6 +470,9 @@ impl<'w> Driver<'w> {
 
     /// Records a first token; schedules the session's next turn.
     fn prompt_done(&mut self, done: PromptDone) {
+        if let Some(hooks) = &mut self.timeline {
+            hooks.prompt_done(&done);
+        }
         let request = &self.workload[done.workload_index];
         let finish = done.first_token_us + self.decode_micros(request.output_tokens);
         self.totals.completed += 1;

@@ -31,17 +31,19 @@ pub mod kv_cache;
 pub mod kvc;
 #[cfg(feature = "mooncake")]
 pub mod mooncake;
+pub mod plots;
 pub mod progress;
 pub mod report;
 pub mod setup;
 mod summary;
+pub mod timeline;
 pub mod workload;
 
 pub use connectors::{
     no_connector, ConnectorFactory, ConnectorReport, InstanceContext, LookupOutcomes,
     ReplayConnector,
 };
-pub use driver::{run_replay, ReplayParams, Routing};
+pub use driver::{run_replay, run_replay_with_timeline, ReplayParams, Routing};
 pub use error::ReplayError;
 pub use kvc::kvc_connector;
 pub use progress::{NoProgress, ProgressSink};

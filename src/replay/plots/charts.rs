@@ -1,0 +1,364 @@
+//! The four charts of `--report-dir` (see the parent module for what each shows).
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::{DrawResult, FAMILY};
+use crate::replay::report::{share, ReplayReport};
+use crate::replay::timeline::{Timeline, TimelineBucket};
+/// The middle of a bucket, simulated seconds.
+fn mid(timeline: &Timeline, bucket: &TimelineBucket) -> f64 {
+    bucket.start_s + timeline.bucket_s / 2.0
+}
+
+/// The x range of every time plot: 0 to the end of the last bucket (at least 1 s).
+fn time_range(timeline: &Timeline) -> std::ops::Range<f64> {
+    let end = timeline
+        .buckets
+        .last()
+        .map_or(0.0, |bucket| bucket.start_s + timeline.bucket_s);
+    0.0..end.max(1.0)
+}
+
+/// One line of `reuse.png`: label, style, points.
+type Series<'a> = (&'a str, ShapeStyle, Vec<(f64, f64)>);
+
+/// `reuse.png`.
+pub(super) fn draw_reuse(
+    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    report: &ReplayReport,
+    timeline: &Timeline,
+) -> DrawResult {
+    let caption = format!(
+        "prompt tokens reused: pool {:.1} % (oracle {:.1} %) of {} tokens",
+        100.0 * report.reused_share_of_prompt,
+        100.0 * share(report.oracle_reusable_tokens, report.prompt_tokens),
+        report.prompt_tokens
+    );
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FAMILY, 22))
+        .margin(14)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(time_range(timeline), 0.0..105.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated time (s), by first token")
+        .y_desc("% of prompt tokens")
+        .draw()?;
+    let done: Vec<&TimelineBucket> = timeline
+        .buckets
+        .iter()
+        .filter(|bucket| bucket.prompts_done > 0)
+        .collect();
+    let percent = |part: u64, whole: u64| 100.0 * share(part, whole);
+    // The oracle first, wide and light, so the pool's line stays visible on top of it.
+    let mut series: Vec<Series<'_>> = vec![
+        (
+            "oracle, per bucket",
+            RGBColor(170, 170, 170).stroke_width(6),
+            done.iter()
+                .map(|b| {
+                    (
+                        mid(timeline, b),
+                        percent(b.oracle_reusable_tokens, b.prompt_tokens),
+                    )
+                })
+                .collect(),
+        ),
+        (
+            "pool, per bucket",
+            BLUE.stroke_width(2),
+            done.iter()
+                .map(|b| (mid(timeline, b), percent(b.reused_tokens, b.prompt_tokens)))
+                .collect(),
+        ),
+    ];
+    if report.setup.local_prefix_cache {
+        series.push((
+            "local prefix cache, per bucket",
+            GREEN.stroke_width(2),
+            done.iter()
+                .map(|b| {
+                    (
+                        mid(timeline, b),
+                        percent(b.local_hit_tokens, b.prompt_tokens),
+                    )
+                })
+                .collect(),
+        ));
+    }
+    let (mut reused, mut prompt) = (0, 0);
+    let running = done
+        .iter()
+        .map(|b| {
+            reused += b.reused_tokens;
+            prompt += b.prompt_tokens;
+            (mid(timeline, b), percent(reused, prompt))
+        })
+        .collect();
+    series.push(("pool, running total", RED.stroke_width(2), running));
+    for (label, style, points) in series {
+        chart
+            .draw_series(LineSeries::new(points.clone(), style))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        let dot = ShapeStyle {
+            filled: true,
+            ..style
+        };
+        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, dot)))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
+/// Lookup outcome names and colours, in stacking order.
+const OUTCOMES: [(&str, RGBColor); 5] = [
+    ("full", RGBColor(44, 160, 44)),
+    ("rewound", RGBColor(31, 119, 180)),
+    ("recovered", RGBColor(148, 103, 189)),
+    ("window_miss", RGBColor(255, 127, 14)),
+    ("full_miss", RGBColor(214, 39, 40)),
+];
+
+/// The outcome counts of a bucket in [`OUTCOMES`] order.
+fn outcome_counts(bucket: &TimelineBucket) -> [u64; 5] {
+    let l = &bucket.lookups;
+    [l.full, l.rewound, l.recovered, l.window_miss, l.full_miss]
+}
+
+/// `lookups.png`.
+#[expect(clippy::cast_precision_loss, reason = "counts of a plot")]
+pub(super) fn draw_lookups(
+    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    report: &ReplayReport,
+    timeline: &Timeline,
+) -> DrawResult {
+    let l = &report.lookups;
+    let caption = format!(
+        "lookups: {} full, {} rewound, {} recovered, {} window_miss, {} full_miss",
+        l.full, l.rewound, l.recovered, l.window_miss, l.full_miss
+    );
+    let highest = timeline
+        .buckets
+        .iter()
+        .map(|bucket| bucket.lookups.total())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FAMILY, 22))
+        .margin(14)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(time_range(timeline), 0.0..(highest as f64 * 1.4))?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated time (s)")
+        .y_desc(format!("lookups per {:.1} s bucket", timeline.bucket_s))
+        .draw()?;
+    for (position, (label, color)) in OUTCOMES.into_iter().enumerate() {
+        let bars = timeline.buckets.iter().filter_map(|bucket| {
+            let counts = outcome_counts(bucket);
+            let below: u64 = counts[..position].iter().sum();
+            (counts[position] > 0).then(|| {
+                let x0 = bucket.start_s + timeline.bucket_s * 0.1;
+                let x1 = bucket.start_s + timeline.bucket_s * 0.9;
+                let top = (below + counts[position]) as f64;
+                Rectangle::new([(x0, below as f64), (x1, top)], color.filled())
+            })
+        });
+        chart
+            .draw_series(bars)?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
+/// Bins of the TTFT histogram.
+const TTFT_BINS: usize = 40;
+
+/// `ttft.png`.
+#[expect(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "bin indices and counts of a plot"
+)]
+pub(super) fn draw_ttft(
+    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    report: &ReplayReport,
+    timeline: &Timeline,
+) -> DrawResult {
+    let sim = &report.sim;
+    let caption = format!(
+        "time to first token, {} requests: p50 {:.3} s, p99 {:.3} s, max {:.3} s",
+        timeline.ttft_s.len(),
+        sim.ttft_p50_s,
+        sim.ttft_p99_s,
+        sim.ttft_max_s
+    );
+    let max = timeline.ttft_s.last().copied().unwrap_or(0.0).max(1e-3) * 1.02;
+    let width = max / TTFT_BINS as f64;
+    let mut counts = [0_u64; TTFT_BINS];
+    for &ttft in &timeline.ttft_s {
+        counts[((ttft / width) as usize).min(TTFT_BINS - 1)] += 1;
+    }
+    let highest = counts.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FAMILY, 22))
+        .margin(14)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max, 0.0..highest * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("time to first token (simulated s)")
+        .y_desc("requests")
+        .draw()?;
+    chart.draw_series(counts.iter().enumerate().map(|(bin, &count)| {
+        let x0 = bin as f64 * width;
+        Rectangle::new(
+            [(x0, 0.0), (x0 + width * 0.95, count as f64)],
+            BLUE.mix(0.7).filled(),
+        )
+    }))?;
+    for (label, value, color) in [("p50", sim.ttft_p50_s, GREEN), ("p99", sim.ttft_p99_s, RED)] {
+        chart
+            .draw_series(LineSeries::new(
+                [(value, 0.0), (value, highest * 1.1)],
+                color.stroke_width(2),
+            ))?
+            .label(format!("{label} {value:.3} s"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
+/// One panel of `throughput.png`: a rate per bucket, with a second count marked below it.
+struct RatePanel<'a> {
+    caption: String,
+    y_desc: &'a str,
+    color: RGBColor,
+    rate: Vec<(f64, f64)>,
+    marks_label: &'a str,
+    marks: Vec<(f64, u64)>,
+}
+
+/// Draws one [`RatePanel`].
+fn draw_rate_panel(
+    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    timeline: &Timeline,
+    panel: RatePanel<'_>,
+) -> DrawResult {
+    let highest = panel.rate.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9);
+    let mut chart = ChartBuilder::on(area)
+        .caption(panel.caption, (FAMILY, 20))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(time_range(timeline), 0.0..highest * 1.15)?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated time (s)")
+        .y_desc(panel.y_desc)
+        .draw()?;
+    let color = panel.color;
+    chart
+        .draw_series(AreaSeries::new(panel.rate, 0.0, color.mix(0.3)).border_style(color))?
+        .label(panel.y_desc)
+        .legend(move |(x, y)| {
+            Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.mix(0.5).filled())
+        });
+    let marks = panel
+        .marks
+        .into_iter()
+        .filter(|&(_, count)| count > 0)
+        .map(|(x, _)| TriangleMarker::new((x, 0.0), 7, RED.filled()));
+    chart
+        .draw_series(marks)?
+        .label(panel.marks_label)
+        .legend(|(x, y)| TriangleMarker::new((x + 6, y), 6, RED.filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
+/// `throughput.png`.
+#[expect(clippy::cast_precision_loss, reason = "rates of a plot")]
+pub(super) fn draw_throughput(
+    area: &DrawingArea<BitMapBackend<'_>, Shift>,
+    report: &ReplayReport,
+    timeline: &Timeline,
+) -> DrawResult {
+    let panels = area.split_evenly((2, 1));
+    let seconds = timeline.bucket_s.max(1e-9);
+    let mib = 1024.0 * 1024.0;
+    let step = |bucket: &TimelineBucket, value: f64| {
+        [
+            (bucket.start_s, value),
+            (bucket.start_s + timeline.bucket_s, value),
+        ]
+    };
+    let saver = RatePanel {
+        caption: format!(
+            "saver: {} pages, {:.1} MiB stored, {} dropped",
+            report.pages_saved,
+            report.bytes_saved as f64 / mib,
+            report.saves_dropped
+        ),
+        y_desc: "MiB/s stored",
+        color: RGBColor(31, 119, 180),
+        rate: timeline
+            .buckets
+            .iter()
+            .flat_map(|b| step(b, b.bytes_saved as f64 / mib / seconds))
+            .collect(),
+        marks_label: "saves dropped",
+        marks: timeline
+            .buckets
+            .iter()
+            .map(|b| (mid(timeline, b), b.saves_dropped))
+            .collect(),
+    };
+    draw_rate_panel(&panels[0], timeline, saver)?;
+    let loader = RatePanel {
+        caption: format!(
+            "loader: {} reservations filled, {} failed, {} tokens from the pool",
+            report.loads_filled, report.loads_failed, report.reused_tokens
+        ),
+        y_desc: "tokens/s filled",
+        color: RGBColor(44, 160, 44),
+        rate: timeline
+            .buckets
+            .iter()
+            .flat_map(|b| step(b, b.loaded_tokens as f64 / seconds))
+            .collect(),
+        marks_label: "loads failed",
+        marks: timeline
+            .buckets
+            .iter()
+            .map(|b| (mid(timeline, b), b.loads_failed))
+            .collect(),
+    };
+    draw_rate_panel(&panels[1], timeline, loader)
+}
