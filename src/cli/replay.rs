@@ -535,12 +535,13 @@ mod fault_wiring {
     use super::{ReplayArgs, ReplayCliError};
     use crate::replay::{kvc_connector, ConnectorFactory, ReplayReport};
 
-    pub(super) type Injector = ();
+    /// No injector in this build.
+    pub(super) struct Injector;
 
     pub(super) fn injector(args: &ReplayArgs) -> Result<Injector, ReplayCliError> {
         match args.faults {
             Some(_) => Err(ReplayCliError::FaultsNotBuilt),
-            None => Ok(()),
+            None => Ok(Injector),
         }
     }
 
