@@ -141,7 +141,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             &args,
             ConfigSources::from_process_env().env,
             &mut io::stdout().lock(),
-            &mut io::stderr().lock(),
+            // Not locked for the whole run: actor threads log to stderr meanwhile, and a
+            // lock held here made their first warning wait for the replay, which waited
+            // for them (a deadlock found by the fault soak, issue 8).
+            &mut io::stderr(),
         )?,
         Command::Inspect(args) => inspect::run(
             &args,

@@ -740,12 +740,13 @@ mod fault_wiring {
     use super::{ReplayArgs, ReplayCliError};
     use crate::replay::{InstanceContext, ReplayReport};
 
-    pub(super) type Injector = ();
+    /// No injector in this build.
+    pub(super) struct Injector;
 
     pub(super) fn injector(args: &ReplayArgs) -> Result<Injector, ReplayCliError> {
         match args.faults {
             Some(_) => Err(ReplayCliError::FaultsNotBuilt),
-            None => Ok(()),
+            None => Ok(Injector),
         }
     }
 
