@@ -133,7 +133,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 &stop,
                 &mut io::stdout().lock(),
                 // Not locked: log lines from the connector's threads also go to stderr, and a
-                // lock held for the whole replay would block them (and the replay) forever.
+                // lock held for the whole replay would block them, and the replay waiting on
+                // them, forever (a deadlock found by the fault soak, issue 8).
                 &mut io::stderr(),
             )?;
         }
@@ -141,10 +142,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             &args,
             ConfigSources::from_process_env().env,
             &mut io::stdout().lock(),
-            // Not locked for the whole run: actor threads log to stderr meanwhile, and a
-            // lock held here made their first warning wait for the replay, which waited
-            // for them (a deadlock found by the fault soak, issue 8).
-            &mut io::stderr(),
+            &mut io::stderr().lock(),
         )?,
         Command::Inspect(args) => inspect::run(
             &args,
