@@ -25,9 +25,16 @@
 //!    on the blocking pool), and the staging pools are unregistered from the pool. The
 //!    pool (Mooncake `close()`) is closed by its owner once every connector on it stopped.
 //!
-//! Supervision: an actor that panics takes its Arbiter down; its mailbox then
-//! refuses `try_send`, which the handle and manager turn into failed loads and dropped
-//! saves (service degrades, nothing wrong reaches the engine).
+//! Supervision, per actor:
+//! - loaders and savers restart in place: each load or save batch runs under
+//!   `catch_unwind`; a panicking one is reported failed (every page counted and settled)
+//!   and the staging pool it lost is rebuilt (host memory, registered again). One whose
+//!   staging is pinned CUDA memory cannot rebuild it and retires: it fails every later
+//!   load or page at once, counted (`loader.rs`, `saver_queue.rs` module docs);
+//! - the lookup planner, reservation manager and stats reporter do no I/O of their own
+//!   that could panic; if one did, it takes its Arbiter down, its mailbox refuses
+//!   `try_send`, and the handle turns that into lookups with nothing offered and failed
+//!   loads (service degrades, nothing wrong reaches the engine).
 
 pub mod keyspace;
 pub mod loader;

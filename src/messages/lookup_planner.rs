@@ -11,7 +11,8 @@ use crate::stats::LookupStats;
 /// Look up the longest reusable prefix of a prompt (R10-R15).
 ///
 /// - Sender: the engine's handle (`lookup_prefix`), with `try_send`; a full mailbox makes
-///   the handle answer "nothing to offer" for that request (counted as overloaded).
+///   the handle keep the lookup and send it again at the request's next `reserve_prefix`
+///   (answered `Pending` meanwhile; counted as `deferred`).
 /// - Guarantee: the planner hashes the prompt, probes each key at most once, and sends
 ///   exactly one `LookupCompleted` to the engine inbox.
 /// - Reply: none (`()`); the result arrives through the engine inbox.
