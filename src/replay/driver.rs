@@ -168,6 +168,38 @@ pub fn run_replay_with_timeline(
     Ok((report, timeline.unwrap_or_default()))
 }
 
+/// Warns (it is not an error: the replay still measures something) when the pool cannot
+/// hold the pages of the workload's largest prompt: nearly everything is evicted before
+/// the next turn can reuse it, which otherwise only shows as a reuse of about 0.
+fn warn_if_pool_below_one_prompt(params: &ReplayParams, workload: &[WorkloadRequest]) {
+    let layout = &params.layout;
+    let t = u64::from(layout.tokens_per_block.max(1));
+    let bytes_per_block: u64 = layout
+        .groups
+        .iter()
+        .map(|group| layout.page_bytes(group).unwrap_or(0))
+        .sum::<u64>()
+        .saturating_mul(u64::from(layout.world_size));
+    let largest_prompt = workload
+        .iter()
+        .map(|request| request.prompt.prompt_len())
+        .max()
+        .unwrap_or(0);
+    let needed =
+        (u64::try_from(largest_prompt).unwrap_or(u64::MAX) / t).saturating_mul(bytes_per_block);
+    let capacity = params.config.pool.capacity_bytes;
+    if params.config.pool.backend == crate::config::PoolBackend::Memory && capacity < needed {
+        tracing::warn!(
+            pool_capacity_bytes = capacity,
+            largest_prompt_tokens = largest_prompt,
+            largest_prompt_bytes = needed,
+            "the pool cannot hold even the largest prompt's pages: expect evictions and \
+             little reuse; --pool-capacity {}GiB holds four such prompts",
+            needed.div_ceil(1 << 30).saturating_mul(4)
+        );
+    }
+}
+
 /// The replay, with or without timeline hooks.
 fn run(
     params: &ReplayParams,
@@ -192,6 +224,7 @@ fn run(
             });
         }
     }
+    warn_if_pool_below_one_prompt(params, workload);
     let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
     let engines = build_engines(params, &deployment, factory, timeline.as_mut())?;
     let mut driver = Driver::new(params, workload, deployment, engines);
