@@ -311,6 +311,7 @@ fn build_engines(
             cost: params.cost.clone(),
             local_prefix_cache: params.local_prefix_cache,
             drafter: params.drafter,
+            lookup_wait: super::engine::LOOKUP_WAIT,
         };
         engines.push(Engine::new(setup, connector)?);
     }

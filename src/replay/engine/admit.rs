@@ -19,6 +19,8 @@
 //! turns of their conversations were computed, and reuse depended on queue length rather
 //! than on what the pool held when the request started.
 
+use std::time::{Duration, Instant};
+
 use crate::connector::ReserveAnswer;
 use crate::core::ids::ReservationId;
 
@@ -38,6 +40,11 @@ impl Active {
         self.request.prompt_len.saturating_sub(from)
     }
 }
+
+/// Longest real-time wait for a just-started lookup's answer (A2), as replays use it.
+pub const LOOKUP_WAIT: Duration = Duration::from_secs(5);
+/// One `wait_for_progress` while waiting for a lookup.
+const LOOKUP_POLL: Duration = Duration::from_millis(20);
 
 /// What admission did in one step.
 #[derive(Debug, Default)]
@@ -79,13 +86,17 @@ impl Engine {
                 });
             }
             let started = HookTimer::start();
+            let looked_up = prompt.is_some();
             if let Some(prompt) = prompt {
                 self.connector.lookup_prefix(request, prompt, local_tokens);
             }
-            let answer = self
+            let mut answer = self
                 .connector
                 .reserve_prefix(request, local_tokens, reservation);
             self.connector_time += started.stop();
+            if looked_up {
+                answer = self.await_lookup(answer, request, local_tokens, reservation);
+            }
             match answer {
                 ReserveAnswer::Pending => {
                     // A1: the request keeps its place in the budget while its lookup runs.
@@ -115,6 +126,31 @@ impl Engine {
     /// Prompt tokens admitted requests still have to compute, after their loads (A1).
     pub(super) fn tokens_ahead(&self) -> usize {
         self.active.iter().map(Active::tokens_left).sum()
+    }
+
+    /// A2. A lookup takes no simulated time: the engine waits in real time (up to its
+    /// `lookup_wait`, [`LOOKUP_WAIT`] in replays) for the answer to a lookup it has just started, so where a request
+    /// is admitted does not depend on how fast the pool answers in real time (the replay
+    /// is deterministic, and the embedded pool and Mooncake give the same schedule). A real
+    /// engine would go on stepping meanwhile; a lookup's milliseconds are small against the
+    /// steps the cost model charges. The re-asks are not charged to the step's connector
+    /// time: a real engine asks once per step. A lookup still pending after the wait is
+    /// asked again at the next step, as before.
+    fn await_lookup(
+        &mut self,
+        mut answer: ReserveAnswer,
+        request: crate::core::ids::RequestId,
+        local_tokens: usize,
+        reservation: ReservationId,
+    ) -> ReserveAnswer {
+        let deadline = Instant::now() + self.lookup_wait;
+        while matches!(answer, ReserveAnswer::Pending) && Instant::now() < deadline {
+            self.connector.wait_for_progress(LOOKUP_POLL);
+            answer = self
+                .connector
+                .reserve_prefix(request, local_tokens, reservation);
+        }
+        answer
     }
 
     /// The local match a waiting request is admitted with: the one its lookup got, or,
@@ -444,6 +480,7 @@ mod tests {
             cost: CostModel::for_layout("tiny-full", 1),
             local_prefix_cache,
             drafter: None,
+            lookup_wait: Duration::ZERO,
         };
         Engine::new(setup, connector)
     }

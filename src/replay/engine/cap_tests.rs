@@ -198,6 +198,7 @@ fn engine(cap: SaveCap) -> Result<Engine, ReplayError> {
             draft_tokens: 3,
             acceptance: 0.5,
         }),
+        lookup_wait: std::time::Duration::ZERO,
     };
     Engine::new(setup, Box::new(CopyingConnector::new(devices, cap)))
 }

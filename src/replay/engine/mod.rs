@@ -82,6 +82,7 @@ mod loads;
 mod prefill;
 mod types;
 
+pub use admit::LOOKUP_WAIT;
 pub use draft::DrafterSetup;
 pub use types::{ArrivedRequest, EngineCounters, EngineSummary, PromptDone, StepResult};
 
@@ -121,6 +122,9 @@ pub struct EngineSetup {
     pub local_prefix_cache: bool,
     /// A speculative drafter (module docs, "Drafter"); `None`: no drafter.
     pub drafter: Option<DrafterSetup>,
+    /// How long admission waits in real time for a just-started lookup (`admit.rs` A2);
+    /// [`LOOKUP_WAIT`] in replays, zero in tests that script `Pending` answers.
+    pub lookup_wait: std::time::Duration,
 }
 
 /// A request waiting for admission.
@@ -186,6 +190,7 @@ pub struct Engine {
     local_prefix_cache: bool,
     /// The drafter, if one runs (module docs, "Drafter").
     drafter: Option<DrafterSetup>,
+    lookup_wait: std::time::Duration,
     /// The head of the queue did not fit in the cache at the last admission.
     admission_blocked: bool,
     counters: EngineCounters,
@@ -258,6 +263,7 @@ impl Engine {
             next_reservation: 1,
             local_prefix_cache: setup.local_prefix_cache,
             drafter: setup.drafter,
+            lookup_wait: setup.lookup_wait,
             admission_blocked: false,
             counters: EngineCounters::default(),
             connector_time: HookTime::default(),
@@ -499,6 +505,7 @@ mod tests {
             cost: CostModel::for_layout("tiny-full", 1),
             local_prefix_cache: false,
             drafter: None,
+            lookup_wait: std::time::Duration::ZERO,
         };
         Engine::new(setup, Box::new(NoConnector))
     }
