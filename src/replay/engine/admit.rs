@@ -22,7 +22,7 @@
 use std::time::{Duration, Instant};
 
 use crate::connector::ReserveAnswer;
-use crate::core::ids::ReservationId;
+use crate::core::ids::{RequestId, ReservationId};
 
 use super::types::HookTimer;
 use super::{Active, ArrivedRequest, Engine, Phase, Waiting};
@@ -58,9 +58,26 @@ pub(super) struct Admitted {
 }
 
 impl Engine {
-    /// Admits waiting requests in arrival order while the cache has room.
+    /// Admits waiting requests in arrival order while the cache has room. Lookups started
+    /// by the first pass are awaited and a second pass admits them (A2).
     pub(super) fn admit(&mut self, now: SimMicros) -> Result<Admitted, ReplayError> {
         let mut admitted = Admitted::default();
+        let started = self.admission_pass(now, &mut admitted)?;
+        if !started.is_empty() && !self.lookup_wait.is_zero() {
+            self.await_lookups(&started);
+            self.admission_pass(now, &mut admitted)?;
+        }
+        Ok(admitted)
+    }
+
+    /// One walk over the waiting queue (A1); returns the requests whose lookup it started
+    /// and which are still `Pending`, with what `reserve_prefix` needs.
+    fn admission_pass(
+        &mut self,
+        now: SimMicros,
+        admitted: &mut Admitted,
+    ) -> Result<Vec<(RequestId, usize, ReservationId)>, ReplayError> {
+        let mut started_pending = Vec::new();
         self.admission_blocked = false;
         // Only this round's answers count: a request behind a head that no longer fits is
         // not asked, and an old `Pending` must not make the engine wait on the connector.
@@ -90,12 +107,12 @@ impl Engine {
             if let Some(prompt) = prompt {
                 self.connector.lookup_prefix(request, prompt, local_tokens);
             }
-            let mut answer = self
+            let answer = self
                 .connector
                 .reserve_prefix(request, local_tokens, reservation);
             self.connector_time += started.stop();
-            if looked_up {
-                answer = self.await_lookup(answer, request, local_tokens, reservation);
+            if looked_up && matches!(answer, ReserveAnswer::Pending) {
+                started_pending.push((request, local_tokens, reservation));
             }
             match answer {
                 ReserveAnswer::Pending => {
@@ -115,12 +132,12 @@ impl Engine {
                         break;
                     };
                     admitted.changed = true;
-                    self.start_request(waiting, extra_tokens, is_async, now, &mut admitted)?;
+                    self.start_request(waiting, extra_tokens, is_async, now, admitted)?;
                     ahead += self.active.last().map_or(0, Active::tokens_left);
                 }
             }
         }
-        Ok(admitted)
+        Ok(started_pending)
     }
 
     /// Prompt tokens admitted requests still have to compute, after their loads (A1).
@@ -128,29 +145,27 @@ impl Engine {
         self.active.iter().map(Active::tokens_left).sum()
     }
 
-    /// A2. A lookup takes no simulated time: the engine waits in real time (up to its
-    /// `lookup_wait`, [`LOOKUP_WAIT`] in replays) for the answer to a lookup it has just started, so where a request
-    /// is admitted does not depend on how fast the pool answers in real time (the replay
-    /// is deterministic, and the embedded pool and Mooncake give the same schedule). A real
-    /// engine would go on stepping meanwhile; a lookup's milliseconds are small against the
-    /// steps the cost model charges. The re-asks are not charged to the step's connector
-    /// time: a real engine asks once per step. A lookup still pending after the wait is
-    /// asked again at the next step, as before.
-    fn await_lookup(
-        &mut self,
-        mut answer: ReserveAnswer,
-        request: crate::core::ids::RequestId,
-        local_tokens: usize,
-        reservation: ReservationId,
-    ) -> ReserveAnswer {
+    /// A2. A lookup takes no simulated time: after a pass has started lookups (all of
+    /// them, back to back, as an engine sends them), the engine waits in real time (up to
+    /// its `lookup_wait`, [`LOOKUP_WAIT`] in replays) for their answers, and a second pass
+    /// admits them. Where a request is admitted then does not depend on how fast the pool
+    /// answers in real time: the replay is deterministic, and the embedded pool and
+    /// Mooncake give the same schedule. A real engine would go on stepping meanwhile; a
+    /// lookup's milliseconds are small against the steps the cost model charges. The asks
+    /// while waiting are not charged to the step's connector time (a real engine asks once
+    /// per step); a lookup still pending after the wait is asked again at the next step.
+    fn await_lookups(&mut self, started: &[(RequestId, usize, ReservationId)]) {
         let deadline = Instant::now() + self.lookup_wait;
-        while matches!(answer, ReserveAnswer::Pending) && Instant::now() < deadline {
-            self.connector.wait_for_progress(LOOKUP_POLL);
-            answer = self
-                .connector
-                .reserve_prefix(request, local_tokens, reservation);
+        for &(request, local_tokens, reservation) in started {
+            while matches!(
+                self.connector
+                    .reserve_prefix(request, local_tokens, reservation),
+                ReserveAnswer::Pending
+            ) && Instant::now() < deadline
+            {
+                self.connector.wait_for_progress(LOOKUP_POLL);
+            }
         }
-        answer
     }
 
     /// The local match a waiting request is admitted with: the one its lookup got, or,
