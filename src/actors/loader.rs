@@ -31,7 +31,7 @@ use crate::core::ledger::{LoadFailure, LoadResult};
 use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
 use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::RankLoadFinished;
-use crate::pool::Pool;
+use crate::pool::{actor_fault_fires, ActorFault, Pool};
 
 use super::reservation_manager::ReservationManager;
 
@@ -80,7 +80,7 @@ impl Loader {
         let Some(staging) = self.staging.take() else {
             return (LoadResult::Failed(LoadFailure::LoaderGone), 0, 0);
         };
-        if self.staging_exhausted() {
+        if actor_fault_fires(&*self.pool, ActorFault::StagingExhausted) {
             self.staging = Some(staging);
             return (LoadResult::Failed(LoadFailure::DeviceCopy), 0, 0);
         }
@@ -98,24 +98,6 @@ impl Loader {
             Ok(moved) => (LoadResult::Filled, moved.pages, moved.bytes),
             Err(failure) => (LoadResult::Failed(failure), 0, 0),
         }
-    }
-
-    /// The `staging_exhausted` fault point (feature `faults`): this load finds no staging.
-    #[cfg(feature = "faults")]
-    fn staging_exhausted(&self) -> bool {
-        use crate::pool::faults::FaultPoint;
-        self.pool
-            .faults()
-            .is_some_and(|faults| faults.fire(FaultPoint::StagingExhausted))
-    }
-
-    #[cfg(not(feature = "faults"))]
-    #[expect(
-        clippy::unused_self,
-        reason = "the fault point exists only with `faults`"
-    )]
-    fn staging_exhausted(&self) -> bool {
-        false
     }
 
     /// After a panic: rebuild a host staging pool of the same shape, or retire (module docs).

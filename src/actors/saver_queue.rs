@@ -39,7 +39,7 @@ use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
 use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
 use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
-use crate::pool::Pool;
+use crate::pool::{actor_fault_fires, ActorFault, Pool};
 use crate::stats::SaveStats;
 
 /// A queued page with the time it was enqueued.
@@ -178,7 +178,7 @@ impl SaverQueue {
             };
             batch.push(queued);
         }
-        if self.staging_exhausted() {
+        if actor_fault_fires(&*self.pool, ActorFault::StagingExhausted) {
             // The batch's pages fail (counted and settled, A1); the next batch may find
             // staging again.
             self.worker = Some(worker);
@@ -266,42 +266,6 @@ impl SaverQueue {
         }
     }
 
-    /// The `staging_exhausted` fault point (feature `faults`): this batch finds no staging.
-    #[cfg(feature = "faults")]
-    fn staging_exhausted(&self) -> bool {
-        use crate::pool::faults::FaultPoint;
-        self.pool
-            .faults()
-            .is_some_and(|faults| faults.fire(FaultPoint::StagingExhausted))
-    }
-
-    #[cfg(not(feature = "faults"))]
-    #[expect(
-        clippy::unused_self,
-        reason = "the fault point exists only with `faults`"
-    )]
-    fn staging_exhausted(&self) -> bool {
-        false
-    }
-
-    /// The `save_queue_full` fault point (feature `faults`): this page finds the queue full.
-    #[cfg(feature = "faults")]
-    fn queue_full_fault(&self) -> bool {
-        use crate::pool::faults::FaultPoint;
-        self.pool
-            .faults()
-            .is_some_and(|faults| faults.fire(FaultPoint::SaveQueueFull))
-    }
-
-    #[cfg(not(feature = "faults"))]
-    #[expect(
-        clippy::unused_self,
-        reason = "the fault point exists only with `faults`"
-    )]
-    fn queue_full_fault(&self) -> bool {
-        false
-    }
-
     fn transfer_item(&self, item: &SaveItem) -> Option<TransferItem> {
         let group = self
             .keys
@@ -383,7 +347,7 @@ impl Handler<EnqueueSave> for SaverQueue {
         let mut dropped: HashMap<RequestId, u64> = HashMap::new();
         for (item, priority) in message.items() {
             self.stats.saves_enqueued += 1;
-            if self.queue_full_fault() {
+            if actor_fault_fires(&*self.pool, ActorFault::SaveQueueFull) {
                 self.stats.saves_dropped += 1;
                 *dropped.entry(item.request).or_default() += 1;
                 continue;

@@ -114,6 +114,34 @@ pub trait Pool: Send + Sync {
     }
 }
 
+/// A fault point that fires in an actor rather than in a pool call (feature `faults`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActorFault {
+    /// A load or save batch finds no staging.
+    StagingExhausted,
+    /// A page finds the save queue full.
+    SaveQueueFull,
+}
+
+/// Whether `fault` fires now, through the injector of a [`faults::FaultyPool`]; always
+/// `false` without the `faults` feature or with a pool that injects nothing.
+#[cfg_attr(
+    not(feature = "faults"),
+    expect(unused_variables, reason = "the fault points exist only with `faults`")
+)]
+pub(crate) fn actor_fault_fires(pool: &dyn Pool, fault: ActorFault) -> bool {
+    #[cfg(feature = "faults")]
+    {
+        let point = match fault {
+            ActorFault::StagingExhausted => faults::FaultPoint::StagingExhausted,
+            ActorFault::SaveQueueFull => faults::FaultPoint::SaveQueueFull,
+        };
+        pool.faults().is_some_and(|faults| faults.fire(point))
+    }
+    #[cfg(not(feature = "faults"))]
+    false
+}
+
 /// Counters of one pool since it was created, plus its current fill.
 ///
 /// For the memory pool the snapshot is consistent (taken under one lock):
