@@ -16,12 +16,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use clap::Parser;
-use common::{finished_loads, memory_pool, page_content, prompt, reserve, start, Instance};
-use kv_connector::cli::{replay as replay_cli, Cli, Command};
+use common::{
+    finished_loads, memory_pool, page_content, prompt, replay_json, report_field as field, reserve,
+    start, Instance,
+};
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer};
 use kv_connector::core::ids::{RequestId, ReservationId};
@@ -278,29 +278,6 @@ fn saves_survive_probe_errors_and_saver_panics() -> TestResult {
     assert_eq!(stats.saves.saves_failed, panics);
     assert_eq!(stats.saves.saves_done, PROMPT_BLOCKS as u64 - panics);
     Ok(())
-}
-
-/// Runs `kv-connector replay` with `flags` and returns its JSON report.
-fn replay_json(flags: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let mut line = vec!["kv-connector", "replay", "--json", "--quiet"];
-    line.extend_from_slice(flags);
-    let Command::Replay(args) = Cli::try_parse_from(line)?.command else {
-        return Err("not the replay subcommand".into());
-    };
-    let mut out = Vec::new();
-    replay_cli::run(
-        &args,
-        HashMap::<String, String>::new(),
-        &mut out,
-        &mut Vec::new(),
-    )?;
-    Ok(serde_json::from_slice(&out)?)
-}
-
-fn field(report: &serde_json::Value, name: &str) -> Result<u64, Box<dyn std::error::Error>> {
-    report[name]
-        .as_u64()
-        .ok_or_else(|| format!("report has no {name}").into())
 }
 
 /// The replay invariants under faults: every request completes, no page mismatches, and

@@ -1,35 +1,11 @@
 //! Replays of the shared Mooncake trace through the real connector on the embedded pool:
 //! every loaded page verified, outcomes accounted, reuse close to the oracle.
 
-use std::collections::HashMap;
+mod common;
 
-use clap::Parser;
-use kv_connector::cli::replay as replay_cli;
-use kv_connector::cli::{Cli, Command};
+use common::{replay_json as replay, report_field as field};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn replay(args: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let mut command_line = vec!["kv-connector", "replay", "--quiet", "--json"];
-    command_line.extend_from_slice(args);
-    let Command::Replay(args) = Cli::try_parse_from(command_line)?.command else {
-        return Err("not the replay subcommand".into());
-    };
-    let mut out = Vec::new();
-    replay_cli::run(
-        &args,
-        HashMap::<String, String>::new(),
-        &mut out,
-        &mut Vec::new(),
-    )?;
-    Ok(serde_json::from_slice(&out)?)
-}
-
-fn field(report: &serde_json::Value, name: &str) -> Result<u64, Box<dyn std::error::Error>> {
-    report[name]
-        .as_u64()
-        .ok_or_else(|| format!("missing {name}").into())
-}
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

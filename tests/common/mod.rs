@@ -306,3 +306,33 @@ impl Pool for TestPool {
         "test"
     }
 }
+
+/// Runs `kv-connector replay --json --quiet` with `flags` in-process (no environment) and
+/// returns its JSON report.
+pub fn replay_json(flags: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    use clap::Parser;
+    use kv_connector::cli::{replay, Cli, Command};
+    let mut line = vec!["kv-connector", "replay", "--json", "--quiet"];
+    line.extend_from_slice(flags);
+    let Command::Replay(args) = Cli::try_parse_from(line)?.command else {
+        return Err("not the replay subcommand".into());
+    };
+    let mut out = Vec::new();
+    replay::run(
+        &args,
+        std::collections::HashMap::<String, String>::new(),
+        &mut out,
+        &mut Vec::new(),
+    )?;
+    Ok(serde_json::from_slice(&out)?)
+}
+
+/// A counter of a replay's JSON report.
+pub fn report_field(
+    report: &serde_json::Value,
+    name: &str,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    report[name]
+        .as_u64()
+        .ok_or_else(|| format!("report has no {name}").into())
+}
