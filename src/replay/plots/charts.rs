@@ -1,5 +1,6 @@
 //! The four charts of `--report-dir` (see the parent module for what each shows).
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -20,6 +21,34 @@ fn time_range(timeline: &Timeline) -> std::ops::Range<f64> {
     0.0..end.max(1.0)
 }
 
+/// The builder of a full-page chart: caption, margins and label areas shared by
+/// `reuse.png`, `lookups.png` and `ttft.png`.
+fn page_chart<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    caption: &str,
+) -> ChartBuilder<'a, 'b, BitMapBackend<'b>> {
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .caption(caption, (FAMILY, 22))
+        .margin(14)
+        .x_label_area_size(44)
+        .y_label_area_size(56);
+    builder
+}
+
+/// The legend box every chart draws, at `position`.
+fn draw_legend<'b>(
+    chart: &mut ChartContext<'b, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    position: SeriesLabelPosition,
+) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
 /// One line of `reuse.png`: label, style, points.
 type Series<'a> = (&'a str, ShapeStyle, Vec<(f64, f64)>);
 
@@ -35,12 +64,8 @@ pub(super) fn draw_reuse(
         100.0 * share(report.oracle_reusable_tokens, report.prompt_tokens),
         report.prompt_tokens
     );
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, (FAMILY, 22))
-        .margin(14)
-        .x_label_area_size(44)
-        .y_label_area_size(56)
-        .build_cartesian_2d(time_range(timeline), 0.0..105.0)?;
+    let mut chart =
+        page_chart(area, &caption).build_cartesian_2d(time_range(timeline), 0.0..105.0)?;
     chart
         .configure_mesh()
         .x_desc("simulated time (s), by first token")
@@ -109,12 +134,7 @@ pub(super) fn draw_reuse(
         };
         chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, dot)))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
 /// Lookup outcome names and colours, in stacking order.
@@ -151,11 +171,7 @@ pub(super) fn draw_lookups(
         .max()
         .unwrap_or(0)
         .max(1);
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, (FAMILY, 22))
-        .margin(14)
-        .x_label_area_size(44)
-        .y_label_area_size(56)
+    let mut chart = page_chart(area, &caption)
         .build_cartesian_2d(time_range(timeline), 0.0..(highest as f64 * 1.4))?;
     chart
         .configure_mesh()
@@ -178,12 +194,7 @@ pub(super) fn draw_lookups(
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// Bins of the TTFT histogram.
@@ -216,12 +227,7 @@ pub(super) fn draw_ttft(
         counts[((ttft / width) as usize).min(TTFT_BINS - 1)] += 1;
     }
     let highest = counts.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, (FAMILY, 22))
-        .margin(14)
-        .x_label_area_size(44)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0.0..max, 0.0..highest * 1.1)?;
+    let mut chart = page_chart(area, &caption).build_cartesian_2d(0.0..max, 0.0..highest * 1.1)?;
     chart
         .configure_mesh()
         .x_desc("time to first token (simulated s)")
@@ -243,12 +249,7 @@ pub(super) fn draw_ttft(
             .label(format!("{label} {value:.3} s"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// One panel of `throughput.png`: a rate per bucket, with a second count marked below it.
@@ -295,12 +296,7 @@ fn draw_rate_panel(
         .draw_series(marks)?
         .label(panel.marks_label)
         .legend(|(x, y)| TriangleMarker::new((x + 6, y), 6, RED.filled()));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// `throughput.png`.
