@@ -98,8 +98,10 @@ pub fn block_ranges_to_save(
     };
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
     let reused_blocks = step.reused_until.div_ceil(t);
-    let mut push = |blocks: Range<usize>, priority: SavePriority| {
-        let blocks = blocks.start.max(reused_blocks)..blocks.end.min(prompt_blocks);
+    // Every range is kept only when it holds a block; `floor` is the lowest block it may
+    // start at (R19 keeps reused blocks out, except for R20's re-listing).
+    let mut push = |blocks: Range<usize>, floor: usize, priority: SavePriority| {
+        let blocks = blocks.start.max(floor)..blocks.end.min(prompt_blocks);
         if !blocks.is_empty() {
             ranges.push((blocks, priority));
         }
@@ -108,19 +110,12 @@ pub fn block_ranges_to_save(
         Attention::Full => {
             let first = (step.computed_before / t).max(reused_blocks);
             // R16: only blocks whose every token is computed by the end of this chunk.
-            let end = (cap_tokens.min(step.prompt_len) / t).min(prompt_blocks);
+            let end = cap_tokens.min(step.prompt_len) / t;
             let computed = step.prompt_len.saturating_sub(step.reused_until);
-            let resave =
-                step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens;
-            if resave {
-                // R20 lists blocks that came from the pool too: no R19 cut here.
-                let resaved = 0..first.min(end);
-                if !resaved.is_empty() {
-                    ranges.push((resaved, SavePriority::Resave));
-                }
+            if step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens {
+                push(0..first.min(end), 0, SavePriority::Resave);
             }
-            ranges.push((first..end.max(first), SavePriority::Full));
-            ranges.retain(|(blocks, _)| !blocks.is_empty());
+            push(first..end, first, SavePriority::Full);
         }
         Attention::Window {
             window_tokens,
@@ -129,8 +124,16 @@ pub fn block_ranges_to_save(
             let sink_blocks = (sink_tokens as usize).div_ceil(t);
             let reach = window_tokens as usize + step.rewind_tokens;
             let tail_start = step.prompt_len.saturating_sub(reach) / t;
-            push(0..sink_blocks.min(tail_start), SavePriority::Window);
-            push(tail_start..prompt_blocks, SavePriority::Window);
+            push(
+                0..sink_blocks.min(tail_start),
+                reused_blocks,
+                SavePriority::Window,
+            );
+            push(
+                tail_start..prompt_blocks,
+                reused_blocks,
+                SavePriority::Window,
+            );
         }
         Attention::Window { .. } => {}
     }
