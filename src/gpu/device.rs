@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use crate::core::layout::GroupId;
 
+use super::arena::HostArena;
 use super::copy::{CopyDirection, CopyRun};
 #[cfg(feature = "cuda")]
 use super::cuda::{CudaDevice, PendingCopy};
@@ -222,6 +223,18 @@ impl Device {
                 let pinned = self.poison_if_sticky(cuda.pinned(geometry.total_bytes()))?;
                 Ok(StagingPool::new_pinned(geometry, pinned))
             }
+        }
+    }
+
+    /// A new arena of host memory for pool objects that this device's copies can DMA from
+    /// and into without staging: pinned, cached memory of this device's context on CUDA
+    /// (which the arena keeps alive), [`HostArena::heap`] on the host backend. Each call
+    /// makes a new arena; make one per pool and clone it.
+    pub fn host_arena(&self) -> HostArena {
+        match &self.shared.backend {
+            Backend::Host(_) => HostArena::heap(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => HostArena::pinned(cuda.context()),
         }
     }
 
@@ -465,6 +478,7 @@ mod tests {
         let device = device()?;
         assert_eq!(device.cuda_ordinal(), None);
         assert!(!device.staging_pool(4, 1)?.is_pinned());
+        assert!(!device.host_arena().is_pinned());
         assert!(format!("{device:?}").contains("cuda_ordinal: None"));
         Ok(())
     }

@@ -158,6 +158,22 @@ pub enum GpuError {
         second: usize,
     },
 
+    /// A host arena slot of zero bytes was asked for; slots hold at least one byte.
+    #[error("a host arena slot must be at least 1 byte long")]
+    EmptyArenaSlot,
+
+    /// The heap refused a new host arena chunk.
+    #[error(
+        "could not allocate a host arena chunk of {chunk_bytes} bytes for an object of \
+         {len} bytes; lower pool.capacity_bytes or free host memory"
+    )]
+    ArenaAllocFailed {
+        /// The slot length asked for.
+        len: usize,
+        /// The chunk size that could not be allocated.
+        chunk_bytes: usize,
+    },
+
     /// An issued copy failed; its destination bytes must be treated as not written (I6).
     #[error("{direction} copy of {bytes} bytes on stream {stream} failed")]
     CopyFailed {
@@ -264,6 +280,8 @@ impl GpuError {
             Self::StagingSlotOutOfRange { .. } => "staging_slot_out_of_range",
             Self::StagingRangeOutOfSlot { .. } => "staging_range_out_of_slot",
             Self::OverlappingCopies { .. } => "overlapping_copies",
+            Self::EmptyArenaSlot => "empty_arena_slot",
+            Self::ArenaAllocFailed { .. } => "arena_alloc_failed",
             Self::CopyFailed { .. } => "copy_failed",
             Self::Poisoned => "poisoned",
             Self::CudaNotBuilt => "cuda_not_built",

@@ -89,6 +89,7 @@
 
 #![deny(missing_docs)]
 
+mod arena;
 mod copy;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -101,6 +102,7 @@ mod select;
 mod staging;
 mod stream;
 
+pub use arena::{ArenaStats, HostArena, HostSlot, SharedSlot, ARENA_CHUNK_BYTES, SLOT_ALIGN};
 pub use copy::{coalesce, plan_copies, CopyDirection, CopyRun, PageCopy};
 pub use device::{Device, DeviceKind};
 pub use error::{GpuError, SubmitError};

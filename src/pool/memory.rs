@@ -1,18 +1,29 @@
 //! The embedded in-process memory pool: the default [`Pool`] (DESIGN section 10).
 //!
-//! Objects live in this process's memory as `Arc<[u8]>`, under a capacity in bytes, and are
-//! evicted by Mooncake's model ([`crate::core::eviction`]): above the high watermark or when a
-//! put would not fit, least recently accessed unleased objects first. Probes, gets and
-//! touches grant leases of `kv_lease_ttl` measured on an injected [`PoolClock`].
+//! Objects live in this process's memory as [`SharedSlot`]s of the pool's [`HostArena`],
+//! under a capacity in bytes, and are evicted by Mooncake's model
+//! ([`crate::core::eviction`]): above the high watermark or when a put would not fit, least
+//! recently accessed unleased objects first. Probes, gets, lends and touches grant leases of
+//! `kv_lease_ttl` measured on an injected [`PoolClock`].
+//!
+//! The arena is ordinary heap memory ([`MemoryPool::new`]) or, for zero-copy transfers on
+//! CUDA, pinned memory ([`MemoryPool::with_arena`] with `device.host_arena()`): a loader
+//! then DMAs a lent object straight to the device, and a saver DMAs pages straight into an
+//! object buffer it commits (issue 7).
 //!
 //! # Workflow of one call
 //!
-//! - `put`: copy the value into a fresh `Arc<[u8]>` (the one payload copy) before locking;
+//! - `put`: copy the value into a fresh arena slot (the one payload copy) before locking;
 //!   under the lock, plan the pass, remove the victims, insert; after unlocking, drop the
-//!   evicted payloads (freeing big buffers outside the lock).
+//!   evicted payloads (returning their slots to the arena outside the lock).
 //! - `get_into`: under the lock, find the object, extend its lease, move it to the young end
-//!   of the LRU order and clone its `Arc`; after unlocking, copy into the caller's buffer
+//!   of the LRU order and clone its handle; after unlocking, copy into the caller's buffer
 //!   (the one payload copy). An object evicted meanwhile stays alive until the copy ends.
+//! - `lend`: the same bookkeeping as a get; the caller gets the handle itself, no copy. An
+//!   object evicted while lent keeps its bytes until the last holder drops it.
+//! - `alloc_objects` then `commit_objects`: fresh slots for the caller to fill (refused up
+//!   front, like a put, when larger than the capacity), then the same locked pass as a put,
+//!   without a copy.
 //! - `exists` / `touch`: the same bookkeeping as a get, without a copy.
 //!
 //! The lock is taken once per key, so a 4096-key probe or a many-page batch never holds it
@@ -39,7 +50,11 @@
 //!   refused).
 //! - I4. Counters: `objects == puts - evicted_objects` and
 //!   `used_bytes == bytes_written - evicted_bytes`.
-//! - I5. A get or a put copies the payload exactly once, outside the lock.
+//! - I5. A get or a put copies the payload exactly once, outside the lock; a lend or a
+//!   commit copies nothing.
+//! - I6. A stored payload's last handle is never dropped under the lock (evicted payloads
+//!   and refused commits are dropped after unlocking), so the arena's lock is never taken
+//!   inside the pool's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -49,6 +64,7 @@ use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 use super::{Pool, PoolClock, PoolCounters, PoolError};
 use crate::core::eviction::{EvictionEntry, EvictionError, EvictionPolicy, PoolUsage};
+use crate::gpu::{HostArena, HostSlot, SharedSlot};
 
 /// The embedded memory pool. Cheap to share as `Arc<dyn Pool>`; every method takes `&self`.
 pub struct MemoryPool {
@@ -56,6 +72,8 @@ pub struct MemoryPool {
     policy: EvictionPolicy,
     /// Lease time source; a `ManualClock` in tests and in replay's simulated time.
     clock: Arc<dyn PoolClock>,
+    /// Where payloads live: heap memory, or pinned memory a device can DMA from and into.
+    arena: HostArena,
     /// Everything mutable, behind one short-held lock (module docs: why not shards).
     state: Mutex<PoolState>,
 }
@@ -78,8 +96,8 @@ struct PoolState {
 
 /// One stored object as the key map sees it.
 struct StoredObject {
-    /// The payload; cloned (not copied) under the lock by readers (I5).
-    value: Arc<[u8]>,
+    /// The payload; cloned (not copied) under the lock by readers and lenders (I5).
+    value: SharedSlot,
     /// Its key in the LRU index.
     tick: u64,
 }
@@ -95,17 +113,33 @@ struct LruSlot {
 }
 
 impl MemoryPool {
-    /// A pool with `policy` (capacity, Mooncake's ratios, lease length) and lease clock.
+    /// A pool with `policy` (capacity, Mooncake's ratios, lease length) and lease clock,
+    /// keeping its objects in heap memory ([`HostArena::heap`]).
     ///
     /// # Errors
     ///
     /// [`PoolError::InvalidPolicy`] when the policy fails [`EvictionPolicy::validate`]
     /// (zero capacity, a ratio outside `(0, 1]`).
     pub fn new(policy: EvictionPolicy, clock: Arc<dyn PoolClock>) -> Result<Self, PoolError> {
+        Self::with_arena(policy, clock, HostArena::heap())
+    }
+
+    /// As [`new`](Self::new), keeping objects in `arena`: `device.host_arena()` makes lent
+    /// objects and committed buffers pinned memory that the device's copies DMA directly.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_arena(
+        policy: EvictionPolicy,
+        clock: Arc<dyn PoolClock>,
+        arena: HostArena,
+    ) -> Result<Self, PoolError> {
         policy.validate()?;
         Ok(Self {
             policy,
             clock,
+            arena,
             state: Mutex::new(PoolState {
                 objects: HashMap::with_hasher(Xxh3DefaultBuilder::new()),
                 lru: BTreeMap::new(),
@@ -121,28 +155,65 @@ impl MemoryPool {
         &self.policy
     }
 
-    /// Stores one object; the payload is copied here, before the lock (I5).
-    fn put_one(&self, key: &str, value: &[u8]) -> Result<(), PoolError> {
-        let size_bytes = byte_len(value.len());
+    /// The arena the pool keeps its objects in.
+    pub fn arena(&self) -> &HostArena {
+        &self.arena
+    }
+
+    /// A fresh slot for an object of `len` bytes; refused, and counted as a rejected put,
+    /// when `len` alone exceeds the capacity (before any memory is taken).
+    fn object_slot(&self, len: usize) -> Result<HostSlot, PoolError> {
+        let size_bytes = byte_len(len);
         if size_bytes > self.policy.capacity_bytes {
-            // Refuse before copying a payload that can never fit.
             self.state.lock().counters.put_rejected += 1;
             return Err(PoolError::from(EvictionError::LargerThanCapacity {
                 needed_bytes: size_bytes,
                 capacity_bytes: self.policy.capacity_bytes,
             }));
         }
-        let stored: Arc<[u8]> = Arc::from(value);
+        if len == 0 {
+            return Ok(HostSlot::empty());
+        }
+        self.arena.alloc(len).map_err(|error| {
+            tracing::warn!(len, %error, "no host memory for a pool object");
+            PoolError::HostMemory {
+                len,
+                cause: error.kind(),
+            }
+        })
+    }
+
+    /// Stores one object; the payload is copied here, before the lock (I5).
+    fn put_one(&self, key: &str, value: &[u8]) -> Result<(), PoolError> {
+        let mut slot = self.object_slot(value.len())?;
+        slot.copy_from_slice(value);
+        self.store_one(key, slot.share())
+    }
+
+    /// Stores a filled payload under `key` (the locked part of a put or a commit).
+    fn store_one(&self, key: &str, value: SharedSlot) -> Result<(), PoolError> {
         let key: Arc<str> = Arc::from(key);
         let now_ms = self.clock.now_ms();
-        let mut evicted = Vec::new();
+        let mut released = Vec::new();
         let result = self
             .state
             .lock()
-            .store(&self.policy, key, stored, now_ms, &mut evicted);
-        // The lock is released: free the evicted payloads now.
-        drop(evicted);
+            .store(&self.policy, key, value, now_ms, &mut released);
+        // The lock is released: free the evicted or refused payloads now (I6).
+        drop(released);
         result
+    }
+
+    /// Lends one object: the bookkeeping and counters of a get, without the copy.
+    fn lend_one(&self, key: &str, lease_until: u64) -> Result<SharedSlot, PoolError> {
+        let mut state = self.state.lock();
+        let Some(value) = state.access(key, lease_until) else {
+            state.counters.misses += 1;
+            return Err(PoolError::NotFound);
+        };
+        state.counters.hits += 1;
+        state.counters.bytes_read += byte_len(value.len());
+        Ok(value)
     }
 
     /// Reads one object into `buffer`; the copy runs after the lock is released (I5).
@@ -199,7 +270,7 @@ impl std::fmt::Debug for MemoryPool {
 impl PoolState {
     /// Marks `key` accessed now: youngest in LRU order, lease extended to at least
     /// `lease_until`. Returns its payload, or `None` if absent.
-    fn access(&mut self, key: &str, lease_until: u64) -> Option<Arc<[u8]>> {
+    fn access(&mut self, key: &str, lease_until: u64) -> Option<SharedSlot> {
         let object = self.objects.get_mut(key)?;
         let tick = self.next_tick;
         self.next_tick += 1;
@@ -210,7 +281,7 @@ impl PoolState {
             slot.lease_expires_ms = slot.lease_expires_ms.max(lease_until);
             self.lru.insert(tick, slot);
         }
-        Some(Arc::clone(&object.value))
+        Some(object.value.clone())
     }
 
     fn usage(&self) -> PoolUsage {
@@ -220,18 +291,19 @@ impl PoolState {
         }
     }
 
-    /// Evicts what the policy says and inserts the object; evicted payloads go to `evicted`
-    /// so the caller frees them after unlocking.
+    /// Evicts what the policy says and inserts the object; evicted payloads, and the value
+    /// itself when refused, go to `released` so the caller frees them after unlocking (I6).
     fn store(
         &mut self,
         policy: &EvictionPolicy,
         key: Arc<str>,
-        value: Arc<[u8]>,
+        value: SharedSlot,
         now_ms: u64,
-        evicted: &mut Vec<Arc<[u8]>>,
+        released: &mut Vec<SharedSlot>,
     ) -> Result<(), PoolError> {
         if self.objects.contains_key(&*key) {
             self.counters.put_existing += 1;
+            released.push(value);
             return Err(PoolError::AlreadyExists); // I3
         }
         let size_bytes = byte_len(value.len());
@@ -245,11 +317,12 @@ impl PoolState {
             Ok(plan) => plan,
             Err(source) => {
                 self.counters.put_rejected += 1;
+                released.push(value);
                 return Err(PoolError::NoSpace { source });
             }
         };
         for tick in plan.victims {
-            self.evict(tick, evicted);
+            self.evict(tick, released);
         }
         let tick = self.next_tick;
         self.next_tick += 1;
@@ -270,7 +343,7 @@ impl PoolState {
         Ok(())
     }
 
-    fn evict(&mut self, tick: u64, evicted: &mut Vec<Arc<[u8]>>) {
+    fn evict(&mut self, tick: u64, evicted: &mut Vec<SharedSlot>) {
         let Some(slot) = self.lru.remove(&tick) else {
             debug_assert!(false, "I2: victim tick {tick} not in the LRU index");
             return;
@@ -315,6 +388,33 @@ impl Pool for MemoryPool {
         keys.iter()
             .zip(buffers.iter_mut())
             .map(|(key, buffer)| self.get_one(key, buffer, lease_until))
+            .collect()
+    }
+
+    fn lend(&self, keys: &[&str]) -> Option<Vec<Result<SharedSlot, PoolError>>> {
+        let lease_until = self.policy.lease_expiry_ms(self.clock.now_ms());
+        Some(
+            keys.iter()
+                .map(|key| self.lend_one(key, lease_until))
+                .collect(),
+        )
+    }
+
+    fn alloc_objects(&self, lens: &[usize]) -> Option<Vec<Result<HostSlot, PoolError>>> {
+        Some(lens.iter().map(|&len| self.object_slot(len)).collect())
+    }
+
+    fn commit_objects(&self, keys: &[&str], objects: Vec<HostSlot>) -> Vec<Result<(), PoolError>> {
+        if keys.len() != objects.len() {
+            return PoolError::BatchShape {
+                keys: keys.len(),
+                items: objects.len(),
+            }
+            .for_every_key(keys.len());
+        }
+        keys.iter()
+            .zip(objects)
+            .map(|(key, object)| self.store_one(key, object.share()))
             .collect()
     }
 
@@ -396,6 +496,190 @@ mod tests {
         Ok(())
     }
 
+    /// Unwraps a backend's `Some` in tests (the memory pool always lends and allocates).
+    fn some<T>(value: Option<T>) -> Result<T, PoolError> {
+        value.ok_or(PoolError::Unavailable)
+    }
+
+    /// Fresh buffers for `values`, filled with them and committed under `keys`.
+    fn commit(
+        pool: &MemoryPool,
+        keys: &[&str],
+        values: &[&[u8]],
+    ) -> Result<Vec<Result<(), PoolError>>, PoolError> {
+        let lens: Vec<usize> = values.iter().map(|v| v.len()).collect();
+        let mut objects = Vec::new();
+        for (slot, value) in some(pool.alloc_objects(&lens))?.into_iter().zip(values) {
+            let mut slot = slot?;
+            slot.copy_from_slice(value);
+            objects.push(slot);
+        }
+        Ok(pool.commit_objects(keys, objects))
+    }
+
+    #[test]
+    fn r14_lend_returns_the_stored_bytes_and_leases_them() -> Result<(), PoolError> {
+        let (pool, clock) = pool(100)?;
+        pool.put(&["a"], &[&[7; 60]])
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut lent = some(pool.lend(&["a", "missing"]))?;
+        assert!(matches!(lent.pop(), Some(Err(PoolError::NotFound))));
+        let lent = lent.pop().ok_or(PoolError::NotFound)??;
+        let mut read = vec![0u8; 60];
+        assert_eq!(pool.get_into(&["a"], &mut [&mut read]), vec![Ok(60)]);
+        assert_eq!(&lent[..], &read[..]);
+        assert!(!lent.is_pinned());
+        // The lease blocks an evicting put until it runs out.
+        clock.advance_ms(TTL_MS - 1);
+        assert!(matches!(
+            pool.put(&["b"], &[&[8; 60]])[0],
+            Err(PoolError::NoSpace { .. })
+        ));
+        clock.advance_ms(TTL_MS);
+        assert_eq!(pool.put(&["b"], &[&[8; 60]]), vec![Ok(())]);
+        assert_eq!(pool.exists(&["a"]), vec![Ok(false)]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_lend_alone_grants_the_lease() -> Result<(), PoolError> {
+        let (pool, _) = pool(100)?;
+        pool.put(&["a"], &[&[7; 60]])
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let lent = some(pool.lend(&["a"]))?;
+        drop(lent); // dropping the handle does not end the lease
+        assert!(matches!(
+            pool.put(&["b"], &[&[8; 60]])[0],
+            Err(PoolError::NoSpace { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn i5_a_lent_object_evicted_afterwards_keeps_its_bytes() -> Result<(), PoolError> {
+        let arena = HostArena::heap_with_chunk_bytes(4096);
+        let clock = Arc::new(ManualClock::new(0));
+        let policy = EvictionPolicy {
+            lease_ttl_ms: TTL_MS,
+            ..EvictionPolicy::mooncake_defaults(100)
+        };
+        let pool = MemoryPool::with_arena(policy, clock.clone(), arena.clone())?;
+        pool.put(&["a"], &[&[7; 100]])
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let lent = some(pool.lend(&["a"]))?.remove(0)?;
+        clock.advance_ms(TTL_MS);
+        assert_eq!(pool.put(&["b"], &[&[8; 100]]), vec![Ok(())]);
+        assert_eq!(pool.exists(&["a"]), vec![Ok(false)]);
+        assert_eq!(&lent[..], &[7; 100][..]);
+        assert_eq!(
+            arena.stats().live_slots,
+            2,
+            "the lender still holds a's slot"
+        );
+        drop(lent);
+        assert_eq!(arena.stats().live_slots, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn committed_objects_are_read_by_get_into() -> Result<(), PoolError> {
+        let (pool, _) = pool(1_000)?;
+        assert_eq!(
+            commit(&pool, &["x", "y", "e"], &[b"hello", &[3; 200], b""])?,
+            vec![Ok(()), Ok(()), Ok(())]
+        );
+        let mut x = [0u8; 8];
+        let mut y = vec![0u8; 200];
+        let mut e = [0u8; 1];
+        let read = pool.get_into(&["x", "y", "e"], &mut [&mut x, &mut y, &mut e]);
+        assert_eq!(read, vec![Ok(5), Ok(200), Ok(0)]);
+        assert_eq!(&x[..5], b"hello");
+        assert_eq!(y, vec![3; 200]);
+        assert_eq!(
+            pool.arena().stats().live_slots,
+            2,
+            "an empty object takes no slot"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn i3_a_commit_of_a_present_key_leaves_the_old_bytes() -> Result<(), PoolError> {
+        let (pool, _) = pool(1_000)?;
+        assert_eq!(pool.put(&["k"], &[b"old"]), vec![Ok(())]);
+        assert_eq!(
+            commit(&pool, &["k"], &[b"new"])?,
+            vec![Err(PoolError::AlreadyExists)]
+        );
+        let mut read = [0u8; 3];
+        assert_eq!(pool.get_into(&["k"], &mut [&mut read]), vec![Ok(3)]);
+        assert_eq!(&read, b"old");
+        assert_eq!(pool.counters().put_existing, 1);
+        assert_eq!(
+            pool.arena().stats().live_slots,
+            1,
+            "I6: the refused slot went back"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn commit_with_a_batch_shape_mismatch_fails_every_key() -> Result<(), PoolError> {
+        let (pool, _) = pool(1_000)?;
+        let objects = some(pool.alloc_objects(&[4]))?
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let shape = PoolError::BatchShape { keys: 2, items: 1 };
+        assert_eq!(
+            pool.commit_objects(&["a", "b"], objects),
+            vec![Err(shape.clone()), Err(shape)]
+        );
+        assert_eq!(pool.exists(&["a", "b"]), vec![Ok(false), Ok(false)]);
+        assert_eq!(pool.arena().stats().live_slots, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn alloc_objects_refuses_what_a_put_refuses() -> Result<(), PoolError> {
+        let (pool, _) = pool(100)?;
+        let put = pool.put(&["big"], &[&[1; 101]]);
+        let alloc = some(pool.alloc_objects(&[101, 100]))?;
+        assert!(put[0].is_err());
+        assert_eq!(alloc[0].as_ref().err(), put[0].as_ref().err());
+        assert_eq!(alloc[1].as_ref().map(HostSlot::len), Ok(100));
+        assert_eq!(pool.counters().put_rejected, 2);
+        Ok(())
+    }
+
+    #[test]
+    fn lend_and_commit_count_as_get_and_put() -> Result<(), PoolError> {
+        let (copying, _) = pool(150)?;
+        let (zero_copy, _) = pool(150)?;
+        let values: [&[u8]; 3] = [&[1; 50], &[2; 60], &[3; 70]];
+        let keys = ["a", "b", "c"];
+        let put = copying.put(&keys, &values);
+        assert_eq!(commit(&zero_copy, &keys, &values)?, put);
+        assert_eq!(
+            copying.put(&["a"], &[&[1; 50]]),
+            commit(&zero_copy, &["a"], &[&[1; 50]])?
+        );
+        copying.put(&["huge"], &[&[0; 151]]);
+        let _ = some(zero_copy.alloc_objects(&[151]))?;
+        let mut buffers = [[0u8; 70]; 4];
+        let [b0, b1, b2, b3] = &mut buffers;
+        let read = copying.get_into(&["a", "b", "c", "zz"], &mut [b0, b1, b2, b3]);
+        let lent = some(zero_copy.lend(&["a", "b", "c", "zz"]))?;
+        let lent_lens: Vec<Result<usize, PoolError>> =
+            lent.into_iter().map(|slot| slot.map(|s| s.len())).collect();
+        assert_eq!(read, lent_lens);
+        assert_eq!(copying.counters(), zero_copy.counters());
+        assert!(zero_copy.counters().evicted_objects > 0);
+        Ok(())
+    }
+
     /// A naive model of the pool: a map of key -> (size, last access, lease) fed to the
     /// reference `plan_eviction`, checked against the pool op by op.
     #[derive(Default)]
@@ -450,7 +734,9 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Op {
         Put(u8, u64),
+        Commit(u8, u64),
         Get(u8),
+        Lend(u8),
         Exists(u8),
         Touch(u8),
         Advance(u64),
@@ -458,8 +744,10 @@ mod tests {
 
     fn arb_op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (0u8..12, 1u64..60).prop_map(|(k, s)| Op::Put(k, s)),
+            3 => (0u8..12, 1u64..60).prop_map(|(k, s)| Op::Put(k, s)),
+            2 => (0u8..12, 1u64..60).prop_map(|(k, s)| Op::Commit(k, s)),
             2 => (0u8..12).prop_map(Op::Get),
+            1 => (0u8..12).prop_map(Op::Lend),
             2 => (0u8..12).prop_map(Op::Exists),
             1 => (0u8..12).prop_map(Op::Touch),
             1 => (0u64..1_500).prop_map(Op::Advance),
@@ -490,6 +778,24 @@ mod tests {
                         let got = pool.put(&[&name], &[&payload(key, size)]);
                         let want = model.put(&policy, key, size, now);
                         prop_assert_eq!(got, vec![want]);
+                    }
+                    Op::Commit(key, size) => {
+                        let name = key.to_string();
+                        let got = commit(&pool, &[&name], &[&payload(key, size)])
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        let want = model.put(&policy, key, size, now);
+                        prop_assert_eq!(got, vec![want]);
+                    }
+                    Op::Lend(key) => {
+                        let got = some(pool.lend(&[&key.to_string()]))
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        if model.access(key, now + TTL_MS) {
+                            let want = payload(key, model.entries[&key].0);
+                            prop_assert_eq!(got.len(), 1);
+                            prop_assert_eq!(got[0].as_deref().ok(), Some(&want[..]));
+                        } else {
+                            prop_assert_eq!(got.into_iter().map(|r| r.map(|s| s.len())).collect::<Vec<_>>(), vec![Err(PoolError::NotFound)]);
+                        }
                     }
                     Op::Get(key) => {
                         let name = key.to_string();
@@ -523,6 +829,8 @@ mod tests {
                 prop_assert_eq!(counters.objects, model.entries.len() as u64);
                 prop_assert_eq!(counters.objects, counters.puts - counters.evicted_objects);
                 prop_assert_eq!(counters.used_bytes, counters.bytes_written - counters.evicted_bytes);
+                // Nobody holds a payload between ops: every live slot is a stored object.
+                prop_assert_eq!(pool.arena().stats().live_slots as u64, counters.objects);
                 let state = pool.state.lock();
                 prop_assert_eq!(state.lru.len(), state.objects.len());
                 let present: Vec<String> = model.entries.keys().map(u8::to_string).collect();

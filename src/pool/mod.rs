@@ -13,7 +13,7 @@
 //!
 //! - Objects are immutable: a put of a present key is [`PoolError::AlreadyExists`] and leaves
 //!   the object as it was (keys are content hashes, R3, so the bytes would be the same).
-//! - A probe (`exists`) or a `get_into` of a present object grants it a lease of
+//! - A probe (`exists`), a `get_into` or a `lend` of a present object grants it a lease of
 //!   `kv_lease_ttl`, during which it is not evicted (R14). `touch` does too, and resets the
 //!   object's eviction age: it is the refresh that re-save uses (R20).
 //! - Eviction follows Mooncake's model (`crate::core::eviction`): above the high watermark or
@@ -25,7 +25,12 @@
 //! 1. Build a pool once (`MemoryPool::new` or the Mooncake backend) with a [`PoolClock`].
 //! 2. The planner probes with `exists`, the saver writes with `put` (after `exists`, R19) or
 //!    refreshes with `touch`, loaders read with `get_into` into staging memory.
-//! 3. The stats reporter reads `counters()` snapshots.
+//! 3. Zero-copy, where the backend offers it (the memory pool; issue 7): loaders call
+//!    [`Pool::lend`] and move the stored objects themselves to the device; the saver calls
+//!    [`Pool::alloc_objects`], fills the buffers (pages by DMA, headers by the CPU) and stores
+//!    them with [`Pool::commit_objects`]. A backend that answers `None` (Mooncake, the
+//!    fault-injecting wrapper) is used through `get_into` and `put_absent` instead.
+//! 4. The stats reporter reads `counters()` snapshots.
 //!
 //! Loaders and the saver own staging pools for the lifetime of a connector; the connector
 //! registers each with [`Pool::register_staging`] when it is made and unregisters it at
@@ -42,6 +47,7 @@ pub use clock::{ManualClock, PoolClock, SystemClock};
 pub use memory::MemoryPool;
 
 use crate::core::eviction::{EvictionError, EvictionPolicyError};
+use crate::gpu::{HostSlot, SharedSlot};
 
 /// A shared object store with batched, per-key calls. Object safe; share as `Arc<dyn Pool>`.
 ///
@@ -70,6 +76,37 @@ pub trait Pool: Send + Sync {
     /// [`PoolError::BufferTooSmall`] and is left unwritten. A present object gets a lease.
     /// Keys and buffers of different lengths give [`PoolError::BatchShape`] for every key.
     fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>>;
+
+    /// Zero-copy read: the stored objects themselves, each leased and counted as by
+    /// [`get_into`](Self::get_into) (R14), so a loader can move them to the device without a
+    /// copy. An object evicted while lent keeps its bytes until the last holder drops it.
+    /// Absent is [`PoolError::NotFound`]. `None`: this backend does not lend; use
+    /// `get_into`. Default: `None`.
+    fn lend(&self, keys: &[&str]) -> Option<Vec<Result<SharedSlot, PoolError>>> {
+        let _ = keys;
+        None
+    }
+
+    /// Zero-copy write: fresh object buffers of the given lengths, one result per length,
+    /// for the caller to fill (a saver DMAs pages into them and writes headers) and then
+    /// store with [`commit_objects`](Self::commit_objects). A length that can never fit gets
+    /// the error a [`put`](Self::put) of that size gets ([`PoolError::NoSpace`]), counted
+    /// the same way. `None`: this backend has no such buffers; use `put`. Default: `None`.
+    fn alloc_objects(&self, lens: &[usize]) -> Option<Vec<Result<HostSlot, PoolError>>> {
+        let _ = lens;
+        None
+    }
+
+    /// Stores buffers from [`alloc_objects`](Self::alloc_objects) under `keys`, with
+    /// [`put_absent`](Self::put_absent) semantics: a present key is
+    /// [`PoolError::AlreadyExists`] or `Ok` per backend and its object is left alone; a
+    /// buffer that eviction cannot make room for is [`PoolError::NoSpace`]. Keys and
+    /// objects of different lengths give [`PoolError::BatchShape`] for every key. Default:
+    /// `put_absent` of the buffers' bytes.
+    fn commit_objects(&self, keys: &[&str], objects: Vec<HostSlot>) -> Vec<Result<(), PoolError>> {
+        let values: Vec<&[u8]> = objects.iter().map(|object| &object[..]).collect();
+        self.put_absent(keys, &values)
+    }
 
     /// Resets each present object's eviction age (and grants a lease); returns whether it
     /// was present. Re-save's refresh (R20).
@@ -148,11 +185,11 @@ pub(crate) fn actor_fault_fires(pool: &dyn Pool, fault: ActorFault) -> bool {
 /// `objects == puts - evicted_objects` and `used_bytes == bytes_written - evicted_bytes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PoolCounters {
-    /// Keys found by `exists` or `get_into`.
+    /// Keys found by `exists`, `get_into` or `lend`.
     pub hits: u64,
-    /// Keys not found by `exists` or `get_into`.
+    /// Keys not found by `exists`, `get_into` or `lend`.
     pub misses: u64,
-    /// Objects stored by `put`.
+    /// Objects stored by `put` or `commit_objects`.
     pub puts: u64,
     /// Puts refused for lack of space ([`PoolError::NoSpace`]).
     pub put_rejected: u64,
@@ -162,9 +199,9 @@ pub struct PoolCounters {
     pub evicted_objects: u64,
     /// Payload bytes removed by eviction.
     pub evicted_bytes: u64,
-    /// Payload bytes stored by `put`.
+    /// Payload bytes stored by `put` or `commit_objects`.
     pub bytes_written: u64,
-    /// Payload bytes copied out by `get_into`.
+    /// Payload bytes copied out by `get_into` or lent by `lend`.
     pub bytes_read: u64,
     /// Payload bytes held now.
     pub used_bytes: u64,
@@ -221,6 +258,18 @@ pub enum PoolError {
         /// How long the call waited.
         after_ms: u64,
     },
+    /// The embedded pool could not get host memory for an object (its arena's chunk
+    /// allocation failed); nothing was stored.
+    #[error(
+        "could not allocate host memory for a pool object of {len} bytes ({cause}); \
+         lower pool.capacity_bytes or free host memory"
+    )]
+    HostMemory {
+        /// The object's size.
+        len: usize,
+        /// The arena's error kind (`GpuError::kind`), e.g. `"cuda_driver"`.
+        cause: &'static str,
+    },
     /// The pool could not be built: its eviction policy is invalid.
     #[error("invalid pool eviction policy: {source}")]
     InvalidPolicy {
@@ -242,6 +291,7 @@ impl PoolError {
             Self::Backend { .. } => "backend",
             Self::Unavailable => "unavailable",
             Self::Timeout { .. } => "timeout",
+            Self::HostMemory { .. } => "host_memory",
             Self::InvalidPolicy { .. } => "invalid_policy",
         }
     }
@@ -307,6 +357,10 @@ mod tests {
             PoolError::Backend { code: -1 },
             PoolError::Unavailable,
             PoolError::Timeout { after_ms: 5 },
+            PoolError::HostMemory {
+                len: 64,
+                cause: "arena_alloc_failed",
+            },
             PoolError::from(EvictionPolicyError::ZeroCapacity { working: 1 }),
         ];
         let mut kinds: Vec<&str> = errors.iter().map(PoolError::kind).collect();

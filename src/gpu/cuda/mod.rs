@@ -43,11 +43,10 @@ mod queue;
 
 use std::sync::Arc;
 
-pub(crate) use context::probe;
+pub(crate) use context::{probe, Context};
 pub(crate) use memory::PinnedBuffer;
 pub(crate) use queue::{CudaStream, PendingCopy};
 
-use self::context::Context;
 use self::memory::DeviceRegion;
 use self::queue::CudaEvent;
 use super::copy::{CopyDirection, CopyRun};
@@ -84,6 +83,11 @@ impl CudaDevice {
             regions,
             engine_stream,
         })
+    }
+
+    /// The retained context, for memory that outlives this device value (host arenas).
+    pub(crate) fn context(&self) -> Arc<Context> {
+        Arc::clone(&self.context)
     }
 
     /// The device's ordinal.
