@@ -6,20 +6,21 @@
 //!    from 64 MiB device pages in reverse order, so every copy is one 64 MiB
 //!    `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` (16 per submission, one event after them).
 //! 2. raw both: the two at once, on separate streams and threads.
-//! 3. CPU parts of the pool path, no device copy: a page `memcpy` into pinned staging, an
-//!    xxh3-64 checksum of a page, `MemoryPool::get_into` into pinned staging plus the
-//!    header and checksum check (`object::open`: the CPU ceiling of the load path), and
-//!    `object::seal` plus `MemoryPool::put` (the CPU ceiling of the save path).
-//! 4. load path: `connector::transfer::load_pages` (pool get into staging, verify, scatter,
-//!    wait) with N loaders, each with its own stream and staging, gpt-oss-120b pages
-//!    (18 layers x 64 KiB = 1.125 MiB), requests of 64 pages.
-//! 5. save path: `connector::transfer::save_pages` (probe, gather, wait, seal, pool put)
-//!    with N savers, fresh keys, into a pool kept full so eviction recycles memory.
-//! 6. loads and saves overlapped: both at once.
-//! 7. zero-copy transport: the same `load_pages` / `save_pages` over a stand-in pool that
-//!    moves no bytes with the CPU, as a transport whose NIC reads and writes registered
-//!    staging would (Mooncake's RDMA transfer engine). What is left is the connector's own
-//!    work: verify + scatter for loads, gather + seal for saves.
+//! 3. CPU parts of a copying pool path, no device copy: a page `memcpy` into pinned
+//!    staging, a CPU object checksum of a page, `MemoryPool::get_into` into pinned staging
+//!    plus the header and checksum check (`object::open`), and `object::seal` plus
+//!    `MemoryPool::put`.
+//! 4. load path: `connector::transfer::load_pages` with N loaders, each with its own stream
+//!    and staging, gpt-oss-120b pages (18 layers x 64 KiB = 1.125 MiB), calls of 1,024
+//!    pages (batches of 256 lent objects, or of 64 staging slots), over the embedded pool with its objects in pinned memory
+//!    (`MemoryPool::with_arena(.., device.host_arena())`): the pool lends its objects, the
+//!    loader checks headers and scatters straight from them, the GPU checksums the landed
+//!    pages (`scatter_checked`). Then the same through staging: a wrapper that hides
+//!    `lend` makes the loader get into its pinned staging first (a copying transport).
+//! 5. save path: `connector::transfer::save_pages` with N savers, fresh keys, into a pool
+//!    kept full so eviction recycles memory: probe, GPU checksum and gather into fresh
+//!    pinned pool objects, seal headers, commit; then the same through staging + put.
+//! 6. loads and saves overlapped: both at once (zero-copy).
 //!
 //! Run: `cargo bench --features cuda --bench gpu_bandwidth` (or the built binary with
 //! `--quick` for 0.3 s phases). Needs a CUDA driver and device 0.
@@ -36,16 +37,15 @@ use kv_connector::core::keys::Shard;
 use kv_connector::core::layout::{GroupId, LayoutFingerprint};
 use kv_connector::core::object::ObjectIdentity;
 use kv_connector::gpu::{CopyDirection, Device, PageCopy, PagePoolSpec};
-use kv_connector::pool::{MemoryPool, SystemClock};
+use kv_connector::gpu::{HostSlot, SharedSlot};
+use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock};
 
 mod workers;
-mod zero_copy;
 
 use workers::{
     cpu_checksum, cpu_copy, fill_load_set, overlapped, run_getters, run_loaders, run_putters,
     run_savers,
 };
-use zero_copy::zero_copy_rows;
 
 type BenchResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
@@ -54,7 +54,13 @@ const RAW_COPY: usize = 64 * MIB;
 const RAW_COPIES: u32 = 16;
 /// gpt-oss-120b page: 18 layers x K,V x 8 heads x 64 x bf16 x 32 tokens.
 const PAGE: usize = 18 * 2 * 8 * 64 * 2 * 32;
+/// Pages per staging pool, so per batch of a load or save, and per CPU-row round.
 const REQUEST_PAGES: u32 = 64;
+/// Pages per `load_pages` / `save_pages` call of the connector rows: 1,024 gpt-oss pages are
+/// 32,768 tokens, a third of the 100k-token prefixes the connector loads; that is four
+/// batches of lent objects (`LENT_BATCH_PAGES`), pipelined as in real calls, and 16 staging
+/// batches on the copying path.
+const CONNECTOR_REQUEST_PAGES: u32 = 1024;
 const LOAD_SET: u32 = 1024;
 const SOURCE_PAGES: u32 = 512;
 const MAX_WORKERS: u32 = 16;
@@ -77,13 +83,13 @@ fn main() -> BenchResult<()> {
         &[
             spec(RAW_H2D, RAW_COPY, RAW_COPIES),
             spec(RAW_D2H, RAW_COPY, RAW_COPIES),
-            spec(LOAD_DST, PAGE, MAX_WORKERS * REQUEST_PAGES),
+            spec(LOAD_DST, PAGE, MAX_WORKERS * CONNECTOR_REQUEST_PAGES),
             spec(SAVE_SRC, PAGE, SOURCE_PAGES),
         ],
     )?;
     let threads = thread::available_parallelism().map_or(0, usize::from);
     println!("# gpu_bandwidth: device {device:?}, {threads} cpus, phase {phase:?}");
-    println!("# page {PAGE} B (gpt-oss-120b), request {REQUEST_PAGES} pages, raw copies {RAW_COPIES} x {} MiB", RAW_COPY / MIB);
+    println!("# page {PAGE} B (gpt-oss-120b), connector calls of {CONNECTOR_REQUEST_PAGES} pages, {REQUEST_PAGES} staging slots, raw copies {RAW_COPIES} x {} MiB", RAW_COPY / MIB);
     println!();
     println!("| path | workers | GB/s | % of raw same direction |");
     println!("| --- | ---: | ---: | ---: |");
@@ -92,25 +98,38 @@ fn main() -> BenchResult<()> {
     for page in 0..SOURCE_PAGES {
         device.write_page(SAVE_SRC, page, &pattern(page))?;
     }
+    let (load, save) = (
+        Arc::new(pool(&device, 2 << 30)?),
+        Arc::new(pool(&device, 4 << 30)?),
+    );
     let pools = Pools {
-        load: Arc::new(pool(2 << 30)?),
-        save: Arc::new(pool(4 << 30)?),
+        load_lending: Arc::clone(&load) as Arc<dyn Pool>,
+        save_lending: Arc::clone(&save) as Arc<dyn Pool>,
+        load_copying: Arc::new(Copying(Arc::clone(&load))),
+        save_copying: Arc::new(Copying(Arc::clone(&save))),
+        load,
+        save,
         counter: Arc::new(AtomicU64::new(0)),
     };
     fill_load_set(&device, &pools.load)?;
     // Fill the save pool past capacity once, so measured puts recycle evicted memory.
     let fill = Duration::from_secs(if quick { 1 } else { 3 });
-    run_savers(&device, &pools.save, &pools.counter, 4, fill)?;
+    run_savers(&device, &pools.save_lending, &pools.counter, 4, fill)?;
 
     cpu_rows(&device, &raw, phase)?;
     load_rows(&device, &pools, &raw, phase)?;
     save_rows(&device, &pools, &raw, phase)?;
-    for (loaders, savers) in [(8, 4), (8, 8)] {
-        let (load, save) = overlapped(&device, &pools, loaders, savers, phase)?;
-        row("overlapped: load path", loaders, load, raw.both[0]);
-        row("overlapped: save path", savers, save, raw.both[1]);
+    for (loaders, savers) in [(4, 4), (8, 8)] {
+        let lending = (&pools.load_lending, &pools.save_lending);
+        let (load, save) = overlapped(&device, lending, &pools.counter, loaders, savers, phase)?;
+        row(
+            "overlapped zero-copy: load path",
+            loaders,
+            load,
+            raw.both[0],
+        );
+        row("overlapped zero-copy: save path", savers, save, raw.both[1]);
     }
-    zero_copy_rows(&device, &raw, phase)?;
     println!();
     println!("# overlapped rows compare with the raw both-at-once rows");
     Ok(())
@@ -123,10 +142,15 @@ struct Raw {
     both: Vec<f64>,
 }
 
-/// The pools of the connector rows and the source of fresh save keys.
+/// The pools of the connector rows (pinned objects; each also behind the non-lending
+/// wrapper) and the source of fresh save keys.
 struct Pools {
     load: Arc<MemoryPool>,
     save: Arc<MemoryPool>,
+    load_lending: Arc<dyn Pool>,
+    save_lending: Arc<dyn Pool>,
+    load_copying: Arc<dyn Pool>,
+    save_copying: Arc<dyn Pool>,
     counter: Arc<AtomicU64>,
 }
 
@@ -151,7 +175,7 @@ fn cpu_rows(device: &Device, raw: &Raw, phase: Duration) -> BenchResult<()> {
     }
     for workers in [1, 12] {
         let rate = cpu_checksum(device, workers, phase)?;
-        row("cpu: xxh3-64 checksum of a page", workers, rate, raw.h2d);
+        row("cpu: object checksum of a page", workers, rate, raw.h2d);
     }
     Ok(())
 }
@@ -166,10 +190,19 @@ fn load_rows(device: &Device, pools: &Pools, raw: &Raw, phase: Duration) -> Benc
             raw.h2d,
         );
     }
-    for workers in [1, 4, 8, 12, 16] {
-        let rate = run_loaders(device, &pools.load, workers, phase)?;
+    for workers in [1, 2, 4, 8, 12] {
+        let rate = run_loaders(device, &pools.load_lending, workers, phase)?;
         row(
-            "load path (get -> staging -> scatter)",
+            "load path, zero-copy (lend -> scatter + GPU checksum)",
+            workers,
+            rate,
+            raw.h2d,
+        );
+    }
+    for workers in [1, 4, 8, 12] {
+        let rate = run_loaders(device, &pools.load_copying, workers, phase)?;
+        row(
+            "load path via staging (get -> staging -> scatter + GPU checksum)",
             workers,
             rate,
             raw.h2d,
@@ -188,9 +221,23 @@ fn save_rows(device: &Device, pools: &Pools, raw: &Raw, phase: Duration) -> Benc
             raw.d2h,
         );
     }
+    for workers in [1, 2, 4, 8, 12] {
+        let rate = run_savers(device, &pools.save_lending, &pools.counter, workers, phase)?;
+        row(
+            "save path, zero-copy (GPU checksum + gather into pool objects -> commit)",
+            workers,
+            rate,
+            raw.d2h,
+        );
+    }
     for workers in [1, 4, 8, 12] {
-        let rate = run_savers(device, &pools.save, &pools.counter, workers, phase)?;
-        row("save path (gather -> seal -> put)", workers, rate, raw.d2h);
+        let rate = run_savers(device, &pools.save_copying, &pools.counter, workers, phase)?;
+        row(
+            "save path via staging (GPU checksum + gather -> staging -> put)",
+            workers,
+            rate,
+            raw.d2h,
+        );
     }
     Ok(())
 }
@@ -211,11 +258,44 @@ fn per_second(bytes: u64, elapsed: Duration) -> f64 {
     bytes as f64 / elapsed.as_secs_f64()
 }
 
-fn pool(capacity_bytes: u64) -> BenchResult<MemoryPool> {
-    Ok(MemoryPool::new(
+/// An embedded pool whose objects live in the device's pinned host arena.
+fn pool(device: &Device, capacity_bytes: u64) -> BenchResult<MemoryPool> {
+    Ok(MemoryPool::with_arena(
         EvictionPolicy::mooncake_defaults(capacity_bytes),
         Arc::new(SystemClock::new()),
+        device.host_arena(),
     )?)
+}
+
+/// The same pool without `lend` / `alloc_objects`: loads get into staging and saves put
+/// from it, as over a copying transport.
+struct Copying(Arc<MemoryPool>);
+
+impl Pool for Copying {
+    fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.0.exists(keys)
+    }
+    fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        self.0.put(keys, values)
+    }
+    fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
+        self.0.get_into(keys, buffers)
+    }
+    fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.0.touch(keys)
+    }
+    fn counters(&self) -> PoolCounters {
+        self.0.counters()
+    }
+    fn name(&self) -> &'static str {
+        "memory-copying"
+    }
+    fn lend(&self, _keys: &[&str]) -> Option<Vec<Result<SharedSlot, PoolError>>> {
+        None
+    }
+    fn alloc_objects(&self, _lens: &[usize]) -> Option<Vec<Result<HostSlot, PoolError>>> {
+        None
+    }
 }
 
 fn pattern(page: u32) -> Vec<u8> {

@@ -12,8 +12,8 @@ use kv_connector::gpu::Device;
 use kv_connector::pool::{MemoryPool, Pool};
 
 use super::{
-    identity, pattern, timed, BenchResult, Pools, LOAD_DST, LOAD_SET, PAGE, REQUEST_PAGES,
-    SAVE_SRC, SOURCE_PAGES,
+    identity, pattern, timed, BenchResult, CONNECTOR_REQUEST_PAGES, LOAD_DST, LOAD_SET, PAGE,
+    REQUEST_PAGES, SAVE_SRC, SOURCE_PAGES,
 };
 
 /// Saves the load set (`LOAD_SET` objects from the source pages) into `pool`.
@@ -38,14 +38,15 @@ pub(crate) fn fill_load_set(device: &Device, pool: &MemoryPool) -> BenchResult<(
 }
 
 pub(crate) fn load_request(worker: u32, round: u64) -> Vec<LoadItem> {
-    let first = (u64::from(worker) * 131 + round * u64::from(REQUEST_PAGES)) % u64::from(LOAD_SET);
-    (0..REQUEST_PAGES)
+    let first = (u64::from(worker) * 131 + round * u64::from(CONNECTOR_REQUEST_PAGES))
+        % u64::from(LOAD_SET);
+    (0..CONNECTOR_REQUEST_PAGES)
         .map(|i| {
             let block = (first + u64::from(i)) % u64::from(LOAD_SET);
             LoadItem {
                 key: format!("load/{block}"),
                 identity: identity(LOAD_DST, block),
-                page: worker * REQUEST_PAGES + i,
+                page: worker * CONNECTOR_REQUEST_PAGES + i,
                 payload_len: PAGE,
             }
         })
@@ -63,7 +64,8 @@ pub(crate) fn run_getters(
         let pool = Arc::clone(pool);
         let mut staging = device.staging_pool(HEADER_BYTES + PAGE, REQUEST_PAGES)?;
         Ok(Box::new(move |round| {
-            let items = load_request(worker, round);
+            let mut items = load_request(worker, round);
+            items.truncate(REQUEST_PAGES as usize);
             let keys: Vec<&str> = items.iter().map(|item| item.key.as_str()).collect();
             let mut buffers: Vec<&mut [u8]> = staging.slots_mut().collect();
             for (result, (item, buffer)) in pool
@@ -166,7 +168,7 @@ pub(crate) fn run_putters(
 
 pub(crate) fn run_loaders(
     device: &Device,
-    pool: &Arc<MemoryPool>,
+    pool: &Arc<dyn Pool>,
     workers: u32,
     phase: Duration,
 ) -> BenchResult<f64> {
@@ -176,7 +178,7 @@ pub(crate) fn run_loaders(
 
 fn loader(
     device: &Device,
-    pool: &Arc<MemoryPool>,
+    pool: &Arc<dyn Pool>,
     worker: u32,
 ) -> BenchResult<Box<dyn FnMut(u64) -> BenchResult<u64> + Send>> {
     let pool = Arc::clone(pool);
@@ -200,7 +202,7 @@ fn loader(
 
 pub(crate) fn run_savers(
     device: &Device,
-    pool: &Arc<MemoryPool>,
+    pool: &Arc<dyn Pool>,
     counter: &Arc<AtomicU64>,
     workers: u32,
     phase: Duration,
@@ -213,7 +215,7 @@ pub(crate) fn run_savers(
 
 fn saver(
     device: &Device,
-    pool: &Arc<MemoryPool>,
+    pool: &Arc<dyn Pool>,
     counter: &Arc<AtomicU64>,
     worker: u32,
 ) -> BenchResult<Box<dyn FnMut(u64) -> BenchResult<u64> + Send>> {
@@ -221,8 +223,8 @@ fn saver(
     let mut stream = device.stream()?;
     let mut staging = Some(device.staging_pool(HEADER_BYTES + PAGE, REQUEST_PAGES)?);
     Ok(Box::new(move |_round| {
-        let first = counter.fetch_add(u64::from(REQUEST_PAGES), Ordering::Relaxed);
-        let items: Vec<SaveItem> = (0..u64::from(REQUEST_PAGES))
+        let first = counter.fetch_add(u64::from(CONNECTOR_REQUEST_PAGES), Ordering::Relaxed);
+        let items: Vec<SaveItem> = (0..u64::from(CONNECTOR_REQUEST_PAGES))
             .map(|i| {
                 let block = first + i;
                 let page =
@@ -258,7 +260,8 @@ fn saver(
 
 pub(crate) fn overlapped(
     device: &Device,
-    pools: &Pools,
+    (load_pool, save_pool): (&Arc<dyn Pool>, &Arc<dyn Pool>),
+    counter: &Arc<AtomicU64>,
     loaders: u32,
     savers: u32,
     phase: Duration,
@@ -270,8 +273,8 @@ pub(crate) fn overlapped(
     let save_side = {
         let (device, save_pool, counter, save_stop) = (
             device.clone(),
-            Arc::clone(&pools.save),
-            Arc::clone(&pools.counter),
+            Arc::clone(save_pool),
+            Arc::clone(counter),
             Arc::clone(&save_stop),
         );
         thread::spawn(move || {
@@ -281,7 +284,7 @@ pub(crate) fn overlapped(
         })
     };
     let load = timed(loaders, phase, &load_stop, |worker| {
-        loader(device, &pools.load, worker)
+        loader(device, load_pool, worker)
     })?;
     let save = save_side.join().map_err(|_| "save side panicked")??;
     Ok((load, save))

@@ -61,7 +61,7 @@ impl fmt::Display for DeviceKind {
 
 /// The backend behind a device.
 #[derive(Debug)]
-enum Backend {
+pub(crate) enum Backend {
     Host(HostDevice),
     #[cfg(feature = "cuda")]
     Cuda(CudaDevice),
@@ -353,6 +353,11 @@ impl Device {
             #[cfg(feature = "cuda")]
             _ => Err((staging, GpuError::BackendMismatch { stream: id })),
         }
+    }
+
+    /// The backend, for the checked submissions of `checked_issue.rs`.
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.shared.backend
     }
 
     /// Resolves each run's group to its pool index (K1), so no copy starts unless all can.

@@ -262,6 +262,50 @@ pub enum GpuError {
         #[source]
         source: cudarc::driver::DriverError,
     },
+
+    /// A CUDA page pool whose page size is not a multiple of 8 bytes: the checksum kernel
+    /// reads pages in aligned 8-byte words.
+    #[error(
+        "page size {page_bytes} of group {group} is not a multiple of 8 bytes, which cuda \
+         page pools need; use a layout whose page bytes are (every real layout's are), or \
+         set device.kind = \"host\""
+    )]
+    PageBytesUnaligned {
+        /// The group.
+        group: GroupId,
+        /// Its page size.
+        page_bytes: usize,
+    },
+
+    /// The embedded checksum kernel could not be used (a build defect).
+    #[cfg(feature = "cuda")]
+    #[error("the page checksum kernel is unusable: {reason}")]
+    ChecksumKernelInvalid {
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A copy names an object that the submission does not hold.
+    #[error("copy names object {object}, but the submission holds {objects}")]
+    ObjectOutOfRange {
+        /// The object index named.
+        object: u32,
+        /// Objects held.
+        objects: usize,
+    },
+
+    /// A copy's byte range does not fit in its object.
+    #[error("range {offset}+{len} does not fit in object {object} of {object_len} bytes")]
+    ObjectRangeOutOfObject {
+        /// The object index.
+        object: u32,
+        /// Start of the range inside the object.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// The object's length.
+        object_len: usize,
+    },
 }
 
 impl GpuError {
@@ -295,6 +339,11 @@ impl GpuError {
             Self::BackendMismatch { .. } => "backend_mismatch",
             #[cfg(feature = "cuda")]
             Self::CudaCopyFailed { .. } => "cuda_copy_failed",
+            Self::PageBytesUnaligned { .. } => "page_bytes_unaligned",
+            #[cfg(feature = "cuda")]
+            Self::ChecksumKernelInvalid { .. } => "checksum_kernel_invalid",
+            Self::ObjectOutOfRange { .. } => "object_out_of_range",
+            Self::ObjectRangeOutOfObject { .. } => "object_range_out_of_object",
         }
     }
 

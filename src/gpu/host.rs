@@ -62,6 +62,22 @@ impl HostDevice {
         out.copy_from_slice(&self.pools[pool].pages[page as usize].read());
     }
 
+    /// Overwrites the first `bytes.len()` bytes of a page (a checked load). The caller
+    /// checked the page and that the length is at most the page size.
+    pub(crate) fn write_page_prefix(&self, pool: usize, page: u32, bytes: &[u8]) {
+        self.pools[pool].pages[page as usize].write()[..bytes.len()].copy_from_slice(bytes);
+    }
+
+    /// Copies the first `out.len()` bytes of a page out (a checked save); checked as above.
+    pub(crate) fn read_page_prefix(&self, pool: usize, page: u32, out: &mut [u8]) {
+        out.copy_from_slice(&self.pools[pool].pages[page as usize].read()[..out.len()]);
+    }
+
+    /// The object checksum of the first `len` bytes of a page (R5); checked as above.
+    pub(crate) fn page_checksum(&self, pool: usize, page: u32, len: usize) -> u64 {
+        crate::core::object::checksum(&self.pools[pool].pages[page as usize].read()[..len])
+    }
+
     /// Moves one run's bytes, one page lock at a time (H2). `pool` is the run's group's
     /// index; the run lies inside the region and the staging buffer (C1).
     pub(crate) fn copy_run(

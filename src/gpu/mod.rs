@@ -90,6 +90,8 @@
 #![deny(missing_docs)]
 
 mod arena;
+mod checked;
+mod checked_issue;
 mod copy;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -103,6 +105,7 @@ mod staging;
 mod stream;
 
 pub use arena::{ArenaStats, HostArena, HostSlot, SharedSlot, ARENA_CHUNK_BYTES, SLOT_ALIGN};
+pub use checked::{CheckedInFlight, CheckedSubmitError, HostSide, HostTarget, ResolvedCopy};
 pub use copy::{coalesce, plan_copies, CopyDirection, CopyRun, PageCopy};
 pub use device::{Device, DeviceKind};
 pub use error::{GpuError, SubmitError};

@@ -65,7 +65,12 @@ pub struct StreamCounters {
 
 impl StreamCounters {
     /// Records an issued submission of `pages` pages planned as `runs`.
-    fn record_issued(&mut self, direction: CopyDirection, pages: usize, runs: &[CopyRun]) {
+    pub(super) fn record_issued(
+        &mut self,
+        direction: CopyDirection,
+        pages: usize,
+        runs: &[CopyRun],
+    ) {
         let bytes: usize = runs.iter().map(|run| run.len).sum();
         self.runs_issued += runs.len() as u64;
         let (page_counter, byte_counter) = match direction {
@@ -73,6 +78,24 @@ impl StreamCounters {
             CopyDirection::DeviceToHost => (&mut self.pages_to_host, &mut self.bytes_to_host),
         };
         *page_counter += pages as u64;
+        *byte_counter += bytes as u64;
+    }
+}
+
+impl StreamCounters {
+    /// Records an issued checked submission: one transfer per copy.
+    pub(super) fn record_checked(
+        &mut self,
+        direction: CopyDirection,
+        copies: &[super::checked::ResolvedCopy],
+    ) {
+        let bytes: usize = copies.iter().map(|copy| copy.len).sum();
+        self.runs_issued += copies.len() as u64;
+        let (page_counter, byte_counter) = match direction {
+            CopyDirection::HostToDevice => (&mut self.pages_to_device, &mut self.bytes_to_device),
+            CopyDirection::DeviceToHost => (&mut self.pages_to_host, &mut self.bytes_to_host),
+        };
+        *page_counter += copies.len() as u64;
         *byte_counter += bytes as u64;
     }
 }
@@ -117,6 +140,11 @@ impl CopyStream {
     /// What this stream has submitted so far.
     pub fn counters(&self) -> StreamCounters {
         self.counters
+    }
+
+    /// The device, backend and counters, for the checked submissions of `checked.rs`.
+    pub(super) fn parts(&mut self) -> (&Device, &StreamBackend, &mut StreamCounters) {
+        (&self.device, &self.backend, &mut self.counters)
     }
 
     /// Copies staging bytes into device pages (a load): for each copy, `len` bytes from

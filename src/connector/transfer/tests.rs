@@ -340,3 +340,131 @@ fn a_put_without_answers_counts_the_saves_failed() {
     );
     assert_eq!(results, [SaveResult::Failed, SaveResult::Failed]);
 }
+
+/// A pool that does not lend or hand out objects: loads and saves go through staging.
+struct NoLend<'a>(&'a MemoryPool);
+
+impl Pool for NoLend<'_> {
+    fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.0.exists(keys)
+    }
+    fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
+        self.0.put(keys, values)
+    }
+    fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
+        self.0.get_into(keys, buffers)
+    }
+    fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        self.0.touch(keys)
+    }
+    fn counters(&self) -> crate::pool::PoolCounters {
+        self.0.counters()
+    }
+    fn name(&self) -> &'static str {
+        "no-lend"
+    }
+}
+
+const MANY: u32 = 300;
+
+fn many_identity(block: u32) -> ObjectIdentity {
+    let mut hash = [7; 16];
+    hash[..4].copy_from_slice(&block.to_le_bytes());
+    ObjectIdentity {
+        chain_hash: BlockHash(hash),
+        ..identity(0)
+    }
+}
+
+fn many_bytes(block: u32) -> Vec<u8> {
+    (0..u32::try_from(PAGE).unwrap())
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ block.wrapping_mul(40_503)).to_le_bytes()[1])
+        .collect()
+}
+
+fn many_device() -> (Device, CopyStream, StagingPool) {
+    let device = Device::open_host(&[PagePoolSpec {
+        group: GroupId(0),
+        page_bytes: PAGE,
+        num_pages: 2 * MANY,
+    }])
+    .unwrap();
+    let stream = device.stream().unwrap();
+    let staging = device.staging_pool(HEADER_BYTES + PAGE, 4).unwrap();
+    for block in 0..MANY {
+        device
+            .write_page(GroupId(0), block, &many_bytes(block))
+            .unwrap();
+    }
+    (device, stream, staging)
+}
+
+fn many_saves() -> Vec<SaveItem> {
+    (0..MANY)
+        .map(|block| SaveItem {
+            key: format!("m{block}"),
+            identity: many_identity(block),
+            page: block,
+            payload_len: PAGE,
+        })
+        .collect()
+}
+
+fn many_loads() -> Vec<LoadItem> {
+    (0..MANY)
+        .map(|block| LoadItem {
+            key: format!("m{block}"),
+            identity: many_identity(block),
+            page: MANY + block,
+            payload_len: PAGE,
+        })
+        .collect()
+}
+
+/// More pages than one lent batch ([`LENT_BATCH_PAGES`]): pipelined batches of lent and
+/// fresh pool objects, and parts of `staging.slots()` through a pool that does not lend,
+/// all come back byte-identical (R24).
+#[test]
+fn many_pages_round_trip_through_lending_and_staging_pools_r24() {
+    assert!(MANY as usize > LENT_BATCH_PAGES);
+    for lending in [true, false] {
+        let (device, mut stream, staging) = many_device();
+        let memory = rig(1).pool;
+        let no_lend = NoLend(&memory);
+        let pool: &dyn Pool = if lending { &memory } else { &no_lend };
+        let (staging, saved) = save_pages(pool, &mut stream, staging, &many_saves());
+        assert_eq!(
+            saved,
+            vec![SaveResult::Stored; MANY as usize],
+            "lending {lending}"
+        );
+        let (_, loaded) = load_pages(pool, &mut stream, staging, &many_loads(), None);
+        assert_eq!(loaded.map(|moved| moved.pages), Ok(u64::from(MANY)));
+        for block in [0, 255, 256, MANY - 1] {
+            assert_eq!(
+                device.read_page_to_vec(GroupId(0), MANY + block).unwrap(),
+                many_bytes(block),
+                "lending {lending}, block {block}"
+            );
+        }
+    }
+}
+
+/// R5, R25: a tampered object in the second lent batch fails the whole load, after the
+/// first batch (already in flight) finished.
+#[test]
+fn a_corrupt_object_in_a_later_lent_batch_fails_the_load_r5() {
+    let (_device, mut stream, staging) = many_device();
+    let pool = rig(1).pool;
+    let mut tampered = vec![0; HEADER_BYTES + PAGE];
+    tampered[HEADER_BYTES..].copy_from_slice(&many_bytes(290));
+    object::seal(&many_identity(290), &mut tampered, PAGE).unwrap();
+    tampered[HEADER_BYTES + 100] ^= 4;
+    pool.put(&["m290"], &[&tampered])
+        .into_iter()
+        .for_each(|r| r.unwrap());
+    let (staging, saved) = save_pages(&pool, &mut stream, staging, &many_saves());
+    assert_eq!(saved[290], SaveResult::SkippedPresent);
+    let (_, loaded) = load_pages(&pool, &mut stream, staging, &many_loads(), None);
+    assert_eq!(loaded, Err(LoadFailure::Corrupt));
+}

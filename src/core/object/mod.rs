@@ -4,7 +4,7 @@
 //! +---------------------------- 64 bytes ----------------------------+---- payload ----+
 //! | bincode 2, fixed-width little-endian: magic "KVC1", version,     |  page bytes     |
 //! | layout fingerprint, chain hash, group, shard, payload len,       |  (all layers    |
-//! | xxh3-64 checksum of the payload; zero padding to 64 bytes        |   of a group)   |
+//! | checksum of the payload (`checksum.rs`); zero padding to 64 B    |   of a group)   |
 //! +------------------------------------------------------------------+-----------------+
 //! ```
 //!
@@ -12,6 +12,12 @@
 //! [`seal`]s the slot (writes the header in place: no extra payload copy); a loader gets
 //! the object into a staging slot and [`open`]s it against what it asked for, then
 //! scatters the returned payload range to the device.
+//!
+//! Where the device computes page checksums itself (`CopyStream::scatter_checked`,
+//! `gather_checked`), the CPU never reads a payload: the saver seals with the device's
+//! checksum ([`seal_with_checksum`]) and a loader checks only the header
+//! ([`open_header`]), then compares the stored checksum with the one the device computed
+//! over the bytes that landed in the page ([`check_checksum`]).
 //!
 //! Invariants:
 //! - I1. the header has a fixed size, so the payload sits at a fixed, aligned offset;
@@ -28,7 +34,8 @@ use super::layout::{GroupId, LayoutFingerprint};
 /// Bytes reserved for the header in front of every payload.
 pub const HEADER_BYTES: usize = 64;
 /// The format version this build writes and accepts.
-pub const FORMAT_VERSION: u16 = 1;
+/// Version 2 replaced version 1's xxh3-64 with the position-keyed sum of `checksum.rs`.
+pub const FORMAT_VERSION: u16 = 2;
 const MAGIC: [u8; 4] = *b"KVC1";
 
 /// What a stored object claims to be: the fields a loader checks against its request.
@@ -169,10 +176,10 @@ fn shard_fields(shard: Shard) -> (u8, u32, u32) {
     }
 }
 
-/// The checksum of a payload (xxh3-64).
-pub fn checksum(payload: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(payload)
-}
+mod checksum;
+
+pub use checksum::checksum;
+pub use checksum::{finish as finish_checksum, word_term, LEN_KEY, MIX, WORD_KEY, WORD_SALT};
 
 /// Total object size for a payload of `payload_len` bytes.
 pub fn object_len(payload_len: usize) -> usize {
@@ -197,7 +204,29 @@ pub fn seal(
             payload_len,
         });
     }
-    let (header_area, rest) = buf.split_at_mut(HEADER_BYTES);
+    let payload_checksum = checksum(&buf[HEADER_BYTES..total]);
+    seal_with_checksum(identity, buf, payload_len, payload_checksum)
+}
+
+/// [`seal`] with the payload's checksum already known (computed by the device over the
+/// page the payload was gathered from): writes only the header.
+///
+/// # Errors
+/// [`ObjectError::BufferTooSmall`] when `buf` cannot hold header and payload.
+pub fn seal_with_checksum(
+    identity: &ObjectIdentity,
+    buf: &mut [u8],
+    payload_len: usize,
+    payload_checksum: u64,
+) -> Result<usize, ObjectError> {
+    let total = object_len(payload_len);
+    if buf.len() < total {
+        return Err(ObjectError::BufferTooSmall {
+            len: buf.len(),
+            payload_len,
+        });
+    }
+    let header_area = &mut buf[..HEADER_BYTES];
     let (shard_kind, shard_world, shard_rank) = shard_fields(identity.shard);
     let header = WireHeader {
         magic: MAGIC,
@@ -209,7 +238,7 @@ pub fn seal(
         shard_world,
         shard_rank,
         payload_len: payload_len as u64,
-        checksum: checksum(&rest[..payload_len]),
+        checksum: payload_checksum,
     };
     header_area.fill(0);
     // The fixed-width header is 59 bytes, so it always fits the 64-byte area (I1).
@@ -234,6 +263,23 @@ pub fn open<'a>(
     object: &'a [u8],
     expected_payload_len: usize,
 ) -> Result<&'a [u8], ObjectError> {
+    let stored = open_header(expected, object, expected_payload_len)?;
+    let payload = &object[HEADER_BYTES..object_len(expected_payload_len)];
+    check_checksum(stored, checksum(payload))?;
+    Ok(payload)
+}
+
+/// Checks every header field of an object against what the caller asked for, and its
+/// length, without reading the payload; returns the stored payload checksum, which the
+/// caller must compare ([`check_checksum`]) with the checksum of the bytes it uses (I2).
+///
+/// # Errors
+/// The first mismatch found, as an [`ObjectError`].
+pub fn open_header(
+    expected: &ObjectIdentity,
+    object: &[u8],
+    expected_payload_len: usize,
+) -> Result<u64, ObjectError> {
     let needed = object_len(expected_payload_len);
     if object.len() < needed {
         return Err(ObjectError::Truncated {
@@ -248,15 +294,19 @@ pub fn open<'a>(
         return Err(ObjectError::Undecodable);
     }
     check_header(expected, &header, expected_payload_len as u64)?;
-    let payload = &object[HEADER_BYTES..needed];
-    let computed = checksum(payload);
-    if computed != header.checksum {
-        return Err(ObjectError::ChecksumMismatch {
-            stored: header.checksum,
-            computed,
-        });
+    Ok(header.checksum)
+}
+
+/// Compares a header's stored checksum with the checksum computed over the payload.
+///
+/// # Errors
+/// [`ObjectError::ChecksumMismatch`] when they differ.
+pub fn check_checksum(stored: u64, computed: u64) -> Result<(), ObjectError> {
+    if stored == computed {
+        Ok(())
+    } else {
+        Err(ObjectError::ChecksumMismatch { stored, computed })
     }
-    Ok(payload)
 }
 
 fn check_header(

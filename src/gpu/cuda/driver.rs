@@ -20,6 +20,7 @@ use cudarc::driver::DriverError;
 /// Raw handles, re-exported under names that say what they are.
 pub(crate) use sys::{CUcontext as RawContext, CUdevice as RawDevice};
 pub(crate) use sys::{CUdeviceptr as DevicePtr, CUevent as RawEvent, CUstream as RawStream};
+pub(crate) use sys::{CUfunction as RawFunction, CUmodule as RawModule};
 
 /// Whether the CUDA driver library (`libcuda.so`) can be loaded (D1). Never panics.
 pub(crate) fn library_present() -> bool {
@@ -249,6 +250,87 @@ pub(crate) unsafe fn memcpy_to_host_async(
 ) -> Result<(), DriverError> {
     // SAFETY: both ranges and the stream are valid until completion (caller).
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast::<c_void>(), src, bytes, stream) }.result()
+}
+
+/// `cuCtxSynchronize`: blocks until all work of the current context is done.
+///
+/// # Safety
+/// A context is current on this thread.
+pub(crate) unsafe fn context_synchronize() -> Result<(), DriverError> {
+    // SAFETY: no pointers; the current context is valid (caller).
+    unsafe { sys::cuCtxSynchronize() }.result()
+}
+
+/// `cuModuleLoadData`: loads a module from NUL-terminated PTX text (the driver compiles
+/// it for the current device).
+///
+/// # Safety
+/// The owning context is current on this thread.
+pub(crate) unsafe fn module_load_ptx(ptx: &std::ffi::CStr) -> Result<RawModule, DriverError> {
+    let mut module = MaybeUninit::<RawModule>::uninit();
+    // SAFETY: the out-pointer is valid for one write; `ptx` is NUL-terminated text that
+    // outlives the call (the driver copies what it needs).
+    unsafe { sys::cuModuleLoadData(module.as_mut_ptr(), ptx.as_ptr().cast::<c_void>()) }
+        .result()?;
+    // SAFETY: the call succeeded, so the driver wrote the handle.
+    Ok(unsafe { module.assume_init() })
+}
+
+/// `cuModuleGetFunction`: the kernel `name` of `module`.
+///
+/// # Safety
+/// `module` is live and its context is current.
+pub(crate) unsafe fn module_function(
+    module: RawModule,
+    name: &std::ffi::CStr,
+) -> Result<RawFunction, DriverError> {
+    let mut function = MaybeUninit::<RawFunction>::uninit();
+    // SAFETY: the out-pointer is valid for one write; the module is live (caller).
+    unsafe { sys::cuModuleGetFunction(function.as_mut_ptr(), module, name.as_ptr()) }.result()?;
+    // SAFETY: the call succeeded, so the driver wrote the handle.
+    Ok(unsafe { function.assume_init() })
+}
+
+/// `cuModuleUnload`.
+///
+/// # Safety
+/// `module` is live, unloaded once, and no queued launch of its functions is pending.
+pub(crate) unsafe fn module_unload(module: RawModule) -> Result<(), DriverError> {
+    // SAFETY: single unload of a live module with no pending work (caller).
+    unsafe { sys::cuModuleUnload(module) }.result()
+}
+
+/// `cuLaunchKernel` with a one-dimensional grid and block and no dynamic shared memory.
+///
+/// # Safety
+/// `function` is live; `params` points at one pointer per kernel parameter, each to a
+/// value of the parameter's type, valid for the duration of the call (the driver copies
+/// the values); every device address passed stays allocated until the launch completes;
+/// `stream` is live; all belong to the current context.
+pub(crate) unsafe fn launch_kernel(
+    function: RawFunction,
+    grid_blocks: c_uint,
+    block_threads: c_uint,
+    stream: RawStream,
+    params: &mut [*mut c_void],
+) -> Result<(), DriverError> {
+    // SAFETY: arguments valid as documented (caller); no `extra` array.
+    unsafe {
+        sys::cuLaunchKernel(
+            function,
+            grid_blocks,
+            1,
+            1,
+            block_threads,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
 }
 
 /// Whether `error` leaves the context unusable ("sticky"): every later call in the

@@ -39,18 +39,36 @@ impl DeviceRegion {
     pub(crate) fn zeroed(context: Arc<Context>, spec: &PagePoolSpec) -> Result<Self, GpuError> {
         // P3: the geometry checked that the product fits.
         let bytes = spec.pool_bytes().unwrap_or(usize::MAX);
+        let region = Self::allocate(context, bytes, spec.page_bytes)?;
+        // SAFETY: `ptr..ptr + bytes` is the allocation just made (M1); its context is current.
+        unsafe { driver::mem_set(region.ptr, 0, bytes) }.map_err(GpuError::driver("cuMemsetD8"))?;
+        // The memset runs on the legacy default stream, which the loaders' non-blocking
+        // streams do not wait for: finish it before any stream can touch the pages.
+        // SAFETY: the context is current (`allocate` made it so).
+        unsafe { driver::context_synchronize() }.map_err(GpuError::driver("cuCtxSynchronize"))?;
+        Ok(region)
+    }
+
+    /// Allocates `bytes` (at least 1) of device memory addressed in units of `page_bytes`,
+    /// not initialized (the checksum kernel's scratch, which every use writes before it
+    /// reads; device memory is never seen as Rust memory).
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from `cuMemAlloc`.
+    pub(crate) fn allocate(
+        context: Arc<Context>,
+        bytes: usize,
+        page_bytes: usize,
+    ) -> Result<Self, GpuError> {
         context.make_current()?;
         // SAFETY: the context is current on this thread (line above).
         let ptr = unsafe { driver::mem_alloc(bytes) }.map_err(GpuError::driver("cuMemAlloc"))?;
-        let region = Self {
+        Ok(Self {
             context,
             ptr,
             bytes,
-            page_bytes: spec.page_bytes,
-        };
-        // SAFETY: `ptr..ptr + bytes` is the allocation just made (M1); its context is current.
-        unsafe { driver::mem_set(region.ptr, 0, bytes) }.map_err(GpuError::driver("cuMemsetD8"))?;
-        Ok(region)
+            page_bytes,
+        })
     }
 
     /// The device address `offset` bytes into the region. The caller has checked
@@ -119,6 +137,11 @@ impl PinnedBuffer {
         // SAFETY: `ptr` is valid for `len` initialized bytes while `self` lives (M2), and
         // `&self` excludes writers.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The first byte, for queueing copies into the buffer while it is borrowed mutably.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
     }
 
     /// The whole buffer, writable.

@@ -38,17 +38,19 @@
 
 mod context;
 mod driver;
+mod kernel;
 mod memory;
 mod queue;
 
 use std::sync::Arc;
 
 pub(crate) use context::{probe, Context};
+pub(crate) use kernel::ChecksumScratch;
 pub(crate) use memory::PinnedBuffer;
-pub(crate) use queue::{CudaStream, PendingCopy};
+pub(crate) use queue::{CudaEvent, CudaStream, PendingCopy};
 
+use self::kernel::ChecksumKernel;
 use self::memory::DeviceRegion;
-use self::queue::CudaEvent;
 use super::copy::{CopyDirection, CopyRun};
 use super::error::GpuError;
 use super::pages::PageGeometry;
@@ -61,6 +63,27 @@ pub(crate) struct CudaDevice {
     regions: Vec<DeviceRegion>,
     /// Carries `write_page` / `read_page`; synchronized by each of them (workflow step 4).
     engine_stream: CudaStream,
+    /// The page checksum kernel of checked submissions (`kernel.rs`).
+    kernel: ChecksumKernel,
+    /// Scratch of finished checked submissions, reused by the next ones (G2).
+    scratch: parking_lot::Mutex<Vec<ChecksumScratch>>,
+}
+
+/// Scratches kept for reuse; more in flight at once are allocated and freed.
+const SPARE_SCRATCHES: usize = 32;
+
+/// One page copy of a checked submission: the page and the host bytes (kept alive by the
+/// submission, `checked.rs` V2).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostCopy {
+    /// Pool index (K1).
+    pub(crate) pool: usize,
+    /// Page in the pool (checked against the geometry).
+    pub(crate) page: u32,
+    /// First host byte: read for a scatter, written for a gather.
+    pub(crate) host: *mut u8,
+    /// Bytes from the start of the page.
+    pub(crate) len: usize,
 }
 
 impl CudaDevice {
@@ -71,6 +94,17 @@ impl CudaDevice {
     /// [`GpuError::CudaDriverMissing`], [`GpuError::CudaInit`], [`GpuError::CudaNoDevice`],
     /// or [`GpuError::Driver`] (e.g. out of device memory).
     pub(crate) fn open(ordinal: u32, geometry: &PageGeometry) -> Result<Self, GpuError> {
+        // G1: the checksum kernel reads pages in aligned 8-byte words.
+        if let Some(spec) = geometry
+            .pools()
+            .iter()
+            .find(|spec| spec.page_bytes % 8 != 0)
+        {
+            return Err(GpuError::PageBytesUnaligned {
+                group: spec.group,
+                page_bytes: spec.page_bytes,
+            });
+        }
         let context = Arc::new(Context::retain(ordinal)?);
         let regions = geometry
             .pools()
@@ -78,10 +112,13 @@ impl CudaDevice {
             .map(|spec| DeviceRegion::zeroed(Arc::clone(&context), spec))
             .collect::<Result<Vec<_>, _>>()?;
         let engine_stream = CudaStream::create(Arc::clone(&context))?;
+        let kernel = ChecksumKernel::load(Arc::clone(&context))?;
         Ok(Self {
             context,
             regions,
             engine_stream,
+            kernel,
+            scratch: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -204,6 +241,108 @@ impl CudaDevice {
                 }
                 .map_err(GpuError::driver("cuMemcpyDtoHAsync"))
             }
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Queues a checked submission (`checked.rs`): for a scatter the page copies and then
+    /// the checksum kernel, for a gather the kernel and then the copies (V4); then the copy
+    /// of the kernel's results and an event. Returns the event and the scratch that will
+    /// hold the results.
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from an allocation, a copy, the launch or the event; the
+    /// stream has been synchronized by then (K2).
+    pub(crate) fn issue_checked(
+        &self,
+        stream: &CudaStream,
+        direction: CopyDirection,
+        copies: &[HostCopy],
+    ) -> Result<(CudaEvent, ChecksumScratch), GpuError> {
+        self.context.make_current()?;
+        let event = CudaEvent::create(Arc::clone(&self.context))?;
+        let mut scratch = self.take_scratch(copies.len())?;
+        let pages: Vec<(driver::DevicePtr, usize)> = copies
+            .iter()
+            .map(|copy| (self.regions[copy.pool].page_address(copy.page), copy.len))
+            .collect();
+        scratch.stage(&pages);
+        let queue_copies = || {
+            copies
+                .iter()
+                .zip(&pages)
+                .try_for_each(|(copy, &(device, _))| {
+                    Self::queue_page_copy(stream, direction, copy, device)
+                })
+        };
+        let queued = match direction {
+            CopyDirection::HostToDevice => {
+                queue_copies().and_then(|()| self.kernel.queue(stream, &mut scratch))
+            }
+            CopyDirection::DeviceToHost => self
+                .kernel
+                .queue(stream, &mut scratch)
+                .and_then(|()| queue_copies()),
+        }
+        .and_then(|()| event.record(stream));
+        match queued {
+            Ok(()) => Ok((event, scratch)),
+            Err(error) => {
+                // K2: what was queued finishes before the memory goes back.
+                if let Err(sync_error) = stream.synchronize() {
+                    tracing::warn!(error = %sync_error, "synchronizing after a failed submission failed");
+                }
+                self.recycle_scratch(scratch);
+                Err(error)
+            }
+        }
+    }
+
+    /// Queues one page's copy of a checked submission.
+    fn queue_page_copy(
+        stream: &CudaStream,
+        direction: CopyDirection,
+        copy: &HostCopy,
+        device: driver::DevicePtr,
+    ) -> Result<(), GpuError> {
+        match direction {
+            CopyDirection::HostToDevice => {
+                // SAFETY: the page range was checked against the geometry (K1) and the
+                // host range against its memory, which the in-flight owns until the event
+                // completes and nobody writes meanwhile (checked.rs V1, V2).
+                unsafe { driver::memcpy_to_device_async(device, copy.host, copy.len, stream.raw()) }
+                    .map_err(GpuError::driver("cuMemcpyHtoDAsync"))
+            }
+            CopyDirection::DeviceToHost => {
+                // SAFETY: as above; the host range is written only by this copy until the
+                // event completes, and the destinations of one submission are disjoint (V1).
+                unsafe { driver::memcpy_to_host_async(copy.host, device, copy.len, stream.raw()) }
+                    .map_err(GpuError::driver("cuMemcpyDtoHAsync"))
+            }
+        }
+    }
+
+    /// A scratch for `pages` pages: a spare one that is large enough, or a new one.
+    fn take_scratch(&self, pages: usize) -> Result<ChecksumScratch, GpuError> {
+        let spare = {
+            let mut spares = self.scratch.lock();
+            let position = spares
+                .iter()
+                .position(|scratch| scratch.capacity_pages() >= pages);
+            position.map(|index| spares.swap_remove(index))
+        };
+        match spare {
+            Some(scratch) => Ok(scratch),
+            None => ChecksumScratch::new(&self.context, pages.max(64)),
+        }
+    }
+
+    /// Keeps a finished submission's scratch for the next one (G2).
+    pub(crate) fn recycle_scratch(&self, scratch: ChecksumScratch) {
+        let mut spares = self.scratch.lock();
+        if spares.len() < SPARE_SCRATCHES {
+            spares.push(scratch);
         }
     }
 }

@@ -1,0 +1,240 @@
+//! The save procedure (R19): probe, gather with device checksums, seal, store.
+//!
+//! Per batch of [`super::LENT_BATCH_PAGES`] items (or `staging.slots()`, if more): probe
+//! the keys and skip those already
+//! present; for the rest, take fresh objects from the pool where it hands them out
+//! (`Pool::alloc_objects`: the gather writes straight into pool memory, then
+//! `commit_objects`), else use the staging slots, a part of `staging.slots()` at a time,
+//! and a batch `put_absent`. Either way the
+//! device checksums each page it copies out (`gather_checked`) and the header is sealed
+//! with that checksum, so the CPU never reads the payload.
+
+use super::{batch_len, page_copies, SaveItem, SaveResult};
+use crate::core::object;
+use crate::gpu::{CheckedInFlight, CopyStream, HostSlot, HostTarget, StagingPool};
+use crate::pool::{Pool, PoolError};
+
+/// Saves `items`, one result per item in order. Returns the staging pool in every case.
+///
+/// Batches gathered into pool objects are pipelined: the next batch is probed and its
+/// gather submitted before the previous one is waited for, sealed and committed.
+pub fn save_pages(
+    pool: &dyn Pool,
+    stream: &mut CopyStream,
+    mut staging: StagingPool,
+    items: &[SaveItem],
+) -> (StagingPool, Vec<SaveResult>) {
+    let batch_len = batch_len(&staging);
+    let slots = usize::try_from(staging.slots())
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let slot_bytes = staging.slot_bytes();
+    let mut results = vec![SaveResult::Failed; items.len()];
+    let mut in_flight: Option<ObjectBatch<'_>> = None;
+    for (first, batch) in (0..).step_by(batch_len).zip(items.chunks(batch_len)) {
+        let absent = probe(pool, first, batch, slot_bytes, &mut results);
+        if absent.is_empty() {
+            continue;
+        }
+        let lens: Vec<usize> = absent
+            .iter()
+            .map(|(_, item)| object::object_len(item.payload_len))
+            .collect();
+        let next = if let Some(allocated) = pool.alloc_objects(&lens) {
+            submit_into_objects(stream, absent, allocated)
+        } else {
+            for part in absent.chunks(slots) {
+                staging = save_through_staging(pool, stream, staging, part, &mut results);
+            }
+            None
+        };
+        if let Some(previous) = std::mem::replace(&mut in_flight, next) {
+            previous.finish(pool, &mut results);
+        }
+    }
+    if let Some(last) = in_flight {
+        last.finish(pool, &mut results);
+    }
+    (staging, results)
+}
+
+/// Probes a batch (R19): present keys are skipped, the rest returned as (index in
+/// `items`, item) and left `Failed` until stored; objects larger than a slot fail.
+fn probe<'a>(
+    pool: &dyn Pool,
+    first: usize,
+    batch: &'a [SaveItem],
+    slot_bytes: usize,
+    results: &mut [SaveResult],
+) -> Vec<(usize, &'a SaveItem)> {
+    let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
+    let present = pool.exists(&keys);
+    let mut absent = Vec::with_capacity(batch.len());
+    for (offset, item) in batch.iter().enumerate() {
+        let index = first + offset;
+        if matches!(present.get(offset), Some(Ok(true))) {
+            results[index] = SaveResult::SkippedPresent;
+        } else if object::object_len(item.payload_len) <= slot_bytes {
+            absent.push((index, item));
+        }
+    }
+    absent
+}
+
+/// Through staging: gather with device checksums, seal, `put_absent`.
+fn save_through_staging(
+    pool: &dyn Pool,
+    stream: &mut CopyStream,
+    staging: StagingPool,
+    absent: &[(usize, &SaveItem)],
+    results: &mut [SaveResult],
+) -> StagingPool {
+    let (staging, sealed) = gather_sealed(stream, staging, absent);
+    if let Some(sealed) = sealed {
+        let values: Vec<&[u8]> = sealed
+            .iter()
+            .map(|&(position, len)| staging_slot(&staging, position, len))
+            .collect();
+        let kept: Vec<(usize, &SaveItem)> = sealed
+            .iter()
+            .map(|&(position, _)| absent[position])
+            .collect();
+        let keys: Vec<&str> = kept.iter().map(|(_, item)| item.key.as_str()).collect();
+        // The batch was probed just before the gather: no second probe.
+        record(results, &kept, &pool.put_absent(&keys, &values));
+    }
+    staging
+}
+
+/// A batch gathering into pool objects, submitted and not yet waited for.
+struct ObjectBatch<'a> {
+    in_flight: CheckedInFlight<Vec<HostSlot>>,
+    kept: Vec<(usize, &'a SaveItem)>,
+}
+
+/// Zero-copy: submits the gather into the pool's fresh objects (refused allocations stay
+/// failed). `None` when nothing was submitted.
+fn submit_into_objects<'a>(
+    stream: &mut CopyStream,
+    absent: Vec<(usize, &'a SaveItem)>,
+    allocated: Vec<Result<HostSlot, PoolError>>,
+) -> Option<ObjectBatch<'a>> {
+    if allocated.len() != absent.len() {
+        tracing::warn!(
+            asked = absent.len(),
+            answers = allocated.len(),
+            "pool answered an object allocation with the wrong number of results"
+        );
+        return None;
+    }
+    let mut objects = Vec::with_capacity(absent.len());
+    let mut kept = Vec::with_capacity(absent.len());
+    for (entry, object) in absent.into_iter().zip(allocated) {
+        if let Ok(object) = object {
+            objects.push(object);
+            kept.push(entry);
+        }
+    }
+    let copies = page_copies(
+        kept.iter()
+            .map(|(_, item)| (item.identity.group, item.page, item.payload_len)),
+    );
+    let in_flight = stream.gather_checked(objects, &copies).ok()?;
+    Some(ObjectBatch { in_flight, kept })
+}
+
+impl ObjectBatch<'_> {
+    /// Waits, seals each object with its page's device checksum, commits (R5, R19).
+    fn finish(self, pool: &dyn Pool, results: &mut [SaveResult]) {
+        let (objects, sums) = self.in_flight.wait();
+        let Ok(sums) = sums else {
+            return;
+        };
+        let mut committed = Vec::with_capacity(objects.len());
+        let mut kept = Vec::with_capacity(objects.len());
+        for ((entry, mut object), checksum) in self.kept.into_iter().zip(objects).zip(sums) {
+            let (_, item) = entry;
+            if object::seal_with_checksum(&item.identity, &mut object, item.payload_len, checksum)
+                .is_ok()
+            {
+                committed.push(object);
+                kept.push(entry);
+            }
+        }
+        let keys: Vec<&str> = kept.iter().map(|(_, item)| item.key.as_str()).collect();
+        record(results, &kept, &pool.commit_objects(&keys, committed));
+    }
+}
+
+/// Gathers the pages of `entries` into slot or object `i` after its header area with
+/// device checksums, and seals each header with its checksum. Returns the memory and,
+/// unless the copy failed, the (position, object length) of every sealed entry.
+fn gather_sealed<M: HostTarget + SealSlots>(
+    stream: &mut CopyStream,
+    memory: M,
+    entries: &[(usize, &SaveItem)],
+) -> (M, Option<Vec<(usize, usize)>>) {
+    let copies = page_copies(
+        entries
+            .iter()
+            .map(|(_, item)| (item.identity.group, item.page, item.payload_len)),
+    );
+    let (mut memory, sums) = match stream.gather_checked(memory, &copies) {
+        Ok(in_flight) => in_flight.wait(),
+        Err(refused) => return (refused.memory, None),
+    };
+    let Ok(sums) = sums else {
+        return (memory, None);
+    };
+    let mut sealed = Vec::with_capacity(entries.len());
+    for (position, ((_, item), checksum)) in entries.iter().zip(sums).enumerate() {
+        let Some(buffer) = memory.slot_mut(position) else {
+            continue;
+        };
+        if let Ok(len) =
+            object::seal_with_checksum(&item.identity, buffer, item.payload_len, checksum)
+        {
+            sealed.push((position, len));
+        }
+    }
+    (memory, Some(sealed))
+}
+
+/// Slot `i` of host memory, for sealing in place.
+trait SealSlots {
+    fn slot_mut(&mut self, position: usize) -> Option<&mut [u8]>;
+}
+
+impl SealSlots for StagingPool {
+    fn slot_mut(&mut self, position: usize) -> Option<&mut [u8]> {
+        StagingPool::slot_mut(self, u32::try_from(position).ok()?).ok()
+    }
+}
+
+impl SealSlots for Vec<HostSlot> {
+    fn slot_mut(&mut self, position: usize) -> Option<&mut [u8]> {
+        self.get_mut(position).map(|slot| &mut slot[..])
+    }
+}
+
+fn staging_slot(staging: &StagingPool, position: usize, len: usize) -> &[u8] {
+    u32::try_from(position)
+        .ok()
+        .and_then(|slot| staging.slot(slot).ok())
+        .map_or(&[][..], |slot| &slot[..len.min(slot.len())])
+}
+
+/// Records each stored key's put or commit result.
+fn record(
+    results: &mut [SaveResult],
+    kept: &[(usize, &SaveItem)],
+    put_results: &[Result<(), PoolError>],
+) {
+    for (position, (index, _)) in kept.iter().enumerate() {
+        results[*index] = match put_results.get(position) {
+            Some(Ok(())) => SaveResult::Stored,
+            Some(Err(PoolError::AlreadyExists)) => SaveResult::SkippedPresent,
+            _ => SaveResult::Failed,
+        };
+    }
+}
