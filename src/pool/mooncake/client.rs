@@ -21,10 +21,12 @@
 //! (a key put as one is found as the other), and a `bytes` object is a copy where a `str`
 //! is a validated decode. Per-key answers are read by walking the returned list rather
 //! than through the generic sequence extraction. Both run with the GIL held, so chunks
-//! of a concurrent probe wait on each other for them; for the 10,624 keys of a
-//! 170k-token prompt they measured 0.83 ms instead of 0.95 ms (keys) and 0.09 ms instead
-//! of 0.14 ms (answers), next to 10-20 ms for the call itself (`benches/mooncake.rs`,
-//! group `pyo3_conversion`).
+//! of a concurrent probe wait on each other for them. For the 10,624 keys of a
+//! 170k-token prompt (`benches/mooncake.rs`, group `pyo3_conversion`, ten runs on a
+//! loaded 2-core VM) the key list took 0.84-3.1 ms as `bytes` against 0.97-2.7 ms as
+//! `str` (less in nine runs of ten), and the answers 0.10-0.21 ms walked against
+//! 0.14-0.37 ms extracted (less in all ten): about 0.3 ms saved per probe, next to
+//! 10-20 ms for the call itself.
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;

@@ -40,15 +40,6 @@ use crate::pool::PoolError;
 /// Most threads one probe fans out to; larger probes get larger chunks.
 const MAX_PROBE_THREADS: usize = 8;
 
-/// The chunk length that cuts `keys` into as few calls as chunks of `chunk_keys` would
-/// (at most [`MAX_PROBE_THREADS`]), all of about the same length: the concurrent calls
-/// finish together, where `10,624` keys in chunks of `4096` would leave a short third
-/// call and two long ones that set the time.
-fn balanced_chunk(keys: usize, chunk_keys: usize) -> usize {
-    let calls = keys.div_ceil(chunk_keys.max(1)).clamp(1, MAX_PROBE_THREADS);
-    keys.div_ceil(calls).max(1)
-}
-
 /// A [`Pool`](crate::pool::Pool) backed by Mooncake Store through the in-process Python client.
 ///
 /// Register long-lived transfer memory (loader and saver staging pools) once with
@@ -153,10 +144,12 @@ impl MooncakePool {
         self.register_slice(staging)
     }
 
-    /// Existence of `keys` in chunks of at most `chunk_keys` run concurrently; a present
-    /// object gets a lease and its eviction age reset. Counts no hits or misses.
+    /// Existence of `keys` in chunks of `chunk_keys` run concurrently; a present object
+    /// gets a lease and its eviction age reset. Counts no hits or misses.
     pub fn probe(&self, keys: &[&str], chunk_keys: usize) -> Vec<Result<bool, PoolError>> {
-        let chunk = balanced_chunk(keys.len(), chunk_keys);
+        let chunk = chunk_keys
+            .max(1)
+            .max(keys.len().div_ceil(MAX_PROBE_THREADS));
         if keys.len() <= chunk {
             return self.probe_once(keys);
         }
@@ -408,56 +401,5 @@ impl<'k> Call<'k> {
         self.keys.push(key);
         self.addrs.push(addr);
         self.sizes.push(size);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn a_prompt_probe_is_cut_into_even_chunks() {
-        assert_eq!(
-            balanced_chunk(10_624, 4096),
-            3542,
-            "three calls, not 4096+4096+2432"
-        );
-        assert_eq!(balanced_chunk(10_624, 1024), 1328, "capped at eight calls");
-        assert_eq!(balanced_chunk(4096, 4096), 4096, "one call");
-        assert_eq!(balanced_chunk(0, 4096), 1);
-        assert_eq!(
-            balanced_chunk(5, 0),
-            1,
-            "a zero chunk means one key per call"
-        );
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: 512,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(0x7072_6f62),
-            ..ProptestConfig::default()
-        })]
-
-        /// Never more calls than `chunk_keys` chunks would make (nor more than the thread
-        /// cap), never a chunk above `chunk_keys` unless the cap forces it, and a last
-        /// chunk short of the others by fewer keys than there are calls.
-        #[test]
-        fn balanced_chunks_keep_the_call_count_and_the_bound(
-            keys in 0usize..100_000,
-            chunk_keys in 1usize..10_000,
-        ) {
-            let chunk = balanced_chunk(keys, chunk_keys);
-            let calls = keys.div_ceil(chunk);
-            prop_assert!(calls <= keys.div_ceil(chunk_keys).clamp(1, MAX_PROBE_THREADS));
-            if keys.div_ceil(chunk_keys) <= MAX_PROBE_THREADS {
-                prop_assert!(chunk <= chunk_keys || keys == 0);
-            }
-            if calls > 1 {
-                let last = keys - chunk * (calls - 1);
-                prop_assert!(last + calls > chunk, "last {} of chunk {}", last, chunk);
-            }
-        }
     }
 }
