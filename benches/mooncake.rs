@@ -17,23 +17,39 @@
 //! - `transfer/get_registered`: `Pool::get_into` into a registered buffer;
 //! - `transfer/get_staged`: the same into an unregistered buffer (one extra copy).
 //!
-//! Then (under `cargo bench` only) `../shared/reference/mooncake_client_bench.py` runs with the venv's Python against
-//! the same master and prints its JSON line (probe ms over 4096 keys, put/get GB/s), the
-//! baseline for the transfer figures.
+//! Conversions (`pyo3_conversion`, no master): the 10,624 probe keys as a Python list of
+//! `str` against one of `bytes`, and 10,624 answers read by the generic `Vec<i64>`
+//! extraction against a walk of the list (the client's choices, `client.rs`).
+//!
+//! Then, under `cargo bench` only, two side-by-side comparisons that alternate their arms,
+//! so that load from other processes falls on both alike (the figures to quote):
+//!
+//! - probes: rounds of one batch then chunks of 4096, the median of each, and the CPU
+//!   time per probe of this process and of the master (`/proc/<pid>/stat`): what bounds
+//!   the chunked time on a small machine;
+//! - transfers: rounds of a fresh [`MooncakePool`] doing what
+//!   `../shared/reference/mooncake_client_bench.py` does (fresh keys, `put_absent` then
+//!   `get_into` of 256 x 256 KiB from registered buffers, the bytes checked, median of 10
+//!   iterations, GB/s = 1e9 bytes/s), then that script with the venv's Python against the
+//!   same master, after this client closed (the master places objects in any mounted
+//!   segment, so both clients find their objects in their own segment).
 //!
 //! Run: `scripts/setup-mooncake && PYO3_PYTHON=.venv/bin/python cargo bench --features
 //! mooncake --bench mooncake -- --warm-up-time 1 --measurement-time 3`.
 
 use std::hint::black_box;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
+#[path = "mooncake/side_by_side.rs"]
+mod side_by_side;
 use kv_connector::pool::mooncake::{
     MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
 };
 use kv_connector::pool::Pool;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
 
 /// Blocks of a 170k-token prompt at T = 32.
 const BLOCKS: usize = 170_000 / 32;
@@ -54,6 +70,9 @@ fn prompt_keys(tag: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// Iterations per side-by-side transfer round, for both clients (the median is kept).
+const TRANSFER_ITERS: usize = 10;
 
 /// Page size; staging memory of loaders and savers is page aligned (pinned host memory).
 const PAGE: usize = 4096;
@@ -146,41 +165,47 @@ fn bench_transfers(criterion: &mut Criterion, pool: &MooncakePool) -> Result<(),
     Ok(())
 }
 
-/// Runs the Python reference bench against `master` and prints its JSON line.
-fn run_python_baseline(install: &MooncakeInstall, master: &MooncakeMaster) {
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/mooncake_client_bench.py");
-    let output = Command::new(install.venv_dir.join("bin/python"))
-        .arg(&script)
-        .args([
-            "--master",
-            &master.master_address(),
-            "--metadata",
-            &master.metadata_server(),
-        ])
-        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        .env("MC_LOG_LEVEL", "WARNING")
-        .output();
-    match output {
-        Ok(output) if output.status.success() => {
-            println!(
-                "python baseline (mooncake_client_bench.py): {}",
-                String::from_utf8_lossy(&output.stdout).trim()
-            );
+/// The criterion group `pyo3_conversion` (module docs).
+fn bench_conversions(criterion: &mut Criterion, keys: &[&str]) {
+    let mut group = criterion.benchmark_group("pyo3_conversion");
+    group.throughput(Throughput::Elements(keys.len() as u64));
+    Python::attach(|py| {
+        group.bench_function("keys_as_str", |bench| {
+            bench.iter(|| black_box(PyList::new(py, keys).map(|list| list.len())));
+        });
+        group.bench_function("keys_as_bytes", |bench| {
+            bench.iter(|| {
+                let items = keys.iter().map(|key| PyBytes::new(py, key.as_bytes()));
+                black_box(PyList::new(py, items).map(|list| list.len()))
+            });
+        });
+        let codes: Vec<i64> = (0..keys.len()).map(|i| i64::from(i % 2 == 0)).collect();
+        if let Ok(list) = PyList::new(py, &codes) {
+            group.bench_function("answers_extract_vec", |bench| {
+                bench.iter(|| black_box(list.extract::<Vec<i64>>()));
+            });
+            group.bench_function("answers_walk_list", |bench| {
+                bench.iter(|| {
+                    black_box(
+                        list.iter()
+                            .map(|code| code.extract::<i64>())
+                            .collect::<PyResult<Vec<i64>>>(),
+                    )
+                });
+            });
         }
-        Ok(output) => println!("python baseline failed with {}", output.status),
-        Err(err) => println!("python baseline could not start: {err}"),
-    }
+    });
+    group.finish();
 }
 
 fn run(criterion: &mut Criterion, install: &MooncakeInstall) -> Result<(), MooncakeError> {
     let master = MooncakeMaster::start(MasterSettings::new(install))?;
-    let settings = MooncakeSettings {
+    let settings = master.client_settings(MooncakeSettings {
         venv_dir: install.venv_dir.clone(),
         global_segment_size_bytes: 2 << 30,
         ..MooncakeSettings::default()
-    };
-    let pool = MooncakePool::connect(master.client_settings(settings))?;
+    });
+    let pool = MooncakePool::connect(settings.clone())?;
     let present = prompt_keys("present");
     let present_refs: Vec<&str> = present.iter().map(String::as_str).collect();
     let tiny = vec![0u8; 64];
@@ -196,13 +221,17 @@ fn run(criterion: &mut Criterion, install: &MooncakeInstall) -> Result<(), Moonc
     let absent = prompt_keys("absent");
     let absent_refs: Vec<&str> = absent.iter().map(String::as_str).collect();
     bench_probes(criterion, &pool, "probe_absent", &absent_refs);
+    bench_conversions(criterion, &present_refs);
     bench_transfers(criterion, &pool)?;
-    // The master places objects in any mounted segment: close this client first, so the
-    // baseline's objects stay in its own segment as this client's did.
-    pool.close()?;
     // `cargo test --all-targets` runs benches once as a smoke test, without `--bench`.
-    if std::env::args().any(|arg| arg == "--bench") {
-        run_python_baseline(install, &master);
+    let full_run = std::env::args().any(|arg| arg == "--bench");
+    if full_run {
+        side_by_side::probes(&pool, &master, "probe_present", &present_refs);
+        side_by_side::probes(&pool, &master, "probe_absent", &absent_refs);
+    }
+    pool.close()?;
+    if full_run {
+        side_by_side::transfers(install, &master, &settings)?;
     }
     Ok(())
 }
