@@ -15,7 +15,7 @@ use kv_connector::core::ids::RequestId;
 use kv_connector::core::layout::Layout;
 use kv_connector::core::ledger::Ledger;
 use kv_connector::core::planner::{LookupOutcome, PlannerGroup, PlannerGroupKind};
-use kv_connector::messages::lookup_planner::{CollectLookupStats, LookupPrefix};
+use kv_connector::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use kv_connector::messages::stats_reporter::CollectNow;
 use kv_connector::messages::EngineInbox;
 use kv_connector::pool::{ManualClock, MemoryPool, Pool};
@@ -118,6 +118,44 @@ async fn the_planner_answers_through_the_engine_inbox() -> TestResult {
         (stats.full_miss, stats.full, stats.tokens_offered),
         (1, 1, 5 * 16)
     );
+    Ok(())
+}
+
+/// One `LookupPrefixes` (the lookups of one admission pass) is answered once per lookup,
+/// each with its own request's result, and counted like single lookups.
+#[actix::test]
+async fn a_batch_of_lookups_is_answered_once_per_lookup() -> TestResult {
+    let rig = rig()?;
+    rig.store_prompt()?;
+    let other: Arc<[i64]> = (1_000..=1_000 + 16 * 3).collect::<Vec<i64>>().into();
+    let lookups = [(1, &rig.prompt), (2, &other), (3, &rig.prompt)]
+        .into_iter()
+        .map(|(request, prompt)| LookupPrefix {
+            request: RequestId(request),
+            prompt: Arc::clone(prompt),
+            local_match_tokens: 0,
+            enqueued_at: Instant::now(),
+        })
+        .collect();
+    rig.planner.send(LookupPrefixes { lookups }).await?;
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let completed = rig.lookups.recv_async().await?;
+        let outcome = completed.plan.ok_or("lookup failed")?.outcome;
+        answers.push((completed.request.0, outcome));
+    }
+    answers.sort_by_key(|(request, _)| *request);
+    assert_eq!(
+        answers,
+        vec![
+            (1, LookupOutcome::Full),
+            (2, LookupOutcome::FullMiss),
+            (3, LookupOutcome::Full)
+        ]
+    );
+    assert!(rig.lookups.is_empty(), "one answer per lookup");
+    let stats = rig.planner.send(CollectLookupStats).await?;
+    assert_eq!((stats.full, stats.full_miss), (2, 1));
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{memory_pool, prompt, reserve, start};
 use kv_connector::config::Config;
-use kv_connector::connector::EngineConnector;
+use kv_connector::connector::{EngineConnector, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::Layout;
 
@@ -56,6 +56,8 @@ fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
         instance
             .handle
             .lookup_prefix(RequestId(index as u64), Arc::clone(tokens), 0);
+        // One admission pass per request: sixteen messages into a mailbox of one.
+        instance.handle.flush_lookups();
     }
     for (index, tokens) in prompts.iter().enumerate() {
         let request = RequestId(index as u64);
@@ -69,4 +71,52 @@ fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
     );
     assert_eq!(stats.lookups.full_miss, 16, "every request was looked up");
     assert_eq!(stats.saves.saves_done, 16 * 4, "and saved its prompt");
+}
+
+/// The loads of one step travel in one `StartLoads`; a reservation manager that refuses
+/// it (gone here, full in production: the same path) fails every load of the step at
+/// once, each reported once, in the step's order (R25), and the accounting stays closed.
+#[test]
+fn a_refused_start_loads_fails_every_load_of_the_step_r25() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let mut instance = start(memory_pool(64 << 20), &layout, Config::default());
+    for index in 0..3_u64 {
+        let tokens = prompt(i64::try_from(index).unwrap() * 1_000_000, 4 * 16 + 1);
+        instance.handle.lookup_prefix(RequestId(index), tokens, 0);
+    }
+    for index in 0..3_u64 {
+        reserve(
+            &mut instance.handle,
+            RequestId(index),
+            ReservationId(10 + index),
+        );
+    }
+    instance.handle.close();
+    let table: Vec<i32> = (0..5).collect();
+    let tables: Vec<&[i32]> = vec![table.as_slice()];
+    let requests = [2_u64, 0, 1]
+        .into_iter()
+        .map(|index| ScheduledRequest {
+            request: RequestId(index),
+            prompt_len: 4 * 16 + 1,
+            computed_before: 0,
+            computed_after: 0,
+            new_reservation: Some(ReservationId(10 + index)),
+            page_tables: &tables,
+        })
+        .collect();
+    instance.handle.on_step(&SchedulerOutput { requests });
+    let finished = instance.handle.get_finished_prefix_loads();
+    let reported: Vec<(u64, u64, bool)> = finished
+        .iter()
+        .map(|load| (load.request.0, load.reservation.0, load.filled))
+        .collect();
+    assert_eq!(
+        reported,
+        vec![(2, 12, false), (0, 10, false), (1, 11, false)]
+    );
+    assert!(instance.handle.get_finished_prefix_loads().is_empty());
+    let loads = instance.handle.stats().loads;
+    assert_eq!((loads.loads_started, loads.loads_failed), (3, 3));
+    assert_eq!(loads.loads_started, loads.loads_done + loads.loads_failed);
 }

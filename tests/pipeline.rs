@@ -376,3 +376,66 @@ fn resave_refreshes_the_blocks_of_earlier_chunks_r20() {
         (10, 4, 14)
     );
 }
+
+/// R23 with `sync_load`: the loads of one step are still started together, but `on_step`
+/// returns only once each is reported, so both are filled before the next poll.
+#[test]
+fn sync_load_waits_for_every_load_of_the_step_r23() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let pool: Arc<dyn Pool> = memory_pool(64 << 20);
+    let mut first = start(Arc::clone(&pool), &layout, Config::default());
+    let mut config = Config::default();
+    config.loaders.sync_load = true;
+    let mut second = start(Arc::clone(&pool), &layout, config);
+    let prompts = [prompt(0, 4 * 16 + 1), prompt(1_000_000, 4 * 16 + 1)];
+    for (index, tokens) in (1_u64..).zip(&prompts) {
+        first.save_prompt(RequestId(index), tokens, &layout, 0);
+        second
+            .handle
+            .lookup_prefix(RequestId(index), Arc::clone(tokens), 0);
+    }
+    for index in 1..=2 {
+        assert_eq!(
+            reserve(&mut second.handle, RequestId(index), ReservationId(index)),
+            ReserveAnswer::Offer {
+                extra_tokens: 4 * 16,
+                is_async: false
+            }
+        );
+    }
+    let tables: [Vec<i32>; 2] = [(100..105).collect(), (200..205).collect()];
+    let page_tables: Vec<[&[i32]; 1]> = tables.iter().map(|table| [table.as_slice()]).collect();
+    let requests = (1_u64..)
+        .zip(&page_tables)
+        .map(|(index, page_tables)| ScheduledRequest {
+            request: RequestId(index),
+            prompt_len: 4 * 16 + 1,
+            computed_before: 0,
+            computed_after: 0,
+            new_reservation: Some(ReservationId(index)),
+            page_tables,
+        })
+        .collect();
+    second.handle.on_step(&SchedulerOutput { requests });
+    let finished = second.handle.get_finished_prefix_loads();
+    let reported: Vec<(u64, bool)> = finished
+        .iter()
+        .map(|load| (load.reservation.0, load.filled))
+        .collect();
+    assert_eq!(reported, vec![(1, true), (2, true)]);
+    let page_bytes = second.devices[0].page_pool(GroupId(0)).unwrap().page_bytes;
+    for (table, block) in tables
+        .iter()
+        .flat_map(|table| (0..4).map(move |b| (table, b)))
+    {
+        let page = u32::try_from(table[block]).unwrap();
+        assert_eq!(
+            second.devices[0]
+                .read_page_to_vec(GroupId(0), page)
+                .unwrap(),
+            page_content(GroupId(0), 0, block, page_bytes)
+        );
+    }
+    let loads = second.handle.shutdown().loads;
+    assert_eq!((loads.loads_started, loads.loads_done), (2, 2));
+}

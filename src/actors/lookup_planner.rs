@@ -15,7 +15,7 @@ use actix::prelude::*;
 use super::keyspace::KeySpace;
 use crate::core::hash::{hash_blocks, BlockHash};
 use crate::core::planner::{Lookup, LookupOutcome, LookupPlan, LookupRequest, PlannerGroup};
-use crate::messages::lookup_planner::{CollectLookupStats, LookupPrefix};
+use crate::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use crate::messages::{EngineInbox, LookupCompleted};
 use crate::pool::Pool;
 use crate::stats::LookupStats;
@@ -99,6 +99,23 @@ impl Handler<LookupPrefix> for LookupPlanner {
     type Result = ();
 
     fn handle(&mut self, message: LookupPrefix, ctx: &mut Self::Context) {
+        self.start_lookup(message, ctx);
+    }
+}
+
+impl Handler<LookupPrefixes> for LookupPlanner {
+    type Result = ();
+
+    fn handle(&mut self, message: LookupPrefixes, ctx: &mut Self::Context) {
+        for lookup in message.lookups {
+            self.start_lookup(lookup, ctx);
+        }
+    }
+}
+
+impl LookupPlanner {
+    /// Runs one lookup off the actor's thread and answers through the engine inbox.
+    fn start_lookup(&mut self, message: LookupPrefix, ctx: &mut Context<Self>) {
         let pool = Arc::clone(&self.pool);
         let keys = Arc::clone(&self.keys);
         let settings = Arc::clone(&self.settings);

@@ -24,7 +24,7 @@ use crate::core::ledger::{
 use crate::core::planner::LookupPlan;
 use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::{
-    CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad,
+    CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad, StartLoads,
 };
 use crate::messages::EngineInbox;
 use crate::stats::LoadStats;
@@ -72,7 +72,16 @@ impl ReservationManager {
         }
     }
 
+    /// Hands a finished load to the engine inbox: at once while it has room (so the
+    /// reports of one `StartLoads` keep its order), else from a spawned send that waits.
     fn report(&self, ctx: &mut Context<Self>, finished: FinishedLoad) {
+        let finished = match self.inbox.loads.try_send(finished) {
+            Ok(()) => return,
+            Err(flume::TrySendError::Disconnected(_)) => {
+                return tracing::debug!("engine handle gone; load result dropped");
+            }
+            Err(flume::TrySendError::Full(finished)) => finished,
+        };
         let inbox = self.inbox.clone();
         ctx.spawn(
             async move {
@@ -167,10 +176,19 @@ impl Handler<AttachLoaders> for ReservationManager {
     }
 }
 
-impl Handler<StartLoad> for ReservationManager {
+impl Handler<StartLoads> for ReservationManager {
     type Result = ();
 
-    fn handle(&mut self, message: StartLoad, ctx: &mut Self::Context) {
+    fn handle(&mut self, message: StartLoads, ctx: &mut Self::Context) {
+        for load in message.loads {
+            self.start_load(ctx, load);
+        }
+    }
+}
+
+impl ReservationManager {
+    /// Records one reservation and sends its load to a loader of every rank.
+    fn start_load(&mut self, ctx: &mut Context<Self>, load: StartLoad) {
         let StartLoad {
             request,
             reservation,
@@ -178,8 +196,7 @@ impl Handler<StartLoad> for ReservationManager {
             plan,
             hashes,
             pages: page_indices,
-            ..
-        } = message;
+        } = load;
         let pages = planned_pages(&plan, &hashes, &page_indices);
         let started_at = Instant::now();
         self.stats.loads_started += 1;
@@ -233,9 +250,7 @@ impl Handler<StartLoad> for ReservationManager {
             self.finish(ctx, reservation, ticket);
         }
     }
-}
 
-impl ReservationManager {
     fn finish(&mut self, ctx: &mut Context<Self>, reservation: ReservationId, ticket: LoadTicket) {
         let Some(pending) = self.pending.remove(&(reservation, ticket)) else {
             return;
@@ -328,4 +343,90 @@ fn planned_pages(
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::core::hash::{hash_blocks, scope_seed, Scope};
+    use crate::core::layout::Layout;
+    use crate::core::planner::{GroupLoad, LookupOutcome};
+    use crate::messages::reservation_manager::{CollectLoadStats, StartLoad, StartLoads};
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    /// A load of blocks 0 and 1 of group 0 into `pages`, over `tokens`.
+    fn load(
+        request: u64,
+        reservation: u64,
+        tokens: std::ops::Range<u64>,
+        pages: Vec<u32>,
+        layout: &Layout,
+    ) -> Result<StartLoad, Box<dyn std::error::Error>> {
+        let prompt: Vec<i64> = (0..=16 * 2).collect();
+        let hashes = hash_blocks(scope_seed(&Scope::default()), &prompt, 16)?;
+        let plan = LookupPlan {
+            outcome: LookupOutcome::Full,
+            resume_tokens: 32,
+            local_match_tokens: 0,
+            full_hit_tokens: 32,
+            offered_tokens: 32,
+            loads: vec![GroupLoad {
+                group: layout.groups[0].id,
+                blocks: vec![0, 1],
+            }],
+            rounds: 1,
+            probed_items: 2,
+        };
+        Ok(StartLoad {
+            request: RequestId(request),
+            reservation: ReservationId(reservation),
+            tokens,
+            plan: Arc::new(plan),
+            hashes: hashes.into(),
+            pages,
+        })
+    }
+
+    /// One `StartLoads` carrying several reservations: each is handled in the message's
+    /// order and reported exactly once; with no loader attached every one fails (R25),
+    /// and one the ledger refuses (empty token range) fails in its place, not first.
+    #[actix::test]
+    async fn a_step_s_loads_are_handled_in_order_and_each_reported_once() -> TestResult {
+        let layout = Layout::preset("tiny-full")?;
+        let keys = Arc::new(KeySpace::new(&layout, "ns", "m", &[64])?);
+        let (lookups, _lookups) = flume::bounded(8);
+        let (loads, finished) = flume::bounded(8);
+        let (saves, _saves) = flume::bounded(8);
+        let inbox = EngineInbox {
+            lookups,
+            loads,
+            saves,
+        };
+        let ledger = Ledger::new(16, [(layout.groups[0].id, 8)])?;
+        let manager = ReservationManager::new(ledger, keys, inbox, 8).start();
+        let message = StartLoads {
+            loads: vec![
+                load(3, 30, 0..32, vec![4, 5], &layout)?,
+                load(1, 10, 7..7, vec![0, 1], &layout)?,
+                load(2, 20, 0..32, vec![2, 3], &layout)?,
+            ],
+            enqueued_at: Instant::now(),
+        };
+        manager.send(message).await?;
+        let mut reported = Vec::new();
+        for _ in 0..3 {
+            let load = finished.recv_async().await?;
+            assert!(!load.filled, "no loader: nothing can be filled");
+            reported.push((load.request.0, load.reservation.0));
+        }
+        assert_eq!(reported, vec![(3, 30), (1, 10), (2, 20)]);
+        assert!(finished.is_empty(), "each reservation is reported once");
+        let stats = manager.send(CollectLoadStats).await?;
+        assert_eq!((stats.loads_started, stats.loads_failed), (3, 3));
+        Ok(())
+    }
 }

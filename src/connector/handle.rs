@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
-use super::save_plan::{block_ranges_to_save, past_chunk_end, SaveCap, SaveStep};
 use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
-use super::{EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput};
+use super::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
 use crate::actors::lookup_planner::LookupPlanner;
 use crate::actors::reservation_manager::ReservationManager;
@@ -28,6 +27,9 @@ use crate::messages::stats_reporter::CollectNow;
 use crate::messages::{EngineInbox, LookupCompleted, SavesSettled};
 use crate::stats::ConnectorStats;
 
+mod loads;
+mod lookups;
+mod saves;
 mod shutdown;
 
 /// Capacity of each engine inbox channel: results wait here until the next step drains them.
@@ -40,10 +42,6 @@ type LookupAnswer = (Option<Arc<LookupPlan>>, Arc<[BlockHash]>);
 #[derive(Debug, Default)]
 struct RequestState {
     lookup: Option<LookupAnswer>,
-    /// A lookup the planner's full mailbox refused: retried at every `reserve_prefix`
-    /// (which answers `Pending` meanwhile), so no request goes without its hashes and
-    /// therefore without its saves.
-    unsent_lookup: Option<LookupPrefix>,
     /// Tokens that came from the pool or the local match: never saved again (R19).
     reused_until: usize,
     pending_saves: u64,
@@ -73,6 +71,17 @@ pub struct ConnectorHandle {
     loads: flume::Receiver<FinishedLoad>,
     saves: flume::Receiver<SavesSettled>,
     finished_loads: Vec<FinishedLoad>,
+    /// Lookups started but not sent yet (`lookups`): sent as one message when the
+    /// engine's admission pass ends. A batch the planner's full mailbox refused stays
+    /// here and is retried at every `reserve_prefix` (which answers `Pending`
+    /// meanwhile), so no request goes without its hashes and therefore without its saves.
+    unsent_lookups: Vec<LookupPrefix>,
+    /// The last batch was refused by a full mailbox.
+    lookups_refused: bool,
+    /// The loads of the step `on_step` is reporting, sent as one message at its end.
+    step_loads: Vec<StartLoad>,
+    /// One save batch per rank for the step `on_step` is reporting (empty between steps).
+    step_saves: Vec<EnqueueSave>,
     requests: HashMap<RequestId, RequestState>,
     /// Finished requests whose last save settled: reported by the next
     /// `get_finished_saves` without scanning every request.
@@ -155,6 +164,10 @@ impl ConnectorHandle {
             loads,
             saves,
             finished_loads: Vec::new(),
+            unsent_lookups: Vec::new(),
+            lookups_refused: false,
+            step_loads: Vec::new(),
+            step_saves: Vec::new(),
             requests: HashMap::new(),
             saves_done: Vec::new(),
             save_ranges: Vec::new(),
@@ -214,226 +227,6 @@ impl ConnectorHandle {
     pub fn stats_source(&self) -> crate::metrics::StatsSource {
         crate::metrics::StatsSource::new(self.reporter.clone())
     }
-
-    /// Sends a request's lookup if it has not gone out yet. A full mailbox keeps it for the
-    /// next attempt; a planner that is gone ends the lookup with nothing offered.
-    fn send_lookup(&mut self, request: RequestId) {
-        let Some(state) = self.requests.get_mut(&request) else {
-            return;
-        };
-        let Some(message) = state.unsent_lookup.take() else {
-            return;
-        };
-        match self.planner.try_send(message) {
-            Ok(()) => {}
-            Err(actix::prelude::SendError::Full(message)) => {
-                self.lookups_deferred += 1;
-                state.unsent_lookup = Some(message);
-            }
-            Err(actix::prelude::SendError::Closed(_)) => {
-                tracing::error!(%request, "lookup planner gone; nothing offered, nothing saved");
-                state.lookup = Some((None, Arc::from(Vec::new())));
-            }
-        }
-    }
-
-    fn drain_lookups(&mut self) {
-        while let Ok(done) = self.lookups.try_recv() {
-            self.accept_lookup(done);
-        }
-    }
-
-    fn accept_lookup(&mut self, done: LookupCompleted) {
-        if let Some(state) = self.requests.get_mut(&done.request) {
-            state.lookup = Some((done.plan.map(Arc::new), done.hashes));
-        }
-    }
-
-    /// A load completion from the loaders: one fewer in flight.
-    fn accept_load(&mut self, finished: FinishedLoad) {
-        self.loads_in_flight = self.loads_in_flight.saturating_sub(1);
-        self.finished_loads.push(finished);
-    }
-
-    fn drain_saves(&mut self) {
-        while let Ok(settled) = self.saves.try_recv() {
-            self.accept_settled(settled);
-        }
-    }
-
-    fn accept_settled(&mut self, settled: SavesSettled) {
-        if let Some(state) = self.requests.get_mut(&settled.request) {
-            let was_pending = state.pending_saves > 0;
-            state.pending_saves = state.pending_saves.saturating_sub(settled.pages);
-            if state.finished && was_pending && state.pending_saves == 0 {
-                self.saves_done.push(settled.request);
-            }
-        }
-    }
-
-    /// Starts the load of a reservation whose pages the engine allocated this step.
-    fn start_load(&mut self, scheduled: &ScheduledRequest<'_>, reservation: ReservationId) {
-        let request = scheduled.request;
-        self.loads_asked += 1;
-        let failed = FinishedLoad {
-            reservation,
-            request,
-            filled: false,
-        };
-        let Some(state) = self.requests.get_mut(&request) else {
-            return self.finished_loads.push(failed);
-        };
-        let Some((Some(plan), hashes)) = &state.lookup else {
-            return self.finished_loads.push(failed);
-        };
-        // Only the page indices are copied here (4 bytes a block); the reservation manager
-        // pairs them with blocks and hashes off the engine thread.
-        let mut pages = Vec::with_capacity(plan.load_blocks());
-        for load in &plan.loads {
-            let Some(position) = self.keys.index_of(load.group) else {
-                return self.finished_loads.push(failed);
-            };
-            let table = scheduled.page_tables.get(position).copied().unwrap_or(&[]);
-            for &block in &load.blocks {
-                let page = table
-                    .get(block)
-                    .copied()
-                    .and_then(|page| u32::try_from(page).ok());
-                let (Some(page), true) = (page, block < hashes.len()) else {
-                    return self.finished_loads.push(failed);
-                };
-                pages.push(page);
-            }
-        }
-        state.reused_until = plan.resume_tokens;
-        let message = StartLoad {
-            request,
-            reservation,
-            tokens: scheduled.computed_before as u64..plan.resume_tokens as u64,
-            plan: Arc::clone(plan),
-            hashes: Arc::clone(hashes),
-            pages,
-            enqueued_at: Instant::now(),
-        };
-        if self.manager.try_send(message).is_err() {
-            tracing::warn!(%request, %reservation, "reservation manager full or gone; load failed");
-            self.finished_loads.push(failed);
-            return;
-        }
-        self.loads_sent += 1;
-        self.loads_in_flight += 1;
-        if self.sync_load {
-            self.wait_for_load(reservation);
-        }
-    }
-
-    /// `sync_load`: blocks until the reservation's load is reported (R23).
-    fn wait_for_load(&mut self, reservation: ReservationId) {
-        while let Ok(finished) = self.loads.recv() {
-            let done = finished.reservation == reservation;
-            self.accept_load(finished);
-            if done {
-                return;
-            }
-        }
-    }
-
-    /// Plans the saves of one scheduled request (R16-R21, see `save_plan`) into the step's
-    /// per-rank batches (replicated groups on rank 0 only). Only page numbers are copied
-    /// here; the saver turns them into keyed items off the engine thread.
-    fn plan_saves(&mut self, scheduled: &ScheduledRequest<'_>, per_rank: &mut [EnqueueSave]) {
-        let Some(state) = self.requests.get_mut(&scheduled.request) else {
-            return;
-        };
-        let Some((_, hashes)) = &state.lookup else {
-            return;
-        };
-        let hashes = Arc::clone(hashes);
-        let last_chunk = scheduled.computed_after >= scheduled.prompt_len && !state.window_saved;
-        state.window_saved |= last_chunk;
-        let step = SaveStep {
-            tokens_per_block: self.tokens_per_block,
-            prompt_len: scheduled.prompt_len,
-            computed_before: scheduled.computed_before,
-            computed_after: scheduled.computed_after,
-            reused_until: state.reused_until,
-            hashed_blocks: hashes.len(),
-            last_chunk,
-            rewind_tokens: self.rewind_tokens,
-            resave_min_tokens: self.resave_min_tokens,
-        };
-        for (position, group) in self.groups.iter().enumerate() {
-            let (Some(keys), Some(table)) = (
-                self.keys.group(position),
-                scheduled.page_tables.get(position),
-            ) else {
-                continue;
-            };
-            block_ranges_to_save(
-                group.attention,
-                &step,
-                SaveCap::ChunkEnd,
-                &mut self.save_ranges,
-            );
-            let ranks = if group.replicated { 1 } else { per_rank.len() };
-            self.published_past_chunk_end +=
-                pages_past_chunk_end(&step, &self.save_ranges, table) * ranks as u64;
-            for batch in per_rank.iter_mut().take(ranks) {
-                for (blocks, priority) in &self.save_ranges {
-                    batch.push_run(
-                        scheduled.request,
-                        keys.group,
-                        *priority,
-                        blocks.clone(),
-                        table,
-                        &hashes,
-                    );
-                }
-            }
-        }
-    }
-
-    /// Sends one step's saves: one message per rank, so a step costs each saver one
-    /// wake-up however many requests it covers. Pages a full mailbox refuses are counted
-    /// dropped and never become pending (R22).
-    fn send_saves(&mut self, per_rank: Vec<EnqueueSave>) {
-        for (saver, batch) in self.savers.iter().zip(per_rank) {
-            if batch.is_empty() {
-                continue;
-            }
-            let pages = batch.pages_per_request();
-            if saver.try_send(batch).is_err() {
-                self.saves_refused += pages.iter().map(|(_, count)| count).sum::<u64>();
-                continue;
-            }
-            for (request, count) in pages {
-                if let Some(state) = self.requests.get_mut(&request) {
-                    state.pending_saves += count;
-                }
-            }
-        }
-    }
-}
-
-/// Planned pages (with a valid page) whose block ends past the step's chunk end: the
-/// run-time check of R16, which must stay 0 (`published_past_chunk_end`). Only the blocks
-/// from the first one past the cap are looked at, so a correct plan costs nothing.
-fn pages_past_chunk_end(
-    step: &SaveStep,
-    ranges: &[(std::ops::Range<usize>, SavePriority)],
-    page_table: &[i32],
-) -> u64 {
-    let first_past = step.computed_after / step.tokens_per_block.max(1);
-    let mut count = 0;
-    for (blocks, _) in ranges {
-        for block in blocks.start.max(first_past)..blocks.end {
-            let has_page = page_table.get(block).is_some_and(|&page| page >= 0);
-            if has_page && past_chunk_end(step, block) {
-                count += 1;
-            }
-        }
-    }
-    count
 }
 
 fn save_groups(layout: &Layout) -> Vec<SaveGroup> {
@@ -464,8 +257,16 @@ impl EngineConnector for ConnectorHandle {
         };
         let state = self.requests.entry(request).or_default();
         state.reused_until = local_match_tokens;
-        state.unsent_lookup = Some(message);
-        self.send_lookup(request);
+        if self.thread.is_none() {
+            // Closed: nothing is looked up any more, so nothing is offered or saved.
+            state.lookup = Some((None, Arc::from(Vec::new())));
+            return;
+        }
+        self.unsent_lookups.push(message);
+    }
+
+    fn flush_lookups(&mut self) {
+        self.flush_queued_lookups();
     }
 
     fn reserve_prefix(
@@ -475,7 +276,9 @@ impl EngineConnector for ConnectorHandle {
         _reservation: ReservationId,
     ) -> ReserveAnswer {
         self.drain_lookups();
-        self.send_lookup(request);
+        if self.lookups_refused {
+            self.flush_queued_lookups();
+        }
         let Some(state) = self.requests.get(&request) else {
             return ReserveAnswer::Offer {
                 extra_tokens: 0,
@@ -522,6 +325,7 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
+        self.flush_queued_lookups();
         while let Ok(finished) = self.loads.try_recv() {
             self.accept_load(finished);
         }
@@ -529,19 +333,29 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn on_step(&mut self, output: &SchedulerOutput<'_>) {
+        self.flush_queued_lookups();
         self.drain_lookups();
         let now = Instant::now();
-        let mut per_rank: Vec<EnqueueSave> =
-            self.savers.iter().map(|_| EnqueueSave::new(now)).collect();
+        // The list is kept between steps (no allocation per step); the batches go out.
+        let mut per_rank = std::mem::take(&mut self.step_saves);
+        per_rank.extend(self.savers.iter().map(|_| EnqueueSave::new(now)));
+        let new_loads = output
+            .requests
+            .iter()
+            .filter(|scheduled| scheduled.new_reservation.is_some())
+            .count();
+        self.step_loads.reserve_exact(new_loads);
         for scheduled in &output.requests {
             if let Some(reservation) = scheduled.new_reservation {
-                self.start_load(scheduled, reservation);
+                self.plan_load(scheduled, reservation);
             }
             if scheduled.computed_after > scheduled.computed_before {
                 self.plan_saves(scheduled, &mut per_rank);
             }
         }
-        self.send_saves(per_rank);
+        self.send_loads();
+        self.send_saves(&mut per_rank);
+        self.step_saves = per_rank;
     }
 
     fn request_finished(&mut self, request: RequestId) -> bool {
@@ -561,6 +375,7 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn get_finished_saves(&mut self) -> Vec<RequestId> {
+        self.flush_queued_lookups();
         self.drain_saves();
         let mut done = std::mem::take(&mut self.saves_done);
         // A request enters `saves_done` once, when its last pending save settles after
@@ -583,6 +398,7 @@ impl EngineConnector for ConnectorHandle {
             Save(SavesSettled),
             Closed,
         }
+        self.flush_queued_lookups();
         let event = flume::Selector::new()
             .recv(&self.lookups, |message| {
                 message.map_or(Event::Closed, Event::Lookup)
@@ -603,6 +419,7 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn settle_saves(&mut self) {
+        self.flush_queued_lookups();
         let savers = self.savers.clone();
         for saver in &savers {
             let (done, settled) = flume::bounded(1);

@@ -10,7 +10,9 @@
 //!
 //! Request lifecycle, as the engine sees it:
 //!
-//! 1. a request arrives: [`EngineConnector::lookup_prefix`] starts the lookup;
+//! 1. a request arrives: [`EngineConnector::lookup_prefix`] starts the lookup, which the
+//!    connector may queue until the engine's admission pass ends
+//!    ([`EngineConnector::flush_lookups`]) so that a pass wakes its planner once;
 //! 2. each step until admitted: [`EngineConnector::reserve_prefix`] returns `Pending`, or an
 //!    [`ReserveAnswer::Offer`] of `extra_tokens` the connector can load;
 //! 3. the engine allocates pages for the offered tokens and reports them in the next
@@ -97,6 +99,13 @@ pub trait EngineConnector {
     /// Starts the lookup of a new request's prompt (never blocks on the pool).
     /// `local_match_tokens` is the engine's own prefix-cache hit (block aligned).
     fn lookup_prefix(&mut self, request: RequestId, prompt: Arc<[i64]>, local_match_tokens: usize);
+
+    /// The engine has made the `lookup_prefix` calls of one admission pass: a connector
+    /// that batches lookups sends them now (one wake-up of its planner a pass). Calling
+    /// it is optional: the connector also sends queued lookups at the next
+    /// `get_finished_prefix_loads`, `on_step`, `get_finished_saves`, `wait_for_progress`
+    /// or `settle_saves`. Until then `reserve_prefix` answers `Pending` for them.
+    fn flush_lookups(&mut self) {}
 
     /// `reserve_prefix(req, num_computed, reservation_id)`: what the connector can load
     /// beyond `num_computed`. Starts no transfer.

@@ -30,6 +30,25 @@ pub struct LookupPrefix {
     pub enqueued_at: Instant,
 }
 
+/// Look up the prompts of the requests one admission pass started, in one message (one
+/// planner wake-up a pass, however many requests it looked up).
+///
+/// - Sender: the engine's handle, when the engine ends its admission pass
+///   (`flush_lookups`) or at its next step hook, with `try_send`; a full mailbox makes
+///   the handle keep every lookup of the message and send them again at the next flush
+///   point, including every `reserve_prefix` (answered `Pending` meanwhile; each lookup
+///   counted as `deferred`).
+/// - Guarantee: each lookup is handled as a [`LookupPrefix`], in the order of
+///   [`LookupPrefixes::lookups`]: exactly one `LookupCompleted` each.
+/// - Reply: none (`()`); the results arrive through the engine inbox.
+/// - Receiver gone: `try_send` fails and the handle answers "nothing to offer" to each.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct LookupPrefixes {
+    /// The lookups, in the order the engine started them.
+    pub lookups: Vec<LookupPrefix>,
+}
+
 /// Report and reset the lookup counters (R27).
 ///
 /// - Sender: the stats reporter on its tick, and the handle for the final report.

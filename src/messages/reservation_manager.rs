@@ -12,18 +12,30 @@ use crate::core::ledger::{LoadResult, LoadTicket};
 use crate::core::planner::LookupPlan;
 use crate::stats::LoadStats;
 
-/// Record a reservation and start loading its pages (R23, R24).
+/// Record the reservations whose pages the engine allocated in one step and start
+/// loading them (R23, R24).
 ///
-/// - Sender: the engine's handle (`on_step`, when the engine reports the pages of a new
-///   reservation), with `try_send`; a full mailbox makes the handle report the load
-///   failed at once, and the engine computes the prefix (R25).
-/// - Guarantee: the reservation enters the ledger and one `LoadBlocks` goes to a loader
-///   of every rank; exactly one `FinishedLoad` reaches the engine inbox for it, unless it
-///   is released or replaced first (R26).
+/// - Sender: the engine's handle (`on_step`): one message per step carrying every new
+///   reservation of the step, so a step wakes the manager once however many loads it
+///   starts; with `try_send`. A full mailbox makes the handle report every load of the
+///   message failed at once, and the engine computes those prefixes (R25).
+/// - Guarantee: the loads are handled in the order of [`StartLoads::loads`]; each
+///   reservation enters the ledger and one `LoadBlocks` goes to a loader of every rank;
+///   exactly one `FinishedLoad` reaches the engine inbox per reservation, unless it is
+///   released or replaced first (R26).
 /// - Reply: none (`()`).
-/// - Receiver gone: `try_send` fails; the handle reports the load failed.
+/// - Receiver gone: `try_send` fails; the handle reports every load of the message failed.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
+pub struct StartLoads {
+    /// The step's new reservations, in the order the engine reported them.
+    pub loads: Vec<StartLoad>,
+    /// When the handle sent it.
+    pub enqueued_at: Instant,
+}
+
+/// One reservation of a [`StartLoads`] message.
+#[derive(Debug)]
 pub struct StartLoad {
     /// The request.
     pub request: RequestId,
@@ -37,8 +49,6 @@ pub struct StartLoad {
     pub hashes: Arc<[BlockHash]>,
     /// The engine's page for each planned block, in plan order (groups, then blocks).
     pub pages: Vec<u32>,
-    /// When the handle sent it.
-    pub enqueued_at: Instant,
 }
 
 /// Forget tokens `[start, end)` of a reservation (`release_prefix_reservation`).
@@ -77,7 +87,7 @@ pub struct RankLoadFinished {
     pub pages: u64,
     /// Payload bytes this rank placed.
     pub bytes: u64,
-    /// Time from `StartLoad` to this report.
+    /// Time from the manager taking the load (`StartLoads`) to this report.
     pub started_at: Instant,
 }
 

@@ -44,9 +44,7 @@ impl ConnectorHandle {
             .checked_add(self.drain_timeout)
             .or_else(|| Instant::now().checked_add(Duration::from_secs(86_400)))
             .unwrap_or_else(Instant::now);
-        for state in self.requests.values_mut() {
-            state.unsent_lookup = None;
-        }
+        self.unsent_lookups.clear();
         self.wait_for_loads(deadline);
         let drained = self.settle_saves_until(deadline);
         let mut stats = self.collect_stats();

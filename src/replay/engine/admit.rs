@@ -85,6 +85,7 @@ impl Engine {
             waiting.pending = false;
         }
         let mut index = 0;
+        let mut lookups_started = false;
         let mut ahead = self.tokens_ahead();
         while index < self.waiting.len() && ahead < self.max_num_tokens {
             let head = &self.waiting[index];
@@ -111,6 +112,7 @@ impl Engine {
                 .connector
                 .reserve_prefix(request, local_tokens, reservation);
             self.connector_time += started.stop();
+            lookups_started |= looked_up;
             if looked_up && matches!(answer, ReserveAnswer::Pending) {
                 started_pending.push((request, local_tokens, reservation));
             }
@@ -137,6 +139,12 @@ impl Engine {
                 }
             }
         }
+        if lookups_started {
+            // A2: the pass's lookups go out together, at its end.
+            let started = HookTimer::start();
+            self.connector.flush_lookups();
+            self.connector_time += started.stop();
+        }
         Ok(started_pending)
     }
 
@@ -146,7 +154,8 @@ impl Engine {
     }
 
     /// A2. A lookup takes no simulated time: after a pass has started lookups (all of
-    /// them, back to back, as an engine sends them), the engine waits in real time (up to
+    /// them, back to back, as an engine sends them; the pass ends with `flush_lookups`, so
+    /// a connector may send them as one batch), the engine waits in real time (up to
     /// its `lookup_wait`, [`LOOKUP_WAIT`] in replays) for their answers, and a second pass
     /// admits them. Where a request is admitted then does not depend on how fast the pool
     /// answers in real time: the replay is deterministic, and the embedded pool and

@@ -71,6 +71,10 @@ impl EngineConnector for ConnectorProbe {
             .lookup_prefix(request, prompt, local);
     }
 
+    fn flush_lookups(&mut self) {
+        self.0.borrow_mut().connector.flush_lookups();
+    }
+
     fn reserve_prefix(
         &mut self,
         request: RequestId,

@@ -1,0 +1,142 @@
+//! Loads on the engine's thread: the reservations a step allocated travel to the
+//! reservation manager as one [`StartLoads`] message, and their completions come back
+//! through the engine inbox.
+//!
+//! Workflow, per `on_step`:
+//! 1. [`ConnectorHandle::plan_load`] copies each new reservation's page numbers (4 bytes a
+//!    block; the manager pairs them with blocks and hashes off the engine thread) into the
+//!    step's batch, or reports the load failed at once when the request has no plan;
+//! 2. [`ConnectorHandle::send_loads`] sends the batch with one `try_send`, so a step wakes
+//!    the manager once however many loads it starts. A refused message (full mailbox or
+//!    manager gone) fails every load in it (R25), counted as started and failed.
+//!
+//! With `sync_load` every load is sent on its own and awaited before the next (R23).
+//!
+//! Invariants:
+//! 1. Every reservation handed to `plan_load` yields exactly one [`FinishedLoad`]: from the
+//!    manager, or from the handle when the load could not be sent.
+//! 2. `loads_asked - loads_sent` is the number of loads failed on the engine thread.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::SendError;
+
+use super::ConnectorHandle;
+use crate::connector::{FinishedLoad, ScheduledRequest};
+use crate::core::ids::ReservationId;
+use crate::messages::reservation_manager::{StartLoad, StartLoads};
+
+impl ConnectorHandle {
+    /// Adds the load of a reservation whose pages the engine allocated this step to the
+    /// step's batch (`sync_load`: sends it and waits for it at once).
+    pub(super) fn plan_load(
+        &mut self,
+        scheduled: &ScheduledRequest<'_>,
+        reservation: ReservationId,
+    ) {
+        self.loads_asked += 1;
+        match self.load_message(scheduled, reservation) {
+            Some(load) => self.step_loads.push(load),
+            None => self.finished_loads.push(FinishedLoad {
+                reservation,
+                request: scheduled.request,
+                filled: false,
+            }),
+        }
+        if self.sync_load {
+            self.send_loads();
+        }
+    }
+
+    /// The load of one reservation, or `None` when it cannot be planned (no plan, or a
+    /// planned block without a page or a hash).
+    fn load_message(
+        &mut self,
+        scheduled: &ScheduledRequest<'_>,
+        reservation: ReservationId,
+    ) -> Option<StartLoad> {
+        let state = self.requests.get_mut(&scheduled.request)?;
+        let Some((Some(plan), hashes)) = &state.lookup else {
+            return None;
+        };
+        let mut pages = Vec::with_capacity(plan.load_blocks());
+        for load in &plan.loads {
+            let position = self.keys.index_of(load.group)?;
+            let table = scheduled.page_tables.get(position).copied().unwrap_or(&[]);
+            for &block in &load.blocks {
+                if block >= hashes.len() {
+                    return None;
+                }
+                let page = table.get(block).copied()?;
+                pages.push(u32::try_from(page).ok()?);
+            }
+        }
+        state.reused_until = plan.resume_tokens;
+        Some(StartLoad {
+            request: scheduled.request,
+            reservation,
+            tokens: scheduled.computed_before as u64..plan.resume_tokens as u64,
+            plan: Arc::clone(plan),
+            hashes: Arc::clone(hashes),
+            pages,
+        })
+    }
+
+    /// Sends the step's batch of loads in one message; a refused message fails all of its
+    /// loads (R25). `sync_load`: waits for each load of the batch (R23).
+    pub(super) fn send_loads(&mut self) {
+        if self.step_loads.is_empty() {
+            return;
+        }
+        let loads = std::mem::take(&mut self.step_loads);
+        let count = loads.len() as u64;
+        // `sync_load` sends every load on its own: the batch holds that one.
+        let wait = if self.sync_load {
+            loads.last().map(|load| load.reservation)
+        } else {
+            None
+        };
+        let message = StartLoads {
+            loads,
+            enqueued_at: Instant::now(),
+        };
+        if let Err(SendError::Full(message) | SendError::Closed(message)) =
+            self.manager.try_send(message)
+        {
+            tracing::warn!(
+                loads = message.loads.len(),
+                "reservation manager full or gone; the step's loads failed"
+            );
+            self.finished_loads
+                .extend(message.loads.iter().map(|load| FinishedLoad {
+                    reservation: load.reservation,
+                    request: load.request,
+                    filled: false,
+                }));
+            return;
+        }
+        self.loads_sent += count;
+        self.loads_in_flight += count;
+        if let Some(reservation) = wait {
+            self.wait_for_load(reservation);
+        }
+    }
+
+    /// `sync_load`: blocks until the reservation's load is reported (R23).
+    fn wait_for_load(&mut self, reservation: ReservationId) {
+        while let Ok(finished) = self.loads.recv() {
+            let done = finished.reservation == reservation;
+            self.accept_load(finished);
+            if done {
+                return;
+            }
+        }
+    }
+
+    /// A load completion from the loaders: one fewer in flight.
+    pub(super) fn accept_load(&mut self, finished: FinishedLoad) {
+        self.loads_in_flight = self.loads_in_flight.saturating_sub(1);
+        self.finished_loads.push(finished);
+    }
+}

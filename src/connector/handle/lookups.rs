@@ -1,0 +1,72 @@
+//! Lookups on the engine's thread: the lookups one admission pass starts travel to the
+//! lookup planner as one [`LookupPrefixes`] message, and their results come back through
+//! the engine inbox.
+//!
+//! Workflow:
+//! 1. `lookup_prefix` records the request and queues its lookup (nothing is sent);
+//! 2. the engine ends its admission pass (`flush_lookups`), or calls its next step hook
+//!    (`on_step`, `get_finished_prefix_loads`, `get_finished_saves`, `wait_for_progress`,
+//!    `settle_saves`): [`ConnectorHandle::flush_lookups`] sends every queued lookup with
+//!    one `try_send`, so a pass wakes the planner once however many requests it looked up;
+//! 3. a full mailbox keeps the lookups queued (each counted `deferred`) and every later
+//!    flush point retries them, including every `reserve_prefix`; a planner that is gone
+//!    ends each lookup with nothing offered (and nothing saved);
+//! 4. `reserve_prefix` and `on_step` drain the results ([`ConnectorHandle::drain_lookups`]).
+//!
+//! Invariants:
+//! 1. `reserve_prefix` answers `Pending` for a request until its result is drained: a
+//!    queued lookup is never answered from stale state.
+//! 2. Every queued lookup is sent exactly once, or answered "nothing" when the planner is
+//!    gone, or dropped by `close`.
+
+use std::sync::Arc;
+
+use actix::prelude::SendError;
+
+use super::ConnectorHandle;
+use crate::messages::lookup_planner::LookupPrefixes;
+use crate::messages::LookupCompleted;
+
+impl ConnectorHandle {
+    /// Sends every queued lookup in one message (module workflow 2, 3).
+    pub(super) fn flush_queued_lookups(&mut self) {
+        if self.unsent_lookups.is_empty() {
+            return;
+        }
+        let lookups = std::mem::take(&mut self.unsent_lookups);
+        match self.planner.try_send(LookupPrefixes { lookups }) {
+            Ok(()) => self.lookups_refused = false,
+            Err(SendError::Full(message)) => {
+                self.lookups_deferred += message.lookups.len() as u64;
+                self.unsent_lookups = message.lookups;
+                self.lookups_refused = true;
+            }
+            Err(SendError::Closed(message)) => {
+                tracing::error!(
+                    lookups = message.lookups.len(),
+                    "lookup planner gone; nothing offered, nothing saved"
+                );
+                for lookup in message.lookups {
+                    if let Some(state) = self.requests.get_mut(&lookup.request) {
+                        state.lookup = Some((None, Arc::from(Vec::new())));
+                    }
+                }
+                self.lookups_refused = false;
+            }
+        }
+    }
+
+    /// Takes every lookup result that has arrived.
+    pub(super) fn drain_lookups(&mut self) {
+        while let Ok(done) = self.lookups.try_recv() {
+            self.accept_lookup(done);
+        }
+    }
+
+    /// Records one lookup result.
+    pub(super) fn accept_lookup(&mut self, done: LookupCompleted) {
+        if let Some(state) = self.requests.get_mut(&done.request) {
+            state.lookup = Some((done.plan.map(Arc::new), done.hashes));
+        }
+    }
+}

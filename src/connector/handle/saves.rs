@@ -1,0 +1,137 @@
+//! Saves on the engine's thread (R16-R22): each step's saves are planned into one batch
+//! per rank ([`ConnectorHandle::plan_saves`], see `save_plan`) and sent with one
+//! `try_send` per rank ([`ConnectorHandle::send_saves`]); settlements come back through
+//! the engine inbox ([`ConnectorHandle::drain_saves`]).
+//!
+//! Invariants:
+//! 1. A page counts as pending for its request only once its batch was accepted; a
+//!    refused batch counts its pages dropped (`saves_refused`, R22).
+//! 2. A finished request enters `saves_done` once, when its last pending page settles.
+
+use std::sync::Arc;
+
+use super::ConnectorHandle;
+use crate::connector::save_plan::{block_ranges_to_save, past_chunk_end, SaveCap, SaveStep};
+use crate::connector::ScheduledRequest;
+use crate::core::save_order::SavePriority;
+use crate::messages::saver_queue::EnqueueSave;
+use crate::messages::SavesSettled;
+
+impl ConnectorHandle {
+    pub(super) fn drain_saves(&mut self) {
+        while let Ok(settled) = self.saves.try_recv() {
+            self.accept_settled(settled);
+        }
+    }
+
+    pub(super) fn accept_settled(&mut self, settled: SavesSettled) {
+        if let Some(state) = self.requests.get_mut(&settled.request) {
+            let was_pending = state.pending_saves > 0;
+            state.pending_saves = state.pending_saves.saturating_sub(settled.pages);
+            if state.finished && was_pending && state.pending_saves == 0 {
+                self.saves_done.push(settled.request);
+            }
+        }
+    }
+
+    /// Plans the saves of one scheduled request (R16-R21, see `save_plan`) into the step's
+    /// per-rank batches (replicated groups on rank 0 only). Only page numbers are copied
+    /// here; the saver turns them into keyed items off the engine thread.
+    pub(super) fn plan_saves(
+        &mut self,
+        scheduled: &ScheduledRequest<'_>,
+        per_rank: &mut [EnqueueSave],
+    ) {
+        let Some(state) = self.requests.get_mut(&scheduled.request) else {
+            return;
+        };
+        let Some((_, hashes)) = &state.lookup else {
+            return;
+        };
+        let hashes = Arc::clone(hashes);
+        let last_chunk = scheduled.computed_after >= scheduled.prompt_len && !state.window_saved;
+        state.window_saved |= last_chunk;
+        let step = SaveStep {
+            tokens_per_block: self.tokens_per_block,
+            prompt_len: scheduled.prompt_len,
+            computed_before: scheduled.computed_before,
+            computed_after: scheduled.computed_after,
+            reused_until: state.reused_until,
+            hashed_blocks: hashes.len(),
+            last_chunk,
+            rewind_tokens: self.rewind_tokens,
+            resave_min_tokens: self.resave_min_tokens,
+        };
+        for (position, group) in self.groups.iter().enumerate() {
+            let (Some(keys), Some(table)) = (
+                self.keys.group(position),
+                scheduled.page_tables.get(position),
+            ) else {
+                continue;
+            };
+            block_ranges_to_save(
+                group.attention,
+                &step,
+                SaveCap::ChunkEnd,
+                &mut self.save_ranges,
+            );
+            let ranks = if group.replicated { 1 } else { per_rank.len() };
+            self.published_past_chunk_end +=
+                pages_past_chunk_end(&step, &self.save_ranges, table) * ranks as u64;
+            for batch in per_rank.iter_mut().take(ranks) {
+                for (blocks, priority) in &self.save_ranges {
+                    batch.push_run(
+                        scheduled.request,
+                        keys.group,
+                        *priority,
+                        blocks.clone(),
+                        table,
+                        &hashes,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends one step's saves: one message per rank, so a step costs each saver one
+    /// wake-up however many requests it covers. Pages a full mailbox refuses are counted
+    /// dropped and never become pending (R22).
+    pub(super) fn send_saves(&mut self, per_rank: &mut Vec<EnqueueSave>) {
+        for (saver, batch) in self.savers.iter().zip(per_rank.drain(..)) {
+            if batch.is_empty() {
+                continue;
+            }
+            let pages = batch.pages_per_request();
+            if saver.try_send(batch).is_err() {
+                self.saves_refused += pages.iter().map(|(_, count)| count).sum::<u64>();
+                continue;
+            }
+            for (request, count) in pages {
+                if let Some(state) = self.requests.get_mut(&request) {
+                    state.pending_saves += count;
+                }
+            }
+        }
+    }
+}
+
+/// Planned pages (with a valid page) whose block ends past the step's chunk end: the
+/// run-time check of R16, which must stay 0 (`published_past_chunk_end`). Only the blocks
+/// from the first one past the cap are looked at, so a correct plan costs nothing.
+fn pages_past_chunk_end(
+    step: &SaveStep,
+    ranges: &[(std::ops::Range<usize>, SavePriority)],
+    page_table: &[i32],
+) -> u64 {
+    let first_past = step.computed_after / step.tokens_per_block.max(1);
+    let mut count = 0;
+    for (blocks, _) in ranges {
+        for block in blocks.start.max(first_past)..blocks.end {
+            let has_page = page_table.get(block).is_some_and(|&page| page >= 0);
+            if has_page && past_chunk_end(step, block) {
+                count += 1;
+            }
+        }
+    }
+    count
+}
