@@ -163,6 +163,19 @@ fn raw_rows(device: &Device, phase: Duration) -> BenchResult<Raw> {
     let both = raw(device, &directions, phase)?;
     row("raw both at once: H2D", 1, both[0], h2d);
     row("raw both at once: D2H", 1, both[1], d2h);
+    // The connector moves one page per copy: the same link in page-sized copies.
+    let pages = RawShape {
+        groups: [LOAD_DST, SAVE_SRC],
+        len: PAGE,
+        copies: 256,
+    };
+    for (direction, name, reference) in [
+        (CopyDirection::HostToDevice, "raw H2D in page-sized copies (256 x 1.125 MiB)", h2d),
+        (CopyDirection::DeviceToHost, "raw D2H in page-sized copies (256 x 1.125 MiB)", d2h),
+    ] {
+        let rate = raw_with(device, &[direction], pages, phase)?[0];
+        row(name, 1, rate, reference);
+    }
     Ok(Raw { h2d, d2h, both })
 }
 
@@ -319,6 +332,29 @@ fn identity(group: GroupId, block: u64) -> ObjectIdentity {
 
 /// Raw copies in each of `directions` at once, one thread and stream each; bytes/s each.
 fn raw(device: &Device, directions: &[CopyDirection], phase: Duration) -> BenchResult<Vec<f64>> {
+    let shape = RawShape {
+        groups: [RAW_H2D, RAW_D2H],
+        len: RAW_COPY,
+        copies: RAW_COPIES,
+    };
+    raw_with(device, directions, shape, phase)
+}
+
+/// What one raw submission copies: `copies` copies of `len` bytes to or from the pages of
+/// `groups[0]` (H2D) or `groups[1]` (D2H).
+#[derive(Clone, Copy)]
+struct RawShape {
+    groups: [GroupId; 2],
+    len: usize,
+    copies: u32,
+}
+
+fn raw_with(
+    device: &Device,
+    directions: &[CopyDirection],
+    shape: RawShape,
+    phase: Duration,
+) -> BenchResult<Vec<f64>> {
     let start = Arc::new(Barrier::new(directions.len()));
     let workers: Vec<_> = directions
         .iter()
@@ -326,20 +362,21 @@ fn raw(device: &Device, directions: &[CopyDirection], phase: Duration) -> BenchR
             let (device, start) = (device.clone(), Arc::clone(&start));
             thread::spawn(move || -> BenchResult<f64> {
                 let mut stream = device.stream()?;
-                let mut staging = device.staging_pool(RAW_COPY, RAW_COPIES)?;
+                let mut staging = device.staging_pool(shape.len, shape.copies)?;
                 let group = if direction == CopyDirection::HostToDevice {
-                    RAW_H2D
+                    shape.groups[0]
                 } else {
-                    RAW_D2H
+                    shape.groups[1]
                 };
-                // Slot s to page 15 - s: neighbours never coalesce, so each copy is 64 MiB.
-                let copies: Vec<PageCopy> = (0..RAW_COPIES)
+                // Slot s to page n - 1 - s: neighbours never coalesce, so each copy is
+                // exactly `len` bytes.
+                let copies: Vec<PageCopy> = (0..shape.copies)
                     .map(|s| PageCopy {
                         group,
-                        page: RAW_COPIES - 1 - s,
+                        page: shape.copies - 1 - s,
                         staging_slot: s,
                         staging_offset: 0,
-                        len: RAW_COPY,
+                        len: shape.len,
                     })
                     .collect();
                 let submit =
@@ -359,7 +396,7 @@ fn raw(device: &Device, directions: &[CopyDirection], phase: Duration) -> BenchR
                 let (began, mut bytes) = (Instant::now(), 0_u64);
                 while began.elapsed() < phase {
                     staging = submit(&mut stream, staging)?;
-                    bytes += u64::from(RAW_COPIES) * RAW_COPY as u64;
+                    bytes += u64::from(shape.copies) * shape.len as u64;
                 }
                 Ok(per_second(bytes, began.elapsed()))
             })
