@@ -232,3 +232,46 @@ fn page_sizes_the_kernel_cannot_read_are_refused() {
     assert_eq!(refused.kind(), "page_bytes_unaligned");
     assert!(refused.to_string().contains("multiple of 8"));
 }
+
+/// Equally spaced staging slots to consecutive pages go as one 2D copy (strided runs), and
+/// the bytes and checksums are those of one copy per page, both ways.
+#[test]
+fn strided_runs_move_the_same_bytes_as_single_copies() -> TestResult {
+    let page = 4096 + 512;
+    let device = Device::open_cuda(0, &[spec(0, page, 32)])?;
+    let mut stream = device.stream()?;
+    let mut staging = device.staging_pool(HEADER_BYTES + page, 8)?;
+    let payloads: Vec<Vec<u8>> = (0..8).map(|slot| pattern(slot + 40, page)).collect();
+    for (slot, payload) in (0_u32..).zip(&payloads) {
+        staging.slot_mut(slot)?[HEADER_BYTES..].copy_from_slice(payload);
+    }
+    // Slots 0-5 to pages 10-15 (one run), then 6 and 7 to pages 3 and 1 (single copies).
+    let targets = [10, 11, 12, 13, 14, 15, 3, 1];
+    let copies: Vec<PageCopy> = (0_u32..)
+        .zip(targets)
+        .map(|(slot, page_index)| copy(0, page_index, slot, HEADER_BYTES, page))
+        .collect();
+    let (staging, sums) = stream
+        .scatter_checked(staging, &copies)
+        .map_err(|r| r.error)?
+        .wait();
+    let expected: Vec<u64> = payloads.iter().map(|payload| checksum(payload)).collect();
+    assert_eq!(sums?, expected);
+    for (payload, page_index) in payloads.iter().zip(targets) {
+        assert_eq!(&device.read_page_to_vec(GroupId(0), page_index)?, payload);
+    }
+    let arena = device.host_arena();
+    let objects = (0..8)
+        .map(|_| arena.alloc(HEADER_BYTES + page))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (objects, sums) = stream
+        .gather_checked(objects, &copies)
+        .map_err(|r| r.error)?
+        .wait();
+    assert_eq!(sums?, expected);
+    for (object, payload) in objects.iter().zip(&payloads) {
+        assert_eq!(&object[HEADER_BYTES..], &payload[..]);
+    }
+    drop(staging);
+    Ok(())
+}

@@ -71,6 +71,10 @@ const LOAD_DST: GroupId = GroupId(2);
 const SAVE_SRC: GroupId = GroupId(3);
 
 fn main() -> BenchResult<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .init();
     let quick = std::env::args().any(|arg| arg == "--quick");
     let phase = Duration::from_millis(if quick { 300 } else { 1000 });
     let spec = |group, page_bytes, num_pages| PagePoolSpec {
@@ -112,9 +116,11 @@ fn main() -> BenchResult<()> {
         counter: Arc::new(AtomicU64::new(0)),
     };
     fill_load_set(&device, &pools.load)?;
-    // Fill the save pool past capacity once, so measured puts recycle evicted memory.
+    // Fill the save pool past capacity once with as many savers as any row uses, so
+    // measured puts recycle evicted memory and the pinned arena already holds what the
+    // savers keep in flight (growing it pins fresh chunks, which stalls the device).
     let fill = Duration::from_secs(if quick { 1 } else { 3 });
-    run_savers(&device, &pools.save_lending, &pools.counter, 4, fill)?;
+    run_savers(&device, &pools.save_lending, &pools.counter, 12, fill)?;
 
     cpu_rows(&device, &raw, phase)?;
     load_rows(&device, &pools, &raw, phase)?;
@@ -170,8 +176,16 @@ fn raw_rows(device: &Device, phase: Duration) -> BenchResult<Raw> {
         copies: 256,
     };
     for (direction, name, reference) in [
-        (CopyDirection::HostToDevice, "raw H2D in page-sized copies (256 x 1.125 MiB)", h2d),
-        (CopyDirection::DeviceToHost, "raw D2H in page-sized copies (256 x 1.125 MiB)", d2h),
+        (
+            CopyDirection::HostToDevice,
+            "raw H2D in page-sized copies (256 x 1.125 MiB)",
+            h2d,
+        ),
+        (
+            CopyDirection::DeviceToHost,
+            "raw D2H in page-sized copies (256 x 1.125 MiB)",
+            d2h,
+        ),
     ] {
         let rate = raw_with(device, &[direction], pages, phase)?[0];
         row(name, 1, rate, reference);

@@ -103,6 +103,8 @@ mod pages;
 mod select;
 mod staging;
 mod stream;
+#[cfg(any(feature = "cuda", test))]
+mod strided;
 
 pub use arena::{ArenaStats, HostArena, HostSlot, SharedSlot, ARENA_CHUNK_BYTES, SLOT_ALIGN};
 pub use checked::{CheckedInFlight, CheckedSubmitError, HostSide, HostTarget, ResolvedCopy};

@@ -135,11 +135,20 @@ fn submit_into_objects<'a>(
             kept.push(entry);
         }
     }
+    // Any fresh object can hold any page: in address order, neighbouring objects meet
+    // neighbouring pages, which the device moves as one strided copy.
+    objects.sort_unstable_by_key(|object| object.as_ptr().addr());
     let copies = page_copies(
         kept.iter()
             .map(|(_, item)| (item.identity.group, item.page, item.payload_len)),
     );
-    let in_flight = stream.gather_checked(objects, &copies).ok()?;
+    let in_flight = match stream.gather_checked(objects, &copies) {
+        Ok(in_flight) => in_flight,
+        Err(refused) => {
+            tracing::warn!(error = %refused.error, "a save batch was refused by the device");
+            return None;
+        }
+    };
     Some(ObjectBatch { in_flight, kept })
 }
 
@@ -147,8 +156,12 @@ impl ObjectBatch<'_> {
     /// Waits, seals each object with its page's device checksum, commits (R5, R19).
     fn finish(self, pool: &dyn Pool, results: &mut [SaveResult]) {
         let (objects, sums) = self.in_flight.wait();
-        let Ok(sums) = sums else {
-            return;
+        let sums = match sums {
+            Ok(sums) => sums,
+            Err(error) => {
+                tracing::warn!(%error, pages = objects.len(), "gathering a save batch failed");
+                return;
+            }
         };
         let mut committed = Vec::with_capacity(objects.len());
         let mut kept = Vec::with_capacity(objects.len());

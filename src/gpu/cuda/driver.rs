@@ -261,6 +261,66 @@ pub(crate) unsafe fn context_synchronize() -> Result<(), DriverError> {
     unsafe { sys::cuCtxSynchronize() }.result()
 }
 
+/// `cuMemcpy2DAsync`: queues `height` rows of `width` bytes between host and device, rows
+/// `host_pitch` apart in host memory and `device_pitch` apart on the device; `to_device`
+/// picks the direction.
+///
+/// # Safety
+/// Every row `host + i * host_pitch .. + width` is host memory valid for the copy's
+/// direction (readable for `to_device`, writable and untouched by anyone else otherwise)
+/// until the copy completes, and every row `device + i * device_pitch .. + width` lies in a
+/// live device allocation; `stream` is live; all belong to the current context.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per CUDA_MEMCPY2D field used"
+)]
+pub(crate) unsafe fn memcpy_2d_async(
+    to_device: bool,
+    host: *mut u8,
+    host_pitch: usize,
+    device: DevicePtr,
+    device_pitch: usize,
+    width: usize,
+    height: usize,
+    stream: RawStream,
+) -> Result<(), DriverError> {
+    let (host_side, device_side) = (
+        sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+        sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+    );
+    let mut copy = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: device_side,
+        srcHost: std::ptr::null(),
+        srcDevice: device,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: device_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: host_side,
+        dstHost: host.cast::<c_void>(),
+        dstDevice: 0,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: host_pitch,
+        WidthInBytes: width,
+        Height: height,
+    };
+    if to_device {
+        copy.srcMemoryType = host_side;
+        copy.srcHost = host.cast_const().cast::<c_void>();
+        copy.srcDevice = 0;
+        copy.srcPitch = host_pitch;
+        copy.dstMemoryType = device_side;
+        copy.dstHost = std::ptr::null_mut();
+        copy.dstDevice = device;
+        copy.dstPitch = device_pitch;
+    }
+    // SAFETY: the descriptor lives across the call (the driver reads it before returning);
+    // the ranges it names are valid until completion (caller).
+    unsafe { sys::cuMemcpy2DAsync_v2(&raw const copy, stream) }.result()
+}
+
 /// `cuModuleLoadData`: loads a module from NUL-terminated PTX text (the driver compiles
 /// it for the current device).
 ///

@@ -54,6 +54,7 @@ use self::memory::DeviceRegion;
 use super::copy::{CopyDirection, CopyRun};
 use super::error::GpuError;
 use super::pages::PageGeometry;
+use super::strided::strided_runs;
 
 /// Page memory of every group on one CUDA device, plus the engine's copy stream.
 #[derive(Debug)]
@@ -268,14 +269,7 @@ impl CudaDevice {
             .map(|copy| (self.regions[copy.pool].page_address(copy.page), copy.len))
             .collect();
         scratch.stage(&pages);
-        let queue_copies = || {
-            copies
-                .iter()
-                .zip(&pages)
-                .try_for_each(|(copy, &(device, _))| {
-                    Self::queue_page_copy(stream, direction, copy, device)
-                })
-        };
+        let queue_copies = || Self::queue_page_copies(stream, direction, copies, &pages);
         let queued = match direction {
             CopyDirection::HostToDevice => {
                 queue_copies().and_then(|()| self.kernel.queue(stream, &mut scratch))
@@ -297,6 +291,62 @@ impl CudaDevice {
                 Err(error)
             }
         }
+    }
+
+    /// Queues the page copies of a checked submission: each strided run of copies
+    /// (`strided.rs`) as one 2D copy, single copies as plain ones.
+    fn queue_page_copies(
+        stream: &CudaStream,
+        direction: CopyDirection,
+        copies: &[HostCopy],
+        pages: &[(driver::DevicePtr, usize)],
+    ) -> Result<(), GpuError> {
+        let addresses: Vec<(u64, u64, usize)> = copies
+            .iter()
+            .zip(pages)
+            .map(|(copy, &(device, _))| (copy.host.addr() as u64, device, copy.len))
+            .collect();
+        for run in strided_runs(&addresses) {
+            let copy = &copies[run.first];
+            let device = pages[run.first].0;
+            if run.count == 1 {
+                Self::queue_page_copy(stream, direction, copy, device)?;
+                continue;
+            }
+            let (host_pitch, device_pitch) = (
+                usize::try_from(run.host_stride).unwrap_or(usize::MAX),
+                usize::try_from(run.device_stride).unwrap_or(usize::MAX),
+            );
+            let to_device = direction == CopyDirection::HostToDevice;
+            // SAFETY: row i of the run is copy `run.first + i` (strided.rs T2): its page range
+            // was checked against the geometry (K1) and its host range against the memory the
+            // in-flight owns until the event completes (checked.rs V1, V2); rows never overlap
+            // (T2) and destinations of one submission are disjoint (V1).
+            let queued = unsafe {
+                driver::memcpy_2d_async(
+                    to_device,
+                    copy.host,
+                    host_pitch,
+                    device,
+                    device_pitch,
+                    copy.len,
+                    run.count,
+                    stream.raw(),
+                )
+            };
+            if let Err(error) = queued {
+                // A 2D copy the driver refuses (a pitch over its limit) is queued page by
+                // page instead; nothing of it was queued.
+                tracing::warn!(%error, rows = run.count, host_pitch, device_pitch, "2d copy refused; copying page by page");
+                for (copy, &(device, _)) in copies[run.first..run.first + run.count]
+                    .iter()
+                    .zip(&pages[run.first..])
+                {
+                    Self::queue_page_copy(stream, direction, copy, device)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Queues one page's copy of a checked submission.
