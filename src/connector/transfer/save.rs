@@ -135,9 +135,18 @@ fn submit_into_objects<'a>(
             kept.push(entry);
         }
     }
-    // Any fresh object can hold any page: in address order, neighbouring objects meet
-    // neighbouring pages, which the device moves as one strided copy.
-    objects.sort_unstable_by_key(|object| object.as_ptr().addr());
+    // Any fresh object of the right length can hold any page of that length: pairing pages
+    // in (length, group, page) order with objects in (length, address) order keeps every
+    // length matched, and neighbouring objects meet neighbouring pages, which the device
+    // moves as one strided copy.
+    kept.sort_by_key(|(_, item)| {
+        (
+            object::object_len(item.payload_len),
+            item.identity.group,
+            item.page,
+        )
+    });
+    objects.sort_unstable_by_key(|object| (object.len(), object.as_ptr().addr()));
     let copies = page_copies(
         kept.iter()
             .map(|(_, item)| (item.identity.group, item.page, item.payload_len)),

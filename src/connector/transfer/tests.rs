@@ -468,3 +468,71 @@ fn a_corrupt_object_in_a_later_lent_batch_fails_the_load_r5() {
     let (_, loaded) = load_pages(&pool, &mut stream, staging, &many_loads(), None);
     assert_eq!(loaded, Err(LoadFailure::Corrupt));
 }
+
+/// Pages of two groups with different page sizes in one save batch: every fresh pool
+/// object is paired with a page of its own length (R19), and all come back (R24).
+#[test]
+fn mixed_page_sizes_in_one_batch_round_trip_r19_r24() {
+    let small = PAGE / 4;
+    let device = Device::open_host(&[
+        PagePoolSpec {
+            group: GroupId(0),
+            page_bytes: PAGE,
+            num_pages: 16,
+        },
+        PagePoolSpec {
+            group: GroupId(1),
+            page_bytes: small,
+            num_pages: 16,
+        },
+    ])
+    .unwrap();
+    let mut stream = device.stream().unwrap();
+    let staging = device.staging_pool(HEADER_BYTES + PAGE, 8).unwrap();
+    let pool = rig(1).pool;
+    let item = |block: u32, group: u32| {
+        let len = if group == 0 { PAGE } else { small };
+        let identity = ObjectIdentity {
+            group: GroupId(group),
+            ..many_identity(block)
+        };
+        (format!("g{group}/{block}"), identity, len)
+    };
+    let mut saves = Vec::new();
+    for block in 0..6_u32 {
+        for group in [1, 0] {
+            let (key, identity, len) = item(block, group);
+            device
+                .write_page(GroupId(group), block, &many_bytes(block * 2 + group)[..len])
+                .unwrap();
+            saves.push(SaveItem {
+                key,
+                identity,
+                page: block,
+                payload_len: len,
+            });
+        }
+    }
+    let (staging, stored) = save_pages(&pool, &mut stream, staging, &saves);
+    assert_eq!(stored, vec![SaveResult::Stored; saves.len()]);
+    let loads: Vec<LoadItem> = saves
+        .iter()
+        .map(|save| LoadItem {
+            key: save.key.clone(),
+            identity: save.identity,
+            page: save.page + 8,
+            payload_len: save.payload_len,
+        })
+        .collect();
+    let (_, loaded) = load_pages(&pool, &mut stream, staging, &loads, None);
+    assert_eq!(loaded.map(|moved| moved.pages), Ok(12));
+    for block in 0..6_u32 {
+        for group in [0, 1] {
+            let len = if group == 0 { PAGE } else { small };
+            assert_eq!(
+                device.read_page_to_vec(GroupId(group), block + 8).unwrap(),
+                many_bytes(block * 2 + group)[..len]
+            );
+        }
+    }
+}
