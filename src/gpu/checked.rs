@@ -29,7 +29,7 @@
 //!   the copy for a scatter, before it for a gather.
 
 use super::arena::{HostSlot, SharedSlot};
-use super::copy::{CopyDirection, PageCopy};
+use super::copy::{locate_page, CopyDirection, PageCopy};
 use super::error::GpuError;
 use super::staging::StagingPool;
 use super::stream::{CopyStream, StreamId};
@@ -368,15 +368,7 @@ fn resolve_all(
 ) -> Result<Vec<ResolvedCopy>, GpuError> {
     let mut resolved = Vec::with_capacity(copies.len());
     for copy in copies {
-        let (pool_index, pool) = device.geometry().locate(copy.group, copy.page)?;
-        if copy.len == 0 || copy.len > pool.page_bytes {
-            return Err(GpuError::CopyLengthInvalid {
-                group: copy.group,
-                page: copy.page,
-                len: copy.len,
-                page_bytes: pool.page_bytes,
-            });
-        }
+        let (pool_index, _) = locate_page(device.geometry(), copy)?;
         let (object, host_start) =
             memory.locate(copy.staging_slot, copy.staging_offset, copy.len)?;
         resolved.push(ResolvedCopy {

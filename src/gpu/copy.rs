@@ -25,7 +25,7 @@ use std::fmt;
 use crate::core::layout::GroupId;
 
 use super::error::GpuError;
-use super::pages::PageGeometry;
+use super::pages::{PageGeometry, PagePoolSpec};
 use super::staging::StagingGeometry;
 
 /// Which way a copy moves bytes.
@@ -126,13 +126,16 @@ pub fn plan_copies(
     Ok(coalesce(runs))
 }
 
-/// Checks one copy against both geometries and turns it into absolute byte ranges (C1).
-fn resolve(
+/// The pool index and spec of a copy's page, once the page exists and the length is
+/// `1..=page_bytes` (C1).
+///
+/// # Errors
+/// [`GpuError::UnknownGroup`], [`GpuError::PageOutOfRange`], [`GpuError::CopyLengthInvalid`].
+pub(crate) fn locate_page(
     pages: &PageGeometry,
-    staging: StagingGeometry,
     copy: &PageCopy,
-) -> Result<CopyRun, GpuError> {
-    let (_, pool) = pages.locate(copy.group, copy.page)?;
+) -> Result<(usize, PagePoolSpec), GpuError> {
+    let (pool_index, pool) = pages.locate(copy.group, copy.page)?;
     if copy.len == 0 || copy.len > pool.page_bytes {
         return Err(GpuError::CopyLengthInvalid {
             group: copy.group,
@@ -141,6 +144,16 @@ fn resolve(
             page_bytes: pool.page_bytes,
         });
     }
+    Ok((pool_index, pool))
+}
+
+/// Checks one copy against both geometries and turns it into absolute byte ranges (C1).
+fn resolve(
+    pages: &PageGeometry,
+    staging: StagingGeometry,
+    copy: &PageCopy,
+) -> Result<CopyRun, GpuError> {
+    let (_, pool) = locate_page(pages, copy)?;
     let slot = staging.slot_range(copy.staging_slot)?;
     let fits = copy
         .staging_offset

@@ -197,15 +197,17 @@ pub fn seal(
     buf: &mut [u8],
     payload_len: usize,
 ) -> Result<usize, ObjectError> {
-    let total = object_len(payload_len);
-    if buf.len() < total {
-        return Err(ObjectError::BufferTooSmall {
+    let payload_checksum = checksum(payload_area(buf, payload_len)?);
+    seal_with_checksum(identity, buf, payload_len, payload_checksum)
+}
+
+/// The payload bytes after the header area of `buf`.
+fn payload_area(buf: &[u8], payload_len: usize) -> Result<&[u8], ObjectError> {
+    buf.get(HEADER_BYTES..object_len(payload_len))
+        .ok_or(ObjectError::BufferTooSmall {
             len: buf.len(),
             payload_len,
-        });
-    }
-    let payload_checksum = checksum(&buf[HEADER_BYTES..total]);
-    seal_with_checksum(identity, buf, payload_len, payload_checksum)
+        })
 }
 
 /// [`seal`] with the payload's checksum already known (computed by the device over the
@@ -219,13 +221,8 @@ pub fn seal_with_checksum(
     payload_len: usize,
     payload_checksum: u64,
 ) -> Result<usize, ObjectError> {
+    payload_area(buf, payload_len)?;
     let total = object_len(payload_len);
-    if buf.len() < total {
-        return Err(ObjectError::BufferTooSmall {
-            len: buf.len(),
-            payload_len,
-        });
-    }
     let header_area = &mut buf[..HEADER_BYTES];
     let (shard_kind, shard_world, shard_rank) = shard_fields(identity.shard);
     let header = WireHeader {
