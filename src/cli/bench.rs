@@ -33,7 +33,7 @@ use crate::core::eviction::EvictionPolicy;
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, HashError, Scope};
 use crate::core::keys::{KeyColumn, KeyPrefix, KeySpec, Shard};
 use crate::core::layout::{Layout, LayoutError};
-use crate::core::planner::{Lookup, LookupRequest, PlanError};
+use crate::core::planner::{Lookup, LookupRequest, PlanError, PlannerGroup};
 use crate::pool::{ManualClock, MemoryPool, Pool, PoolError};
 
 /// Arguments of `kv-connector bench`.
@@ -263,7 +263,7 @@ fn plan_once(layout: &Layout, prompt_tokens: usize) -> Result<Duration, BenchErr
         tokens_per_block,
         prompt_tokens,
         local_match_tokens: 0,
-        groups: super::inspect::planner_groups(layout),
+        groups: PlannerGroup::of_layout(layout),
         rewind_tokens: 2048,
         window_fallback: true,
         probe_chunk_items: 4096,

@@ -37,8 +37,8 @@ use crate::actors::lookup_planner::{run_lookup, PlannerSettings};
 use crate::config::{Config, ConfigError};
 use crate::core::hash::{hash_blocks, scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
-use crate::core::layout::{Attention, Layout, LayoutError};
-use crate::core::planner::{PlannerGroup, PlannerGroupKind};
+use crate::core::layout::{Layout, LayoutError};
+use crate::core::planner::PlannerGroup;
 use crate::replay::workload::{read_mooncake_trace, TraceError};
 use crate::replay::ReplayError;
 
@@ -304,28 +304,6 @@ fn read_prompt(args: &InspectArgs) -> Result<Vec<i64>, InspectError> {
     )?)
 }
 
-/// The planner's view of the layout's groups.
-pub(crate) fn planner_groups(layout: &Layout) -> Vec<PlannerGroup> {
-    let to_usize = |value: u32| usize::try_from(value).unwrap_or(usize::MAX);
-    layout
-        .groups
-        .iter()
-        .map(|group| PlannerGroup {
-            id: group.id,
-            kind: match group.attention() {
-                Attention::Full => PlannerGroupKind::Full,
-                Attention::Window {
-                    window_tokens,
-                    sink_tokens,
-                } => PlannerGroupKind::Window {
-                    window_tokens: to_usize(window_tokens),
-                    sink_tokens: to_usize(sink_tokens),
-                },
-            },
-        })
-        .collect()
-}
-
 /// Workflow steps 4-6.
 fn inspect(
     args: &InspectArgs,
@@ -350,7 +328,7 @@ fn inspect(
     let hashes = hash_blocks(seed, prompt, tokens_per_block)?;
     let settings = PlannerSettings {
         tokens_per_block,
-        groups: planner_groups(layout),
+        groups: PlannerGroup::of_layout(layout),
         rewind_tokens: usize::try_from(config.planner.swa_endpoint_rewind_tokens)
             .unwrap_or(usize::MAX),
         window_fallback: config.planner.window_fallback,

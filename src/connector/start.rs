@@ -20,10 +20,10 @@ use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
 use crate::config::Config;
 use crate::core::hash::BlockHash;
-use crate::core::layout::{Attention, Layout};
+use crate::core::layout::Layout;
 use crate::core::ledger::Ledger;
 use crate::core::object::HEADER_BYTES;
-use crate::core::planner::{PlannerGroup, PlannerGroupKind};
+use crate::core::planner::PlannerGroup;
 use crate::gpu::Device;
 use crate::gpu::StagingPool;
 use crate::messages::EngineInbox;
@@ -177,26 +177,6 @@ pub enum StartError {
     Thread,
 }
 
-fn planner_groups(layout: &Layout) -> Vec<PlannerGroup> {
-    layout
-        .groups
-        .iter()
-        .map(|group| PlannerGroup {
-            id: group.id,
-            kind: match group.attention() {
-                Attention::Full => PlannerGroupKind::Full,
-                Attention::Window {
-                    window_tokens,
-                    sink_tokens,
-                } => PlannerGroupKind::Window {
-                    window_tokens: window_tokens as usize,
-                    sink_tokens: sink_tokens as usize,
-                },
-            },
-        })
-        .collect()
-}
-
 /// Starts the actors on a new thread and returns their addresses once they run.
 pub(super) fn start_actors(
     params: ConnectorParams,
@@ -269,7 +249,7 @@ async fn spawn_all(
         |bytes: u64| u32::try_from((bytes / slot_bytes as u64).max(1)).unwrap_or(u32::MAX);
     let settings = PlannerSettings {
         tokens_per_block: params.layout.tokens_per_block as usize,
-        groups: planner_groups(&params.layout),
+        groups: PlannerGroup::of_layout(&params.layout),
         rewind_tokens: usize::try_from(config.planner.swa_endpoint_rewind_tokens)
             .unwrap_or(usize::MAX),
         window_fallback: config.planner.window_fallback,

@@ -54,7 +54,7 @@ mod testkit;
 
 use std::fmt;
 
-use crate::core::layout::GroupId;
+use crate::core::layout::{Attention, GroupId, Layout};
 
 pub use lookup::Lookup;
 
@@ -79,6 +79,30 @@ pub struct PlannerGroup {
     pub id: GroupId,
     /// Full or window attention.
     pub kind: PlannerGroupKind,
+}
+
+impl PlannerGroup {
+    /// The planner's view of every group of `layout`, in layout order.
+    pub fn of_layout(layout: &Layout) -> Vec<PlannerGroup> {
+        let to_usize = |value: u32| usize::try_from(value).unwrap_or(usize::MAX);
+        layout
+            .groups
+            .iter()
+            .map(|group| PlannerGroup {
+                id: group.id,
+                kind: match group.attention() {
+                    Attention::Full => PlannerGroupKind::Full,
+                    Attention::Window {
+                        window_tokens,
+                        sink_tokens,
+                    } => PlannerGroupKind::Window {
+                        window_tokens: to_usize(window_tokens),
+                        sink_tokens: to_usize(sink_tokens),
+                    },
+                },
+            })
+            .collect()
+    }
 }
 
 /// Everything the planner needs to know about one request.
