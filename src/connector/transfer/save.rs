@@ -11,7 +11,7 @@
 
 use super::{batch_len, page_copies, SaveItem, SaveResult};
 use crate::core::object;
-use crate::gpu::{CheckedInFlight, CopyStream, HostSlot, HostTarget, StagingPool};
+use crate::gpu::{CheckedInFlight, CopyStream, HostSlot, PageCopy, StagingPool};
 use crate::pool::{Pool, PoolError};
 
 /// Saves `items`, one result per item in order. Returns the staging pool in every case.
@@ -89,20 +89,25 @@ fn save_through_staging(
     absent: &[(usize, &SaveItem)],
     results: &mut [SaveResult],
 ) -> StagingPool {
-    let (staging, sealed) = gather_sealed(stream, staging, absent);
-    if let Some(sealed) = sealed {
-        let values: Vec<&[u8]> = sealed
-            .iter()
-            .map(|&(position, len)| staging_slot(&staging, position, len))
-            .collect();
-        let kept: Vec<(usize, &SaveItem)> = sealed
-            .iter()
-            .map(|&(position, _)| absent[position])
-            .collect();
-        let keys: Vec<&str> = kept.iter().map(|(_, item)| item.key.as_str()).collect();
-        // The batch was probed just before the gather: no second probe.
-        record(results, &kept, &pool.put_absent(&keys, &values));
-    }
+    let (mut staging, sums) = match stream.gather_checked(staging, &save_copies(absent)) {
+        Ok(in_flight) => in_flight.wait(),
+        Err(refused) => return refused.memory,
+    };
+    let Ok(sums) = sums else {
+        return staging;
+    };
+    let sealed = seal_all(absent, staging.slots_mut(), &sums);
+    let (kept, values): (Vec<(usize, &SaveItem)>, Vec<&[u8]>) = (0_u32..)
+        .zip(absent)
+        .zip(sealed)
+        .filter_map(|((slot, entry), len)| {
+            let bytes = staging.slot(slot).ok()?.get(..len?)?;
+            Some((*entry, bytes))
+        })
+        .unzip();
+    let keys: Vec<&str> = kept.iter().map(|(_, item)| item.key.as_str()).collect();
+    // The batch was probed just before the gather: no second probe.
+    record(results, &kept, &pool.put_absent(&keys, &values));
     staging
 }
 
@@ -147,11 +152,7 @@ fn submit_into_objects<'a>(
         )
     });
     objects.sort_unstable_by_key(|object| (object.len(), object.as_ptr().addr()));
-    let copies = page_copies(
-        kept.iter()
-            .map(|(_, item)| (item.identity.group, item.page, item.payload_len)),
-    );
-    let in_flight = match stream.gather_checked(objects, &copies) {
+    let in_flight = match stream.gather_checked(objects, &save_copies(&kept)) {
         Ok(in_flight) => in_flight,
         Err(refused) => {
             tracing::warn!(error = %refused.error, "a save batch was refused by the device");
@@ -172,78 +173,48 @@ impl ObjectBatch<'_> {
                 return;
             }
         };
-        let mut committed = Vec::with_capacity(objects.len());
-        let mut kept = Vec::with_capacity(objects.len());
-        for ((entry, mut object), checksum) in self.kept.into_iter().zip(objects).zip(sums) {
-            let (_, item) = entry;
-            if object::seal_with_checksum(&item.identity, &mut object, item.payload_len, checksum)
-                .is_ok()
-            {
-                committed.push(object);
-                kept.push(entry);
-            }
-        }
+        let mut objects = objects;
+        let sealed = seal_all(
+            &self.kept,
+            objects.iter_mut().map(|object| &mut object[..]),
+            &sums,
+        );
+        let (kept, committed): (Vec<(usize, &SaveItem)>, Vec<HostSlot>) = self
+            .kept
+            .into_iter()
+            .zip(objects)
+            .zip(sealed)
+            .filter_map(|((entry, object), len)| len.map(|_| (entry, object)))
+            .unzip();
         let keys: Vec<&str> = kept.iter().map(|(_, item)| item.key.as_str()).collect();
         record(results, &kept, &pool.commit_objects(&keys, committed));
     }
 }
 
-/// Gathers the pages of `entries` into slot or object `i` after its header area with
-/// device checksums, and seals each header with its checksum. Returns the memory and,
-/// unless the copy failed, the (position, object length) of every sealed entry.
-fn gather_sealed<M: HostTarget + SealSlots>(
-    stream: &mut CopyStream,
-    memory: M,
-    entries: &[(usize, &SaveItem)],
-) -> (M, Option<Vec<(usize, usize)>>) {
-    let copies = page_copies(
+/// One gather copy per entry: its page into the payload area of slot or object `i`.
+fn save_copies(entries: &[(usize, &SaveItem)]) -> Vec<PageCopy> {
+    page_copies(
         entries
             .iter()
             .map(|(_, item)| (item.identity.group, item.page, item.payload_len)),
-    );
-    let (mut memory, sums) = match stream.gather_checked(memory, &copies) {
-        Ok(in_flight) => in_flight.wait(),
-        Err(refused) => return (refused.memory, None),
-    };
-    let Ok(sums) = sums else {
-        return (memory, None);
-    };
-    let mut sealed = Vec::with_capacity(entries.len());
-    for (position, ((_, item), checksum)) in entries.iter().zip(sums).enumerate() {
-        let Some(buffer) = memory.slot_mut(position) else {
-            continue;
-        };
-        if let Ok(len) =
-            object::seal_with_checksum(&item.identity, buffer, item.payload_len, checksum)
-        {
-            sealed.push((position, len));
-        }
-    }
-    (memory, Some(sealed))
+    )
 }
 
-/// Slot `i` of host memory, for sealing in place.
-trait SealSlots {
-    fn slot_mut(&mut self, position: usize) -> Option<&mut [u8]>;
-}
-
-impl SealSlots for StagingPool {
-    fn slot_mut(&mut self, position: usize) -> Option<&mut [u8]> {
-        StagingPool::slot_mut(self, u32::try_from(position).ok()?).ok()
-    }
-}
-
-impl SealSlots for Vec<HostSlot> {
-    fn slot_mut(&mut self, position: usize) -> Option<&mut [u8]> {
-        self.get_mut(position).map(|slot| &mut slot[..])
-    }
-}
-
-fn staging_slot(staging: &StagingPool, position: usize, len: usize) -> &[u8] {
-    u32::try_from(position)
-        .ok()
-        .and_then(|slot| staging.slot(slot).ok())
-        .map_or(&[][..], |slot| &slot[..len.min(slot.len())])
+/// Seals buffer `i`'s header with entry `i`'s device checksum (R5); returns each object's
+/// length, or `None` where sealing failed.
+fn seal_all<'b>(
+    entries: &[(usize, &SaveItem)],
+    buffers: impl Iterator<Item = &'b mut [u8]>,
+    sums: &[u64],
+) -> Vec<Option<usize>> {
+    entries
+        .iter()
+        .zip(buffers)
+        .zip(sums)
+        .map(|(((_, item), buffer), &checksum)| {
+            object::seal_with_checksum(&item.identity, buffer, item.payload_len, checksum).ok()
+        })
+        .collect()
 }
 
 /// Records each stored key's put or commit result.
