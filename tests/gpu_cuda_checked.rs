@@ -20,26 +20,17 @@ use kv_connector::connector::transfer::{
     load_pages, save_pages, LoadItem, LoadMoved, SaveItem, SaveResult,
 };
 use kv_connector::core::eviction::EvictionPolicy;
-use kv_connector::core::hash::BlockHash;
-use kv_connector::core::keys::Shard;
-use kv_connector::core::layout::{GroupId, LayoutFingerprint};
+use kv_connector::core::layout::GroupId;
 use kv_connector::core::ledger::LoadFailure;
-use kv_connector::core::object::{self, checksum, ObjectIdentity, HEADER_BYTES};
+use kv_connector::core::object::{self, checksum, HEADER_BYTES};
 use kv_connector::gpu::{Device, PageCopy, PagePoolSpec};
 use kv_connector::pool::{MemoryPool, Pool, SystemClock};
 
+mod gpu_common;
+
+use gpu_common::{identity, load_item, save_item, spec, GPT_OSS_PAGE};
+
 type TestResult = Result<(), Box<dyn Error>>;
-
-/// gpt-oss-120b: 18 layers x K,V x 8 heads x 64 x bf16 x 32 tokens per page.
-const GPT_OSS_PAGE: usize = 18 * 2 * 8 * 64 * 2 * 32;
-
-fn spec(group: u32, page_bytes: usize, num_pages: u32) -> PagePoolSpec {
-    PagePoolSpec {
-        group: GroupId(group),
-        page_bytes,
-        num_pages,
-    }
-}
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
@@ -134,35 +125,6 @@ fn pinned_pool(device: &Device) -> Result<MemoryPool, Box<dyn Error>> {
         Arc::new(SystemClock::new()),
         device.host_arena(),
     )?)
-}
-
-fn identity(block: u32) -> ObjectIdentity {
-    let mut hash = [0; 16];
-    hash[..4].copy_from_slice(&block.to_le_bytes());
-    ObjectIdentity {
-        layout_fingerprint: LayoutFingerprint(120),
-        chain_hash: BlockHash(hash),
-        group: GroupId(0),
-        shard: Shard::Rank { world: 1, rank: 0 },
-    }
-}
-
-fn save_item(block: u32, page: u32) -> SaveItem {
-    SaveItem {
-        key: format!("gpt-oss/{block}"),
-        identity: identity(block),
-        page,
-        payload_len: GPT_OSS_PAGE,
-    }
-}
-
-fn load_item(block: u32, page: u32) -> LoadItem {
-    LoadItem {
-        key: format!("gpt-oss/{block}"),
-        identity: identity(block),
-        page,
-        payload_len: GPT_OSS_PAGE,
-    }
 }
 
 /// Zero-copy on the GPU: saves gather into pinned pool objects and commit them, loads
