@@ -376,6 +376,24 @@ pub static KEYS: &[KeySpec] = &[
         Integer,
         "ms",
     ),
+    key(
+        "handoff.outbox_capacity",
+        "KVC_HANDOFF_OUTBOX_CAPACITY",
+        Integer,
+        "messages",
+    ),
+    key(
+        "handoff.poll_interval_us",
+        "KVC_HANDOFF_POLL_INTERVAL_US",
+        Integer,
+        "us",
+    ),
+    key(
+        "handoff.park_after_idle_ms",
+        "KVC_HANDOFF_PARK_AFTER_IDLE_MS",
+        Integer,
+        "ms",
+    ),
     key("stats.interval_s", "KVC_STATS_INTERVAL_S", Integer, "s"),
     key("stats.metrics_addr", "KVC_STATS_METRICS_ADDR", Text, ""),
     key(

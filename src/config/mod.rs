@@ -25,6 +25,7 @@
 //! module: booleans `true`/`false`/`1`/`0`, byte sizes with optional `KiB`/`MiB`/`GiB`/
 //! `TiB` (or decimal `KB`/`MB`/`GB`/`TB`) suffixes, `off` for `saver.resave_min_tokens`.
 
+mod actor_sections;
 mod error;
 mod keys;
 mod layers;
@@ -36,13 +37,15 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use actor_sections::{
+    HandoffConfig, LoadersConfig, PlannerConfig, ReservationsConfig, SaverConfig, StatsConfig,
+};
 pub use error::{ConfigError, ConfigWarning, ValueOrigin};
 pub use keys::{parse_byte_size, KeySpec, LeafKind, KEYS};
 pub use layers::{parse_override, ENV_PREFIX};
 pub use sections::{
-    DeviceConfig, DeviceKind, KeysConfig, LoadersConfig, ModelConfig, MooncakeConfig, NodeConfig,
-    PlannerConfig, PoolBackend, PoolConfig, ReservationsConfig, SaverConfig, StatsConfig, GIB, MIB,
-    MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
+    DeviceConfig, DeviceKind, KeysConfig, ModelConfig, MooncakeConfig, NodeConfig, PoolBackend,
+    PoolConfig, GIB, MIB, MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
 };
 
 /// Prefix of the legacy environment names kept for existing deployments.
@@ -69,6 +72,8 @@ pub struct Config {
     pub loaders: LoadersConfig,
     /// The save queue.
     pub saver: SaverConfig,
+    /// The engine thread's hand-off to the actors.
+    pub handoff: HandoffConfig,
     /// The stats reporter.
     pub stats: StatsConfig,
     /// The device backend.

@@ -57,6 +57,11 @@ pub const MAX_LOAD_THREADS: u64 = 64;
 pub const MAX_STAGING_BYTES: u64 = 64 << 30;
 /// Longest timeout in milliseconds (one day): longer ones overflow deadline arithmetic.
 pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+/// Most `handoff.poll_interval_us`: 10 ms; longer would add more to every lookup and
+/// load than it saves.
+pub const MAX_POLL_INTERVAL_US: u64 = 10_000;
+/// Most `handoff.park_after_idle_ms`: one minute.
+pub const MAX_PARK_AFTER_IDLE_MS: u64 = 60_000;
 
 /// Refuses a ratio outside `(0, 1]` (NaN included).
 fn ratio(value: f64, key: &'static str, example: &str) -> Result<(), ConfigError> {
@@ -209,6 +214,7 @@ impl Config {
             "saver.mailbox_capacity",
             "1024",
         )?;
+        self.check_handoff()?;
         bounded(
             self.stats.interval_s,
             "stats.interval_s",
@@ -223,6 +229,28 @@ impl Config {
             "must be HOST:PORT with an IP address, e.g. 127.0.0.1:9464, or empty for none",
         )?;
         self.check_budget()
+    }
+
+    /// `[handoff]`: a non-empty outbox, and a poll interval and idle time within limits.
+    fn check_handoff(&self) -> Result<(), ConfigError> {
+        positive(
+            usize_u64(self.handoff.outbox_capacity),
+            "handoff.outbox_capacity",
+            "1024",
+        )?;
+        let handoff = &self.handoff;
+        require(
+            handoff.poll_interval_us <= MAX_POLL_INTERVAL_US,
+            "handoff.poll_interval_us",
+            &handoff.poll_interval_us,
+            &format!("must be at most {MAX_POLL_INTERVAL_US}, e.g. 50"),
+        )?;
+        require(
+            handoff.park_after_idle_ms <= MAX_PARK_AFTER_IDLE_MS,
+            "handoff.park_after_idle_ms",
+            &handoff.park_after_idle_ms,
+            &format!("must be at most {MAX_PARK_AFTER_IDLE_MS}, e.g. 20"),
+        )
     }
 
     /// R9: the budget covers the pool memory this node contributes (the embedded pool's
@@ -306,7 +334,7 @@ mod tests {
     #[test]
     fn zero_counts_and_sizes_are_refused_each_naming_a_working_value() {
         type Change = fn(&mut Config);
-        let cases: [(&str, Change, &str); 15] = [
+        let cases: [(&str, Change, &str); 16] = [
             (
                 "pool.capacity_bytes",
                 |c| c.pool.capacity_bytes = 0,
@@ -361,6 +389,11 @@ mod tests {
             ),
             ("stats.interval_s", |c| c.stats.interval_s = 0, "30"),
             (
+                "handoff.outbox_capacity",
+                |c| c.handoff.outbox_capacity = 0,
+                "1024",
+            ),
+            (
                 "pool.eviction_ratio",
                 |c| c.pool.eviction_ratio = 0.0,
                 "0.05",
@@ -383,7 +416,7 @@ mod tests {
     #[test]
     fn oversized_counts_sizes_and_timeouts_are_refused() {
         type Case = (&'static str, fn(&mut Config), &'static str, &'static str);
-        let cases: [Case; 6] = [
+        let cases: [Case; 8] = [
             (
                 "loaders.load_threads",
                 |c| c.loaders.load_threads = 100_000,
@@ -420,6 +453,18 @@ mod tests {
                 "18446744073709551615",
                 "30",
             ),
+            (
+                "handoff.poll_interval_us",
+                |c| c.handoff.poll_interval_us = 20_000,
+                "20000",
+                "at most 10000",
+            ),
+            (
+                "handoff.park_after_idle_ms",
+                |c| c.handoff.park_after_idle_ms = u64::MAX,
+                "18446744073709551615",
+                "20",
+            ),
         ];
         for (key, change, value, hint) in cases {
             assert_out_of_range(&refusal(change), key, value, hint);
@@ -428,6 +473,8 @@ mod tests {
         config.loaders.load_threads = 64;
         config.saver.staging_bytes = MAX_STAGING_BYTES;
         config.saver.shutdown_drain_timeout_ms = 0;
+        config.handoff.poll_interval_us = 0;
+        config.handoff.park_after_idle_ms = 0;
         assert!(
             config.validate().is_ok(),
             "the limits themselves and 0 ms work"

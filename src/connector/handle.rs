@@ -1,6 +1,7 @@
 //! [`ConnectorHandle`]: the real connector behind the engine hooks. It runs on the
-//! engine's thread and only sends messages (`try_send`) and drains bounded channels; the
-//! actor system does the I/O.
+//! engine's thread and only hands messages to the courier (`handoff`, which wakes no
+//! thread while the courier polls) and drains bounded channels; the actor system does the
+//! I/O.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,18 +9,17 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 
+use super::courier::{ActorRecipients, Courier, CourierTiming};
 use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
-use crate::actors::lookup_planner::LookupPlanner;
-use crate::actors::reservation_manager::ReservationManager;
-use crate::actors::saver_queue::SaverQueue;
 use crate::actors::stats_reporter::StatsReporter;
 use crate::core::hash::BlockHash;
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{Attention, Layout};
 use crate::core::planner::LookupPlan;
 use crate::core::save_order::SavePriority;
+use crate::messages::courier::Outgoing;
 use crate::messages::lookup_planner::LookupPrefix;
 use crate::messages::reservation_manager::{ReleaseReservation, StartLoad};
 use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
@@ -27,6 +27,7 @@ use crate::messages::stats_reporter::CollectNow;
 use crate::messages::{EngineInbox, LookupCompleted, SavesSettled};
 use crate::stats::ConnectorStats;
 
+mod handoff;
 mod loads;
 mod lookups;
 mod saves;
@@ -58,9 +59,10 @@ struct SaveGroup {
 
 /// The connector of one serving instance.
 pub struct ConnectorHandle {
-    planner: Addr<LookupPlanner>,
-    manager: Addr<ReservationManager>,
-    savers: Vec<Addr<SaverQueue>>,
+    /// Delivers every message for the planner, the manager and the savers (in order).
+    courier: Courier,
+    /// Tensor-parallel ranks: one saver each.
+    ranks: usize,
     reporter: Addr<StatsReporter>,
     keys: Arc<KeySpace>,
     system: actix::System,
@@ -139,6 +141,10 @@ impl ConnectorHandle {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .map_err(|_| StartError::Thread)?;
+        let (courier_capacity, timing) = (
+            params.config.handoff.outbox_capacity,
+            CourierTiming::of(&params.config.handoff),
+        );
         let (
             Started {
                 planner,
@@ -151,10 +157,20 @@ impl ConnectorHandle {
             },
             thread,
         ) = start_actors(params, inbox)?;
-        Ok(ConnectorHandle {
+        let ranks = savers.len();
+        let recipients = ActorRecipients {
             planner,
             manager,
             savers,
+        };
+        let Ok(courier) = Courier::start(recipients, courier_capacity, timing) else {
+            system.stop();
+            let _ = thread.join();
+            return Err(StartError::Thread);
+        };
+        Ok(ConnectorHandle {
+            courier,
+            ranks,
             reporter,
             keys,
             system,
@@ -193,8 +209,12 @@ impl ConnectorHandle {
         &self.keys
     }
 
-    /// Everything counted since start (blocks briefly for the actors' answers).
-    pub fn stats(&self) -> ConnectorStats {
+    /// Everything counted since start, including every message handed off before the call
+    /// (blocks briefly for the courier and the actors' answers).
+    pub fn stats(&mut self) -> ConnectorStats {
+        if self.thread.is_some() {
+            self.wait_for_courier();
+        }
         let mut stats = self.collect_stats();
         self.add_handle_counts(&mut stats);
         stats
@@ -276,6 +296,7 @@ impl EngineConnector for ConnectorHandle {
         _reservation: ReservationId,
     ) -> ReserveAnswer {
         self.drain_lookups();
+        self.drain_returns();
         if self.lookups_refused {
             self.flush_queued_lookups();
         }
@@ -314,18 +335,16 @@ impl EngineConnector for ConnectorHandle {
         start: usize,
         end: usize,
     ) {
-        let message = ReleaseReservation {
+        self.hand_off(Outgoing::Release(ReleaseReservation {
             reservation,
             start: start as u64,
             end: end as u64,
-        };
-        if self.manager.try_send(message).is_err() {
-            tracing::debug!(%reservation, "reservation manager full or gone; release not recorded");
-        }
+        }));
     }
 
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
         self.flush_queued_lookups();
+        self.drain_returns();
         while let Ok(finished) = self.loads.try_recv() {
             self.accept_load(finished);
         }
@@ -335,10 +354,11 @@ impl EngineConnector for ConnectorHandle {
     fn on_step(&mut self, output: &SchedulerOutput<'_>) {
         self.flush_queued_lookups();
         self.drain_lookups();
+        self.drain_returns();
         let now = Instant::now();
         // The list is kept between steps (no allocation per step); the batches go out.
         let mut per_rank = std::mem::take(&mut self.step_saves);
-        per_rank.extend(self.savers.iter().map(|_| EnqueueSave::new(now)));
+        per_rank.extend((0..self.ranks).map(|_| EnqueueSave::new(now)));
         let new_loads = output
             .requests
             .iter()
@@ -359,6 +379,7 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn request_finished(&mut self, request: RequestId) -> bool {
+        self.drain_returns();
         self.drain_saves();
         let keep = self
             .requests
@@ -376,6 +397,7 @@ impl EngineConnector for ConnectorHandle {
 
     fn get_finished_saves(&mut self) -> Vec<RequestId> {
         self.flush_queued_lookups();
+        self.drain_returns();
         self.drain_saves();
         let mut done = std::mem::take(&mut self.saves_done);
         // A request enters `saves_done` once, when its last pending save settles after
@@ -392,40 +414,21 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn wait_for_progress(&mut self, timeout: Duration) {
-        enum Event {
-            Lookup(LookupCompleted),
-            Load(FinishedLoad),
-            Save(SavesSettled),
-            Closed,
-        }
         self.flush_queued_lookups();
-        let event = flume::Selector::new()
-            .recv(&self.lookups, |message| {
-                message.map_or(Event::Closed, Event::Lookup)
-            })
-            .recv(&self.loads, |message| {
-                message.map_or(Event::Closed, Event::Load)
-            })
-            .recv(&self.saves, |message| {
-                message.map_or(Event::Closed, Event::Save)
-            })
-            .wait_timeout(timeout);
-        match event {
-            Ok(Event::Lookup(done)) => self.accept_lookup(done),
-            Ok(Event::Load(finished)) => self.accept_load(finished),
-            Ok(Event::Save(settled)) => self.accept_settled(settled),
-            Ok(Event::Closed) | Err(_) => {}
+        let deadline = Instant::now().checked_add(timeout);
+        if let Some(event) = self.wait_event(None, deadline) {
+            self.accept_event(event);
         }
     }
 
     fn settle_saves(&mut self) {
         self.flush_queued_lookups();
-        let savers = self.savers.clone();
-        for saver in &savers {
+        for rank in 0..self.ranks {
             let (done, settled) = flume::bounded(1);
-            if saver.try_send(SettleSaves { done }).is_ok() {
-                self.wait_settled(&settled, None);
-            }
+            let message = SettleSaves { done };
+            // A refused request drops `done`: the wait then ends at once.
+            self.hand_off(Outgoing::Settle { rank, message });
+            self.wait_settled(&settled, None);
         }
         // Settlements sent before the answers are in the channel now.
         self.drain_saves();

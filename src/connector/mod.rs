@@ -28,6 +28,7 @@
 
 use std::sync::Arc;
 
+pub mod courier;
 mod handle;
 pub mod save_plan;
 mod start;

@@ -5,6 +5,7 @@
 //! Replies that must reach the engine's (non-actix) thread travel over bounded flume
 //! channels, named in [`EngineInbox`]; everything between actors uses actix mailboxes.
 
+pub mod courier;
 pub mod loader;
 pub mod lookup_planner;
 pub mod reservation_manager;

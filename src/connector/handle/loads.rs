@@ -20,11 +20,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use actix::prelude::SendError;
-
 use super::ConnectorHandle;
 use crate::connector::{FinishedLoad, ScheduledRequest};
 use crate::core::ids::ReservationId;
+use crate::messages::courier::Outgoing;
 use crate::messages::reservation_manager::{StartLoad, StartLoads};
 
 impl ConnectorHandle {
@@ -101,34 +100,29 @@ impl ConnectorHandle {
             loads,
             enqueued_at: Instant::now(),
         };
-        if let Err(SendError::Full(message) | SendError::Closed(message)) =
-            self.manager.try_send(message)
-        {
-            tracing::warn!(
-                loads = message.loads.len(),
-                "reservation manager full or gone; the step's loads failed"
-            );
-            self.finished_loads
-                .extend(message.loads.iter().map(|load| FinishedLoad {
-                    reservation: load.reservation,
-                    request: load.request,
-                    filled: false,
-                }));
-            return;
-        }
+        // Counted in flight now; a refusal (at once or from the courier) takes them out.
         self.loads_sent += count;
         self.loads_in_flight += count;
+        self.hand_off(Outgoing::StartLoads(message));
         if let Some(reservation) = wait {
             self.wait_for_load(reservation);
         }
     }
 
-    /// `sync_load`: blocks until the reservation's load is reported (R23).
+    /// `sync_load`: blocks until the reservation's load is reported, filled or failed
+    /// (R23), taking other results and refusals meanwhile.
     fn wait_for_load(&mut self, reservation: ReservationId) {
-        while let Ok(finished) = self.loads.recv() {
-            let done = finished.reservation == reservation;
-            self.accept_load(finished);
-            if done {
+        let reported = |handle: &Self| {
+            handle
+                .finished_loads
+                .iter()
+                .any(|load| load.reservation == reservation)
+        };
+        while !reported(self) {
+            let Some(event) = self.wait_event(None, None) else {
+                return;
+            };
+            if !self.accept_event(event) {
                 return;
             }
         }

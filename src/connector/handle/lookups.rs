@@ -21,9 +21,8 @@
 
 use std::sync::Arc;
 
-use actix::prelude::SendError;
-
 use super::ConnectorHandle;
+use crate::messages::courier::Outgoing;
 use crate::messages::lookup_planner::LookupPrefixes;
 use crate::messages::LookupCompleted;
 
@@ -34,26 +33,9 @@ impl ConnectorHandle {
             return;
         }
         let lookups = std::mem::take(&mut self.unsent_lookups);
-        match self.planner.try_send(LookupPrefixes { lookups }) {
-            Ok(()) => self.lookups_refused = false,
-            Err(SendError::Full(message)) => {
-                self.lookups_deferred += message.lookups.len() as u64;
-                self.unsent_lookups = message.lookups;
-                self.lookups_refused = true;
-            }
-            Err(SendError::Closed(message)) => {
-                tracing::error!(
-                    lookups = message.lookups.len(),
-                    "lookup planner gone; nothing offered, nothing saved"
-                );
-                for lookup in message.lookups {
-                    if let Some(state) = self.requests.get_mut(&lookup.request) {
-                        state.lookup = Some((None, Arc::from(Vec::new())));
-                    }
-                }
-                self.lookups_refused = false;
-            }
-        }
+        // A refusal (`take_back`) queues them again and sets the flag.
+        self.lookups_refused = false;
+        self.hand_off(Outgoing::Lookups(LookupPrefixes { lookups }));
     }
 
     /// Takes every lookup result that has arrived.

@@ -14,6 +14,7 @@ use super::ConnectorHandle;
 use crate::connector::save_plan::{block_ranges_to_save, past_chunk_end, SaveCap, SaveStep};
 use crate::connector::ScheduledRequest;
 use crate::core::save_order::SavePriority;
+use crate::messages::courier::Outgoing;
 use crate::messages::saver_queue::EnqueueSave;
 use crate::messages::SavesSettled;
 
@@ -97,20 +98,18 @@ impl ConnectorHandle {
     /// wake-up however many requests it covers. Pages a full mailbox refuses are counted
     /// dropped and never become pending (R22).
     pub(super) fn send_saves(&mut self, per_rank: &mut Vec<EnqueueSave>) {
-        for (saver, batch) in self.savers.iter().zip(per_rank.drain(..)) {
+        for (rank, batch) in per_rank.drain(..).enumerate() {
             if batch.is_empty() {
                 continue;
             }
-            let pages = batch.pages_per_request();
-            if saver.try_send(batch).is_err() {
-                self.saves_refused += pages.iter().map(|(_, count)| count).sum::<u64>();
-                continue;
-            }
-            for (request, count) in pages {
+            // Pending from now on; a refusal (at once or from the courier) settles them
+            // as dropped.
+            for (request, count) in batch.pages_per_request() {
                 if let Some(state) = self.requests.get_mut(&request) {
                     state.pending_saves += count;
                 }
             }
+            self.hand_off(Outgoing::Save { rank, batch });
         }
     }
 }

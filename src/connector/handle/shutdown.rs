@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use super::ConnectorHandle;
+use crate::messages::courier::Outgoing;
 use crate::messages::saver_queue::SettleSaves;
-use crate::messages::SavesSettled;
 use crate::stats::ConnectorStats;
 
 impl ConnectorHandle {
@@ -67,10 +67,12 @@ impl ConnectorHandle {
         stats
     }
 
-    /// Stops the actor system, joins its thread and unregisters the staging pools from
-    /// the pool (idempotent). The join waits for a save or load batch already running on
-    /// the blocking pool; queued work is dropped with the actors.
+    /// Stops the courier (after it delivered what its outbox holds), then the actor
+    /// system; joins both threads and unregisters the staging pools from the pool
+    /// (idempotent). The join waits for a save or load batch already running on the
+    /// blocking pool; queued work is dropped with the actors.
     pub(super) fn stop(&mut self) {
+        self.courier.stop();
         if let Some(thread) = self.thread.take() {
             self.system.stop();
             if thread.join().is_err() {
@@ -82,10 +84,15 @@ impl ConnectorHandle {
 
     /// Stop order step 2: takes load completions until none is in flight or `deadline`.
     fn wait_for_loads(&mut self, deadline: Instant) {
+        self.drain_returns();
         while self.loads_in_flight > 0 {
-            match self.loads.recv_deadline(deadline) {
-                Ok(finished) => self.accept_load(finished),
-                Err(_) => return,
+            match self.wait_event(None, Some(deadline)) {
+                Some(event) => {
+                    if !self.accept_event(event) {
+                        return;
+                    }
+                }
+                None => return,
             }
         }
     }
@@ -93,13 +100,15 @@ impl ConnectorHandle {
     /// Stop order step 3: [`EngineConnector::settle_saves`] with a deadline. Returns
     /// whether every saver answered "settled" in time.
     fn settle_saves_until(&mut self, deadline: Instant) -> bool {
-        let savers = self.savers.clone();
-        let mut waiting = Vec::with_capacity(savers.len());
-        for saver in &savers {
+        let mut waiting = Vec::with_capacity(self.ranks);
+        for rank in 0..self.ranks {
             let (done, settled) = flume::bounded(1);
-            if saver.try_send(SettleSaves { done }).is_ok() {
-                waiting.push(settled);
-            }
+            // A refused request drops `done`: its wait ends at once.
+            self.hand_off(Outgoing::Settle {
+                rank,
+                message: SettleSaves { done },
+            });
+            waiting.push(settled);
         }
         let mut all = true;
         for settled in &waiting {
@@ -109,33 +118,22 @@ impl ConnectorHandle {
         all
     }
 
-    /// Waits for one saver's "settled" answer, taking settlements meanwhile (a saver with
-    /// a full channel waits for us). `false` when `deadline` passed first.
+    /// Waits for one saver's "settled" answer, taking results and refusals meanwhile (a
+    /// saver with a full channel waits for us, and so does the courier). `false` when
+    /// `deadline` passed first.
     pub(super) fn wait_settled(
         &mut self,
         answer: &flume::Receiver<()>,
         deadline: Option<Instant>,
     ) -> bool {
-        enum Wake {
-            Answered,
-            Settled(SavesSettled),
-        }
         loop {
-            let selector = flume::Selector::new()
-                .recv(answer, |_| Wake::Answered)
-                .recv(&self.saves, |message| {
-                    message.map_or(Wake::Answered, Wake::Settled)
-                });
-            let wake = match deadline {
-                Some(deadline) => match selector.wait_deadline(deadline) {
-                    Ok(wake) => wake,
-                    Err(_) => return false,
-                },
-                None => selector.wait(),
-            };
-            match wake {
-                Wake::Answered => return true,
-                Wake::Settled(message) => self.accept_settled(message),
+            match self.wait_event(Some(answer), deadline) {
+                None => return false,
+                Some(event) => {
+                    if !self.accept_event(event) {
+                        return true;
+                    }
+                }
             }
         }
     }

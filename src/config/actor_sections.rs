@@ -1,0 +1,181 @@
+//! The sections that configure the actor system and the engine thread's hand-off to it:
+//! `[planner]`, `[reservations]`, `[loaders]`, `[saver]`, `[handoff]` and `[stats]`.
+//! Same conventions as `sections.rs`: units in field names, a doc on why each setting
+//! exists, defaults in explicit `impl Default`s repeated in `config/default.toml`.
+
+use serde::{Deserialize, Serialize};
+
+use super::sections::MIB;
+
+/// `[planner]`: the lookup planner (R10-R14).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlannerConfig {
+    /// Keys per concurrent existence probe (R10). Larger chunks mean fewer round trips but
+    /// more keys leased (R14) past the first missing block.
+    pub probe_chunk: usize,
+    /// When no window near the prompt end is complete, probe further back for an earlier
+    /// complete one (R13) instead of offering nothing.
+    pub window_fallback: bool,
+    /// `R`: how far before a prompt end a later request may resume and still find window
+    /// KV (R12, R17). Larger saves more window pages per prompt (`(W + R) / T` per window
+    /// group) and finds more resumes. 2048 was chosen by measurement (`docs/HYBRID.md`): on
+    /// the shared trace it reuses 99 % of the full-attention oracle (93 % at 1024) for
+    /// about 14 % more pages saved than full attention alone (9 % at 1024).
+    pub swa_endpoint_rewind_tokens: u64,
+    /// Bounded mailbox of the planner actor (G4): lookups beyond it are refused as
+    /// overloaded instead of queueing without limit.
+    pub mailbox_capacity: usize,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            probe_chunk: 4096,
+            window_fallback: true,
+            swa_endpoint_rewind_tokens: 2048,
+            mailbox_capacity: 256,
+        }
+    }
+}
+
+/// `[reservations]`: the reservation manager (G6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReservationsConfig {
+    /// Bounded mailbox of the reservation manager (G4). Releases arrive from `Drop`, so it
+    /// is larger than the planner's to absorb bursts of finished requests.
+    pub mailbox_capacity: usize,
+    /// Reserve pages for a pool prefix at admission. Window loads need it, so a layout with
+    /// window groups is refused while this is off (R7).
+    pub prefix_aware_scheduling: bool,
+}
+
+impl Default for ReservationsConfig {
+    fn default() -> Self {
+        Self {
+            mailbox_capacity: 1024,
+            prefix_aware_scheduling: true,
+        }
+    }
+}
+
+/// `[loaders]`: the loader actors that move pool objects into device pages (R23-R26).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadersConfig {
+    /// Number of loaders, each with its own stream and staging pool (G9). More overlap
+    /// more loads, at `staging_bytes_per_loader` each.
+    pub load_threads: usize,
+    /// Load inside the engine step instead of in the background (R23): slower, but the old
+    /// behaviour, kept for debugging and comparison.
+    pub sync_load: bool,
+    /// Pinned host memory each loader stages pool objects in; bounds the bytes one loader
+    /// has in flight. Counts against `node.memory_budget_bytes` (R9).
+    pub staging_bytes_per_loader: u64,
+    /// Bounded mailbox of each loader (G4).
+    pub mailbox_capacity: usize,
+    /// A load not finished after this long is failed, so the engine computes the prefix
+    /// itself rather than waiting forever (R25).
+    pub load_timeout_ms: u64,
+}
+
+impl Default for LoadersConfig {
+    fn default() -> Self {
+        Self {
+            load_threads: 2,
+            sync_load: false,
+            staging_bytes_per_loader: 256 * MIB,
+            mailbox_capacity: 64,
+            load_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// `[saver]`: the save queue and its actor (R16-R22).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SaverConfig {
+    /// Queue window pages ahead of full-attention blocks (R21): a prompt end is only
+    /// reusable once its window is stored, and window pages are few.
+    pub window_first: bool,
+    /// Re-save threshold in computed tokens (R20); 0 turns re-save off. Long prompts
+    /// re-list their blocks so an evicted head block cannot orphan the chain.
+    pub resave_min_tokens: u64,
+    /// Most pages the save queue holds before it sheds the lowest priority, oldest first
+    /// (R22). Bounds the pages held back from the engine.
+    pub queue_capacity_pages: usize,
+    /// Pinned host memory the saver stages device pages in before the pool put. Counts
+    /// against `node.memory_budget_bytes` (R9).
+    pub staging_bytes: u64,
+    /// Bounded mailbox of the saver actor (G4, G5).
+    pub mailbox_capacity: usize,
+    /// At shutdown, how long queued saves may still run before what is left is dropped
+    /// (counted in `saves_dropped`). Bounds how long a stopping process waits on a slow
+    /// pool; 0 drops every queued save at once.
+    pub shutdown_drain_timeout_ms: u64,
+}
+
+impl Default for SaverConfig {
+    fn default() -> Self {
+        Self {
+            window_first: true,
+            resave_min_tokens: 0,
+            queue_capacity_pages: 65_536,
+            staging_bytes: 256 * MIB,
+            mailbox_capacity: 1024,
+            shutdown_drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// `[handoff]`: how the engine thread hands messages to the actors (the courier,
+/// `connector::courier`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HandoffConfig {
+    /// Bounded outbox between the engine thread and the courier. A full outbox refuses
+    /// at once, as a full actor mailbox does: lookups wait for the next flush, loads
+    /// fail, save pages are dropped and counted.
+    pub outbox_capacity: usize,
+    /// How long the courier sleeps between polls of the outbox while messages keep
+    /// coming. While it polls, a hand-off wakes no thread, so the engine's step pays no
+    /// system call; each message waits up to this long. 0: the courier parks whenever the
+    /// outbox is empty, and every hand-off wakes it (the lowest delay, the highest cost on
+    /// the engine thread).
+    pub poll_interval_us: u64,
+    /// Idle time after which the courier stops polling and parks, so an idle connector
+    /// costs no CPU; the next hand-off wakes it.
+    pub park_after_idle_ms: u64,
+}
+
+impl Default for HandoffConfig {
+    fn default() -> Self {
+        Self {
+            outbox_capacity: 1024,
+            poll_interval_us: 50,
+            park_after_idle_ms: 20,
+        }
+    }
+}
+
+/// `[stats]`: the stats reporter (R27).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatsConfig {
+    /// Seconds between INFO reports: often enough to follow a run, rare enough not to flood
+    /// the log.
+    pub interval_s: u64,
+    /// `HOST:PORT` of the Prometheus metrics endpoint (`GET /metrics`), or empty for none:
+    /// off by default, since a listening port is something an operator opts into.
+    pub metrics_addr: String,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        Self {
+            interval_s: 30,
+            metrics_addr: String::new(),
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The handle's side of the courier (`crate::connector::courier`): handing messages over,
+//! taking refused ones back, and waiting for anything the actors send.
+//!
+//! Workflow:
+//! 1. every message for an actor goes through [`ConnectorHandle::hand_off`]; the courier
+//!    delivers it or hands it back;
+//! 2. a refusal, whether the outbox refused at once or the actor's mailbox later, goes
+//!    through one path, [`ConnectorHandle::take_back`] (`crate::messages::courier` lists
+//!    what it means per message);
+//! 3. refusals are drained at every hook that drains results, and every wait of the
+//!    handle ([`ConnectorHandle::wait_event`]) takes them too, so the courier never waits
+//!    on a handle that waits on it.
+//!
+//! Invariant: the handle counts a load or a save page as in flight when it hands it off,
+//! and takes it back out of every count when it comes back refused; so refused work is
+//! counted once, as failed loads and dropped pages, whichever side refused it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::ConnectorHandle;
+use crate::connector::FinishedLoad;
+use crate::messages::courier::{Outgoing, Refused};
+use crate::messages::lookup_planner::LookupPrefixes;
+use crate::messages::reservation_manager::StartLoads;
+use crate::messages::saver_queue::EnqueueSave;
+use crate::messages::{LookupCompleted, SavesSettled};
+
+/// One thing a wait of the handle woke up for.
+pub(super) enum Event {
+    Lookup(LookupCompleted),
+    Load(FinishedLoad),
+    Save(SavesSettled),
+    Returned(Refused),
+    /// The awaited answer channel answered or closed.
+    Answered,
+    /// An inbox channel closed (the actors are gone).
+    Closed,
+}
+
+impl ConnectorHandle {
+    /// Hands a message to the courier; a refused one is taken back at once.
+    pub(super) fn hand_off(&mut self, item: Outgoing) {
+        if let Err(refused) = self.courier.hand_off(item) {
+            self.take_back(refused);
+        }
+    }
+
+    /// Takes back every message the courier returned.
+    pub(super) fn drain_returns(&mut self) {
+        let returned: Vec<Refused> = match self.courier.returns() {
+            Some(returns) if !returns.is_empty() => returns.try_iter().collect(),
+            _ => return,
+        };
+        for refused in returned {
+            self.take_back(refused);
+        }
+    }
+
+    /// Applies a refusal (module workflow 2).
+    pub(super) fn take_back(&mut self, refused: Refused) {
+        let Refused { item, closed } = refused;
+        match item {
+            Outgoing::Lookups(message) => self.lookups_refused(message, closed),
+            Outgoing::StartLoads(message) => self.loads_refused(&message),
+            Outgoing::Save { batch, .. } => self.saves_refused(&batch),
+            Outgoing::Release(release) => {
+                tracing::debug!(
+                    reservation = %release.reservation,
+                    "reservation manager full or gone; release not recorded"
+                );
+            }
+            // Dropping it closes the answer channel: its waiter stops waiting.
+            Outgoing::Settle { .. } | Outgoing::Barrier { .. } => {}
+        }
+    }
+
+    /// Refused lookups: deferred to the next flush point while the planner lives;
+    /// answered "nothing" (so nothing offered, nothing saved) once it is gone.
+    fn lookups_refused(&mut self, message: LookupPrefixes, closed: bool) {
+        if closed {
+            tracing::error!(
+                lookups = message.lookups.len(),
+                "lookup planner gone; nothing offered, nothing saved"
+            );
+            for lookup in message.lookups {
+                if let Some(state) = self.requests.get_mut(&lookup.request) {
+                    state.lookup = Some((None, Arc::from(Vec::new())));
+                }
+            }
+            return;
+        }
+        self.lookups_deferred += message.lookups.len() as u64;
+        self.unsent_lookups.extend(message.lookups);
+        self.lookups_refused = true;
+    }
+
+    /// Refused loads: each fails at once, in the message's order (R25).
+    fn loads_refused(&mut self, message: &StartLoads) {
+        tracing::warn!(
+            loads = message.loads.len(),
+            "reservation manager full or gone; the step's loads failed"
+        );
+        let count = message.loads.len() as u64;
+        self.loads_sent = self.loads_sent.saturating_sub(count);
+        self.loads_in_flight = self.loads_in_flight.saturating_sub(count);
+        self.finished_loads
+            .extend(message.loads.iter().map(|load| FinishedLoad {
+                reservation: load.reservation,
+                request: load.request,
+                filled: false,
+            }));
+    }
+
+    /// Refused save pages: counted dropped and settled at once (R22).
+    fn saves_refused(&mut self, batch: &EnqueueSave) {
+        for (request, pages) in batch.pages_per_request() {
+            self.saves_refused += pages;
+            self.accept_settled(SavesSettled { request, pages });
+        }
+    }
+
+    /// Waits until the courier delivered (or handed back) everything handed off so far,
+    /// taking results and refusals meanwhile.
+    pub(super) fn wait_for_courier(&mut self) {
+        let (passed, answer) = flume::bounded(1);
+        self.hand_off(Outgoing::Barrier { passed });
+        while let Some(event) = self.wait_event(Some(&answer), None) {
+            if !self.accept_event(event) {
+                break;
+            }
+        }
+        self.drain_returns();
+    }
+
+    /// Waits for the next result, refusal or `answer` until `deadline` (`None`: no
+    /// deadline); `None` when the deadline passed first.
+    pub(super) fn wait_event(
+        &self,
+        answer: Option<&flume::Receiver<()>>,
+        deadline: Option<Instant>,
+    ) -> Option<Event> {
+        let mut selector = flume::Selector::new()
+            .recv(&self.lookups, |message| {
+                message.map_or(Event::Closed, Event::Lookup)
+            })
+            .recv(&self.loads, |message| {
+                message.map_or(Event::Closed, Event::Load)
+            })
+            .recv(&self.saves, |message| {
+                message.map_or(Event::Closed, Event::Save)
+            });
+        if let Some(returns) = self.courier.returns() {
+            selector = selector.recv(returns, |message| {
+                message.map_or(Event::Closed, Event::Returned)
+            });
+        }
+        if let Some(answer) = answer {
+            selector = selector.recv(answer, |_| Event::Answered);
+        }
+        match deadline {
+            Some(deadline) => selector.wait_deadline(deadline).ok(),
+            None => Some(selector.wait()),
+        }
+    }
+
+    /// Records what a wait woke up for; `false` for `Answered` and `Closed`.
+    pub(super) fn accept_event(&mut self, event: Event) -> bool {
+        match event {
+            Event::Lookup(done) => self.accept_lookup(done),
+            Event::Load(finished) => self.accept_load(finished),
+            Event::Save(settled) => self.accept_settled(settled),
+            Event::Returned(refused) => self.take_back(refused),
+            Event::Answered | Event::Closed => return false,
+        }
+        true
+    }
+}
