@@ -120,3 +120,56 @@ fn a_refused_start_loads_fails_every_load_of_the_step_r25() {
     assert_eq!((loads.loads_started, loads.loads_failed), (3, 3));
     assert_eq!(loads.loads_started, loads.loads_done + loads.loads_failed);
 }
+
+/// A full courier outbox refuses at once, like a full mailbox: the step's save pages are
+/// counted dropped and settle, so every request's pages are released and the accounting
+/// stays closed (R22). The courier here sleeps 10 ms between polls and the outbox holds
+/// one message, so a burst of steps overflows it.
+#[test]
+fn a_full_outbox_drops_and_settles_saves_and_the_accounting_closes_r22() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    let mut config = Config::default();
+    config.handoff.outbox_capacity = 1;
+    config.handoff.poll_interval_us = 10_000;
+    config.handoff.park_after_idle_ms = 60_000;
+    let mut instance = start(memory_pool(64 << 20), &layout, config);
+    let prompts: Vec<_> = (0..16_i64)
+        .map(|i| prompt(i * 1_000_000, 4 * 16 + 1))
+        .collect();
+    for (index, tokens) in prompts.iter().enumerate() {
+        let request = RequestId(index as u64);
+        instance
+            .handle
+            .lookup_prefix(request, Arc::clone(tokens), 0);
+        reserve(&mut instance.handle, request, ReservationId(request.0));
+    }
+    // Sixteen steps back to back, four pages each, into an outbox of one.
+    for (index, tokens) in prompts.iter().enumerate() {
+        let request = RequestId(index as u64);
+        instance.compute(request, tokens, &layout, i32::try_from(index).unwrap() * 8);
+    }
+    let mut kept = Vec::new();
+    for index in 0..16_u64 {
+        if instance.handle.request_finished(RequestId(index)) {
+            kept.push(RequestId(index));
+        }
+    }
+    instance.handle.settle_saves();
+    let mut released = instance.handle.get_finished_saves();
+    released.sort();
+    assert_eq!(released, kept, "every kept request's pages are released");
+    let saves = instance.handle.shutdown().saves;
+    assert_eq!(
+        saves.saves_enqueued,
+        16 * 4,
+        "every planned page is counted"
+    );
+    assert!(
+        saves.saves_dropped > 0,
+        "the outbox of one refused some steps"
+    );
+    assert_eq!(
+        saves.saves_enqueued,
+        saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed
+    );
+}

@@ -153,7 +153,7 @@ impl Default for HandoffConfig {
     fn default() -> Self {
         Self {
             outbox_capacity: 1024,
-            poll_interval_us: 50,
+            poll_interval_us: 100,
             park_after_idle_ms: 20,
         }
     }

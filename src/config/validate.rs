@@ -243,7 +243,7 @@ impl Config {
             handoff.poll_interval_us <= MAX_POLL_INTERVAL_US,
             "handoff.poll_interval_us",
             &handoff.poll_interval_us,
-            &format!("must be at most {MAX_POLL_INTERVAL_US}, e.g. 50"),
+            &format!("must be at most {MAX_POLL_INTERVAL_US}, e.g. 100"),
         )?;
         require(
             handoff.park_after_idle_ms <= MAX_PARK_AFTER_IDLE_MS,

@@ -426,8 +426,8 @@ impl EngineConnector for ConnectorHandle {
         for rank in 0..self.ranks {
             let (done, settled) = flume::bounded(1);
             let message = SettleSaves { done };
-            // A refused request drops `done`: the wait then ends at once.
-            self.hand_off(Outgoing::Settle { rank, message });
+            // A request that could not be handed off drops `done`: the wait ends at once.
+            self.hand_off_control(Outgoing::Settle { rank, message }, None);
             self.wait_settled(&settled, None);
         }
         // Settlements sent before the answers are in the channel now.

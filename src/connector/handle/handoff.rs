@@ -16,7 +16,7 @@
 //! counted once, as failed loads and dropped pages, whichever side refused it.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::ConnectorHandle;
 use crate::connector::FinishedLoad;
@@ -25,6 +25,9 @@ use crate::messages::lookup_planner::LookupPrefixes;
 use crate::messages::reservation_manager::StartLoads;
 use crate::messages::saver_queue::EnqueueSave;
 use crate::messages::{LookupCompleted, SavesSettled};
+
+/// How long a control message waits for room in a full outbox before it is tried again.
+const OUTBOX_RETRY: Duration = Duration::from_millis(1);
 
 /// One thing a wait of the handle woke up for.
 pub(super) enum Event {
@@ -43,6 +46,37 @@ impl ConnectorHandle {
     pub(super) fn hand_off(&mut self, item: Outgoing) {
         if let Err(refused) = self.courier.hand_off(item) {
             self.take_back(refused);
+        }
+    }
+
+    /// Hands off a control message (`SettleSaves`, a barrier) whose sender waits for its
+    /// answer next: while the outbox is only full it is tried again every
+    /// [`OUTBOX_RETRY`], taking results meanwhile, until `deadline`. `false` when it could
+    /// not be handed off; the message is dropped then, so its waiter stops waiting.
+    pub(super) fn hand_off_control(&mut self, item: Outgoing, deadline: Option<Instant>) -> bool {
+        let mut item = item;
+        loop {
+            match self.courier.hand_off(item) {
+                Ok(()) => return true,
+                Err(Refused { closed: true, .. }) => return false,
+                Err(Refused {
+                    item: back,
+                    closed: false,
+                }) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|deadline| deadline <= now) {
+                        return false;
+                    }
+                    let retry_at = now + OUTBOX_RETRY;
+                    let until = deadline.map_or(retry_at, |deadline| deadline.min(retry_at));
+                    if let Some(event) = self.wait_event(None, Some(until)) {
+                        if !self.accept_event(event) {
+                            return false;
+                        }
+                    }
+                    item = back;
+                }
+            }
         }
     }
 
@@ -70,8 +104,13 @@ impl ConnectorHandle {
                     "reservation manager full or gone; release not recorded"
                 );
             }
-            // Dropping it closes the answer channel: its waiter stops waiting.
-            Outgoing::Settle { .. } | Outgoing::Barrier { .. } => {}
+            // A full mailbox: once more through the courier. Otherwise (or if that fails)
+            // dropping it closes the answer channel, and its waiter stops waiting.
+            control @ (Outgoing::Settle { .. } | Outgoing::Barrier { .. }) => {
+                if !closed {
+                    let _ = self.courier.hand_off(control);
+                }
+            }
         }
     }
 
@@ -124,7 +163,7 @@ impl ConnectorHandle {
     /// taking results and refusals meanwhile.
     pub(super) fn wait_for_courier(&mut self) {
         let (passed, answer) = flume::bounded(1);
-        self.hand_off(Outgoing::Barrier { passed });
+        self.hand_off_control(Outgoing::Barrier { passed }, None);
         while let Some(event) = self.wait_event(Some(&answer), None) {
             if !self.accept_event(event) {
                 break;

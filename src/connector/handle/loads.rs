@@ -63,12 +63,24 @@ impl ConnectorHandle {
         for load in &plan.loads {
             let position = self.keys.index_of(load.group)?;
             let table = scheduled.page_tables.get(position).copied().unwrap_or(&[]);
-            for &block in &load.blocks {
-                if block >= hashes.len() {
-                    return None;
-                }
-                let page = table.get(block).copied()?;
-                pages.push(u32::try_from(page).ok()?);
+            // Blocks ascend, so the last one bounds them all; a load can hold 10k blocks,
+            // and this loop runs on the engine thread.
+            if load
+                .blocks
+                .last()
+                .is_some_and(|&last| last >= hashes.len() || last >= table.len())
+            {
+                return None;
+            }
+            let first = pages.len();
+            // No valid page is `u32::MAX` (pages are `i32`): it marks a missing page.
+            pages.extend(
+                load.blocks
+                    .iter()
+                    .map(|&block| u32::try_from(table[block]).unwrap_or(u32::MAX)),
+            );
+            if pages[first..].contains(&u32::MAX) {
+                return None;
             }
         }
         state.reused_until = plan.resume_tokens;

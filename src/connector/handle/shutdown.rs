@@ -103,11 +103,14 @@ impl ConnectorHandle {
         let mut waiting = Vec::with_capacity(self.ranks);
         for rank in 0..self.ranks {
             let (done, settled) = flume::bounded(1);
-            // A refused request drops `done`: its wait ends at once.
-            self.hand_off(Outgoing::Settle {
-                rank,
-                message: SettleSaves { done },
-            });
+            // A request that could not be handed off drops `done`: its wait ends at once.
+            self.hand_off_control(
+                Outgoing::Settle {
+                    rank,
+                    message: SettleSaves { done },
+                },
+                Some(deadline),
+            );
             waiting.push(settled);
         }
         let mut all = true;
