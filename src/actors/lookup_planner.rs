@@ -4,8 +4,9 @@
 //! The handler only starts the work: each lookup runs on tokio's blocking pool (pool
 //! probes block), several lookups at once; the pure state machine
 //! [`crate::core::planner::Lookup`] decides what to probe and what to offer.
-//! Mailbox: `planner.mailbox_capacity`; the engine's handle uses `try_send`, and a full
-//! mailbox means "nothing to offer" for that request.
+//! Mailbox: `planner.mailbox_capacity`; the engine's handle reaches it through the
+//! courier (`try_send`), and a full mailbox defers the lookups to the handle's next flush
+//! point.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,15 +1,17 @@
 //! The actor system: wiring, start order and stop order (STYLE G14).
 //!
 //! ```text
-//!  engine thread --ConnectorHandle--> LookupPlanner --probes--> pool
-//!                                 \-> ReservationManager --LoadBlocks--> Loader x (load_threads x ranks)
-//!                                 \-> SaverQueue (one per rank) --puts--> pool
+//!  engine thread --ConnectorHandle--> outbox --courier thread--> LookupPlanner --probes--> pool
+//!                                                           \-> ReservationManager --LoadBlocks--> Loader x (load_threads x ranks)
+//!                                                           \-> SaverQueue (one per rank) --puts--> pool
 //!  StatsReporter <- collects from planner, manager, savers every stats.interval_s
 //!  results to the engine: bounded flume channels (EngineInbox), drained every step
+//!  refused messages back to the engine: the courier's return channel
 //! ```
 //!
 //! Start order: planner, reservation manager, loaders (each on its own Arbiter),
-//! savers (each on its own Arbiter), loaders attached to the manager, stats reporter.
+//! savers (each on its own Arbiter), loaders attached to the manager, stats reporter;
+//! then the handle starts the courier with the planner's, manager's and savers' addresses.
 //!
 //! Stop order (`ConnectorHandle::shutdown` / `close`, and the CLI on SIGINT / SIGTERM),
 //! bounded in all by `saver.shutdown_drain_timeout_ms` (the deadline):
@@ -21,7 +23,8 @@
 //!    until the deadline; saves still queued then are dropped with the actors;
 //! 4. the stats reporter collects the final report; pages and loads cut off at the deadline
 //!    are counted as `saves_dropped` and `loads_failed`, so the accounting closes;
-//! 5. the system stops and its thread is joined (which waits for a batch already running
+//! 5. the courier delivers what its outbox still holds and its thread is joined; then
+//!    the system stops and its thread is joined (which waits for a batch already running
 //!    on the blocking pool), and the staging pools are unregistered from the pool. The
 //!    pool (Mooncake `close()`) is closed by its owner once every connector on it stopped.
 //!

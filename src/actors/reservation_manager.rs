@@ -3,7 +3,8 @@
 //! reservations are filled or failed (R23-R26).
 //!
 //! Decisions live in [`crate::core::ledger::Ledger`]; this shell translates messages.
-//! Mailbox: `reservations.mailbox_capacity`; the handle uses `try_send`, loaders `send`.
+//! Mailbox: `reservations.mailbox_capacity`; the handle's messages arrive through the
+//! courier (`try_send`), loaders use `send`.
 
 use std::collections::HashMap;
 use std::sync::Arc;

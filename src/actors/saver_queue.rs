@@ -4,7 +4,8 @@
 //! The `EnqueueSave` handler only inserts and returns (STYLE G5); I/O runs in
 //! `spawn_blocking` with the staging pool and stream moved in and handed back, so control
 //! messages (`SettleSaves`, stats) never wait behind a save. Mailbox:
-//! `saver.mailbox_capacity`; the handle uses `try_send` and counts a full mailbox as drops.
+//! `saver.mailbox_capacity`; the handle's batches arrive through the courier (`try_send`),
+//! and a full mailbox counts as drops.
 //!
 //! # Accounting
 //!

@@ -15,7 +15,10 @@
 //! - after `handoff.park_after_idle_ms` without a message it parks on the outbox, so an
 //!   idle connector costs no CPU; the next hand-off wakes it (one wake-up, then polling
 //!   again). A poll interval of 0 parks whenever the outbox is empty: every hand-off to a
-//!   parked courier then wakes it.
+//!   parked courier then wakes it;
+//! - a handle about to block anyway (waiting for a lookup, a sync load, a settlement)
+//!   [`Courier::nudge`]s it: the wake-up then costs the engine nothing it was not going
+//!   to spend waiting, and the message does not wait for the next poll.
 //!
 //! Invariants:
 //! 1. Messages are delivered in outbox order; each is delivered once or handed back once
@@ -177,6 +180,18 @@ impl Courier {
         })
     }
 
+    /// Makes a polling courier look at its outbox now rather than at its next poll, if
+    /// the outbox holds anything. A system call: for a handle that is about to wait.
+    pub fn nudge(&self) {
+        let waiting = self
+            .outbox
+            .as_ref()
+            .is_some_and(|outbox| !outbox.is_empty());
+        if let (true, Some(thread)) = (waiting, &self.thread) {
+            thread.thread().unpark();
+        }
+    }
+
     /// The return channel: messages the actors refused. Disconnected once stopped.
     pub fn returns(&self) -> Option<&flume::Receiver<Refused>> {
         self.returns.as_ref()
@@ -236,7 +251,8 @@ fn run(
                 Err(flume::RecvError::Disconnected) => return,
             }
         } else {
-            std::thread::sleep(timing.poll_interval);
+            // A nudge (`unpark`) ends the wait early; a spurious wake-up only polls again.
+            std::thread::park_timeout(timing.poll_interval);
         }
     }
 }

@@ -10,13 +10,13 @@ use crate::stats::LookupStats;
 
 /// Look up the longest reusable prefix of a prompt (R10-R15).
 ///
-/// - Sender: the engine's handle (`lookup_prefix`), with `try_send`; a full mailbox makes
-///   the handle keep the lookup and send it again at the request's next `reserve_prefix`
-///   (answered `Pending` meanwhile; counted as `deferred`).
+/// - Sender: whoever drives the planner directly (the actor tests); the engine's handle
+///   records each `lookup_prefix` as one and sends them batched, as [`LookupPrefixes`].
 /// - Guarantee: the planner hashes the prompt, probes each key at most once, and sends
 ///   exactly one `LookupCompleted` to the engine inbox.
 /// - Reply: none (`()`); the result arrives through the engine inbox.
-/// - Receiver gone: `try_send` fails and the handle answers "nothing to offer".
+/// - Receiver gone: the send fails; the sender decides (the handle answers "nothing to
+///   offer").
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct LookupPrefix {
@@ -34,14 +34,16 @@ pub struct LookupPrefix {
 /// planner wake-up a pass, however many requests it looked up).
 ///
 /// - Sender: the engine's handle, when the engine ends its admission pass
-///   (`flush_lookups`) or at its next step hook, with `try_send`; a full mailbox makes
-///   the handle keep every lookup of the message and send them again at the next flush
-///   point, including every `reserve_prefix` (answered `Pending` meanwhile; each lookup
-///   counted as `deferred`).
+///   (`flush_lookups`) or at its next step hook, through the courier
+///   (`crate::messages::courier`), which delivers it with `try_send`; a full mailbox (or
+///   outbox) makes the handle keep every lookup of the message and send them again at the
+///   next flush point, including every `reserve_prefix` (answered `Pending` meanwhile;
+///   each lookup counted as `deferred`).
 /// - Guarantee: each lookup is handled as a [`LookupPrefix`], in the order of
 ///   [`LookupPrefixes::lookups`]: exactly one `LookupCompleted` each.
 /// - Reply: none (`()`); the results arrive through the engine inbox.
-/// - Receiver gone: `try_send` fails and the handle answers "nothing to offer" to each.
+/// - Receiver gone: the courier hands it back and the handle answers "nothing to offer"
+///   to each.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct LookupPrefixes {

@@ -17,14 +17,16 @@ use crate::stats::LoadStats;
 ///
 /// - Sender: the engine's handle (`on_step`): one message per step carrying every new
 ///   reservation of the step, so a step wakes the manager once however many loads it
-///   starts; with `try_send`. A full mailbox makes the handle report every load of the
-///   message failed at once, and the engine computes those prefixes (R25).
+///   starts; through the courier (`crate::messages::courier`), which delivers it with
+///   `try_send`. A full mailbox (or outbox) makes the handle report every load of the
+///   message failed, and the engine computes those prefixes (R25).
 /// - Guarantee: the loads are handled in the order of [`StartLoads::loads`]; each
 ///   reservation enters the ledger and one `LoadBlocks` goes to a loader of every rank;
 ///   exactly one `FinishedLoad` reaches the engine inbox per reservation, unless it is
 ///   released or replaced first (R26).
 /// - Reply: none (`()`).
-/// - Receiver gone: `try_send` fails; the handle reports every load of the message failed.
+/// - Receiver gone: the courier hands it back; the handle reports every load of the
+///   message failed.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct StartLoads {
@@ -53,7 +55,8 @@ pub struct StartLoad {
 
 /// Forget tokens `[start, end)` of a reservation (`release_prefix_reservation`).
 ///
-/// - Sender: the engine's handle, with `try_send`.
+/// - Sender: the engine's handle, through the courier (`crate::messages::courier`), so it
+///   reaches the manager after every message the handle handed off before it.
 /// - Guarantee: completions for released pages are ignored (R26).
 /// - Reply: none.
 /// - Receiver gone or full: the release is lost; the reservation's completion is then

@@ -14,13 +14,15 @@ use crate::stats::SaveStats;
 
 /// Queue these pages for saving (R16-R22).
 ///
-/// - Sender: the engine's handle (`on_step`), with `try_send`; a full mailbox drops the
-///   pages (counted) and they settle at once, so the request's pages can be freed (R22).
+/// - Sender: the engine's handle (`on_step`), through the courier
+///   (`crate::messages::courier`), which delivers it with `try_send`; a full mailbox (or
+///   outbox) drops the pages (counted) and they settle at once, so the request's pages
+///   can be freed (R22).
 /// - Guarantee: the handler only inserts into the priority queue and returns; every item
 ///   is later settled exactly once (stored, skipped as present, failed or shed) and
 ///   reported through the engine inbox.
 /// - Reply: none.
-/// - Receiver gone: `try_send` fails; the handle settles the pages as dropped.
+/// - Receiver gone: the courier hands it back; the handle settles the pages as dropped.
 ///
 /// The pages travel compactly, as runs of consecutive blocks over one page list (4 bytes a
 /// page), so the engine thread copies page numbers and nothing else; the saver expands
@@ -150,7 +152,9 @@ impl EnqueueSave {
 
 /// Answer once every save queued so far is settled.
 ///
-/// - Sender: the handle's `settle_saves` (replay) and `shutdown`.
+/// - Sender: the handle's `settle_saves` (replay) and `shutdown`, through the courier, so
+///   it reaches the saver after every save batch handed off before it (a full outbox is
+///   waited for, not refused).
 /// - Guarantee: `done` receives one message when the queue is empty and no batch is in
 ///   flight.
 /// - Reply: none; the answer goes to `done` (bounded, capacity 1).

@@ -197,6 +197,8 @@ impl ConnectorHandle {
         if let Some(answer) = answer {
             selector = selector.recv(answer, |_| Event::Answered);
         }
+        // About to block: what the outbox holds need not wait for the courier's next poll.
+        self.courier.nudge();
         match deadline {
             Some(deadline) => selector.wait_deadline(deadline).ok(),
             None => Some(selector.wait()),
