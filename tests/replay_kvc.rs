@@ -97,3 +97,68 @@ fn tensor_parallel_ranks_reuse_the_same_share() -> TestResult {
     );
     Ok(())
 }
+
+/// The courier's three ways of waiting (poll, park after every message, poll slowly and
+/// never park) deliver the same messages in the same order: the replay reuses, loads and
+/// saves exactly the same pages, and verifies every one.
+#[test]
+fn every_courier_timing_replays_the_same_pages() -> TestResult {
+    let base = [
+        "--generate",
+        "long-multiturn",
+        "--sessions",
+        "2",
+        "--turns",
+        "3",
+        "--first-turn-tokens",
+        "20000",
+        "--last-turn-tokens",
+        "30000",
+        "--system-prefix-tokens",
+        "8000",
+        "--model",
+        "llama-3.1-8b",
+        "--instances",
+        "2",
+        "--pool-capacity",
+        "4TiB",
+        "--kv-bytes-scale",
+        "0.0009765625",
+    ];
+    let mut reports = Vec::new();
+    for timing in [
+        &[][..],
+        &["--set", "handoff.poll_interval_us=0"][..],
+        &[
+            "--set",
+            "handoff.poll_interval_us=10000",
+            "--set",
+            "handoff.park_after_idle_ms=60000",
+        ][..],
+    ] {
+        let mut flags = base.to_vec();
+        flags.extend_from_slice(timing);
+        reports.push(replay(&flags)?);
+    }
+    for report in &reports {
+        assert_eq!(field(report, "mismatched_pages")?, 0);
+        assert_eq!(field(report, "loads_failed")?, 0);
+    }
+    assert!(field(&reports[0], "reused_tokens")? > 0);
+    for name in [
+        "reused_tokens",
+        "verified_pages",
+        "pages_loaded",
+        "pages_saved",
+    ] {
+        let values: Vec<u64> = reports
+            .iter()
+            .map(|report| field(report, name))
+            .collect::<Result<_, _>>()?;
+        assert!(
+            values.iter().all(|value| *value == values[0]),
+            "{name}: {values:?}"
+        );
+    }
+    Ok(())
+}
