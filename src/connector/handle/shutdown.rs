@@ -29,8 +29,8 @@ impl ConnectorHandle {
     /// 1. Stop admitting: lookups not yet sent are dropped, so their requests get nothing.
     /// 2. In-flight loads finish or fail: wait for their completions until the deadline.
     /// 3. Queued saves drain until the deadline; saves still unsettled then are dropped.
-    /// 4. Final stats: pages and loads cut off at the deadline are counted as dropped
-    ///    saves and failed loads, so `enqueued = done + skipped + dropped + failed` and
+    /// 4. Final stats, once the courier has delivered what it held: pages and loads cut
+    ///    off at the deadline are counted as dropped saves and failed loads, so `enqueued = done + skipped + dropped + failed` and
     ///    `started = done + failed` hold in the final report.
     /// 5. The actor system stops, its thread is joined and staging pools are unregistered.
     ///    The pool itself (Mooncake `close()`) is closed by its owner after every
@@ -47,6 +47,9 @@ impl ConnectorHandle {
         self.unsent_lookups.clear();
         self.wait_for_loads(deadline);
         let drained = self.settle_saves_until(deadline);
+        // Whatever the courier still holds reaches its actor before the report, so pages
+        // handed off but cut off by the deadline are counted (enqueued, then dropped).
+        self.wait_for_courier();
         let mut stats = self.collect_stats();
         let cut_saves = unsettled_saves(&stats);
         let cut_loads = unfinished_loads(&stats);
