@@ -101,6 +101,8 @@ impl Deliver for ActorRecipients {
                     closed: true,
                 }),
             },
+            // Dropped here, off the engine thread (the message's purpose).
+            Outgoing::Discard(_) => Ok(()),
             Outgoing::Barrier { passed } => {
                 // Everything before it left the outbox; nobody waiting is fine too.
                 let _ = passed.send(());

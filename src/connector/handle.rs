@@ -14,30 +14,25 @@ use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartErr
 use super::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
 use crate::actors::keyspace::KeySpace;
 use crate::actors::stats_reporter::StatsReporter;
-use crate::core::hash::BlockHash;
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{Attention, Layout};
-use crate::core::planner::LookupPlan;
 use crate::core::save_order::SavePriority;
-use crate::messages::courier::Outgoing;
+use crate::messages::courier::{LookupAnswer, Outgoing};
 use crate::messages::lookup_planner::LookupPrefix;
 use crate::messages::reservation_manager::{ReleaseReservation, StartLoad};
 use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
-use crate::messages::stats_reporter::CollectNow;
 use crate::messages::{EngineInbox, LookupCompleted, SavesSettled};
 use crate::stats::ConnectorStats;
 
 mod handoff;
 mod loads;
 mod lookups;
+mod report;
 mod saves;
 mod shutdown;
 
 /// Capacity of each engine inbox channel: results wait here until the next step drains them.
 const ENGINE_INBOX_CAPACITY: usize = 4096;
-
-/// A finished lookup: its plan (`None` when it failed) and the prompt's chain hashes.
-type LookupAnswer = (Option<Arc<LookupPlan>>, Arc<[BlockHash]>);
 
 /// The handle's record of one request.
 #[derive(Debug, Default)]
@@ -88,6 +83,9 @@ pub struct ConnectorHandle {
     /// Finished requests whose last save settled: reported by the next
     /// `get_finished_saves` without scanning every request.
     saves_done: Vec<RequestId>,
+    /// Lookup results of requests the handle forgot this step, freed by the courier
+    /// (`Outgoing::Discard`) rather than on the engine thread.
+    discarded: Vec<LookupAnswer>,
     /// Reused for each group's block list in `plan_saves` (no allocation per request).
     save_ranges: Vec<(std::ops::Range<usize>, SavePriority)>,
     groups: Vec<SaveGroup>,
@@ -186,6 +184,7 @@ impl ConnectorHandle {
             step_saves: Vec::new(),
             requests: HashMap::new(),
             saves_done: Vec::new(),
+            discarded: Vec::new(),
             save_ranges: Vec::new(),
             groups,
             tokens_per_block,
@@ -209,43 +208,23 @@ impl ConnectorHandle {
         &self.keys
     }
 
-    /// Everything counted since start, including every message handed off before the call
-    /// (blocks briefly for the courier and the actors' answers).
-    pub fn stats(&mut self) -> ConnectorStats {
-        if self.thread.is_some() {
-            self.wait_for_courier();
+    /// Drops a request's record, keeping its lookup result for the courier to free.
+    fn forget(&mut self, request: RequestId) {
+        if let Some(RequestState {
+            lookup: Some(answer),
+            ..
+        }) = self.requests.remove(&request)
+        {
+            self.discarded.push(answer);
         }
-        let mut stats = self.collect_stats();
-        self.add_handle_counts(&mut stats);
-        stats
     }
 
-    /// The actors' counters alone.
-    fn collect_stats(&self) -> ConnectorStats {
-        self.runtime
-            .block_on(self.reporter.send(CollectNow))
-            .unwrap_or_default()
-    }
-
-    /// Adds what only the handle counted (pages refused by a full saver mailbox, lookups
-    /// deferred by a full planner mailbox).
-    fn add_handle_counts(&self, stats: &mut ConnectorStats) {
-        // Refused pages and loads never reached an actor: counted here on both sides of
-        // the accounting (saves enqueued = ... + dropped; loads started = done + failed).
-        stats.saves.saves_enqueued += self.saves_refused;
-        stats.saves.saves_dropped += self.saves_refused;
-        let loads_refused = self.loads_asked.saturating_sub(self.loads_sent);
-        stats.loads.loads_started += loads_refused;
-        stats.loads.loads_failed += loads_refused;
-        stats.lookups.deferred += self.lookups_deferred;
-        stats.saves.published_past_chunk_end += self.published_past_chunk_end;
-    }
-
-    /// A handle on this connector's statistics that another thread (the metrics endpoint)
-    /// can query without going through the engine thread. It does not see the counts
-    /// kept on the engine thread (mailbox-refused saves and loads, deferred lookups).
-    pub fn stats_source(&self) -> crate::metrics::StatsSource {
-        crate::metrics::StatsSource::new(self.reporter.clone())
+    /// Hands the forgotten lookup results to the courier, which frees them.
+    fn discard_forgotten(&mut self) {
+        if !self.discarded.is_empty() {
+            let discarded = std::mem::take(&mut self.discarded);
+            self.hand_off(Outgoing::Discard(discarded));
+        }
     }
 }
 
@@ -358,7 +337,8 @@ impl EngineConnector for ConnectorHandle {
         let now = Instant::now();
         // The list is kept between steps (no allocation per step); the batches go out.
         let mut per_rank = std::mem::take(&mut self.step_saves);
-        per_rank.extend((0..self.ranks).map(|_| EnqueueSave::new(now)));
+        let (pages, runs) = self.save_batch_capacity(output);
+        per_rank.extend((0..self.ranks).map(|_| EnqueueSave::with_capacity(now, pages, runs)));
         let new_loads = output
             .requests
             .iter()
@@ -390,7 +370,8 @@ impl EngineConnector for ConnectorHandle {
                 state.finished = true;
             }
         } else {
-            self.requests.remove(&request);
+            self.forget(request);
+            self.discard_forgotten();
         }
         keep
     }
@@ -407,9 +388,10 @@ impl EngineConnector for ConnectorHandle {
                 .get(request)
                 .is_some_and(|state| state.finished && state.pending_saves == 0)
         });
-        for request in &done {
-            self.requests.remove(request);
+        for &request in &done {
+            self.forget(request);
         }
+        self.discard_forgotten();
         done
     }
 

@@ -26,9 +26,17 @@
 //! ignores the stale completion); a `SettleSaves` or a barrier is dropped and its waiter
 //! stops waiting.
 
+use std::sync::Arc;
+
+use crate::core::hash::BlockHash;
+use crate::core::planner::LookupPlan;
 use crate::messages::lookup_planner::LookupPrefixes;
 use crate::messages::reservation_manager::{ReleaseReservation, StartLoads};
 use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
+
+/// A finished lookup as the handle keeps it: its plan (`None` when it failed) and the
+/// prompt's chain hashes.
+pub type LookupAnswer = (Option<Arc<LookupPlan>>, Arc<[BlockHash]>);
 
 /// One message for an actor, as the engine's handle hands it over.
 #[derive(Debug)]
@@ -53,6 +61,11 @@ pub enum Outgoing {
         /// The request, with its answer channel.
         message: SettleSaves,
     },
+    /// For the courier itself: drop what finished requests kept of their lookups (plan
+    /// and chain hashes). A long prompt's hashes are hundreds of KiB, and freeing them on
+    /// the engine thread cost it heap consolidation and trims (profiled); the courier
+    /// frees them instead. Refused: the handle drops them itself.
+    Discard(Vec<LookupAnswer>),
     /// For the courier itself: answer on `passed` once every message handed off before
     /// this one was delivered or handed back. `ConnectorHandle::stats` sends one first, so
     /// a report sees everything the engine did before asking.

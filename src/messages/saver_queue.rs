@@ -52,9 +52,15 @@ struct SaveRun {
 impl EnqueueSave {
     /// An empty batch.
     pub fn new(enqueued_at: Instant) -> Self {
+        Self::with_capacity(enqueued_at, 0, 0)
+    }
+
+    /// An empty batch with room for `pages` pages in `runs` runs, so that planning a step
+    /// allocates each list once instead of growing it page by page on the engine thread.
+    pub fn with_capacity(enqueued_at: Instant, pages: usize, runs: usize) -> Self {
         EnqueueSave {
-            runs: Vec::new(),
-            pages: Vec::new(),
+            runs: Vec::with_capacity(runs),
+            pages: Vec::with_capacity(pages),
             enqueued_at,
         }
     }

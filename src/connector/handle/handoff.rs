@@ -111,6 +111,8 @@ impl ConnectorHandle {
                     let _ = self.courier.hand_off(control);
                 }
             }
+            // Freed here after all.
+            Outgoing::Discard(_) => {}
         }
     }
 
