@@ -145,7 +145,9 @@ pub struct HandoffConfig {
     /// the engine thread).
     pub poll_interval_us: u64,
     /// Idle time after which the courier stops polling and parks, so an idle connector
-    /// costs no CPU; the next hand-off wakes it.
+    /// costs no CPU; the next hand-off wakes it. Keep it above the engine's step interval
+    /// (tens of ms for a real engine): below it the courier parks between steps, and each
+    /// step's first hand-off pays a wake-up on the engine thread again.
     pub park_after_idle_ms: u64,
 }
 
@@ -154,7 +156,7 @@ impl Default for HandoffConfig {
         Self {
             outbox_capacity: 1024,
             poll_interval_us: 100,
-            park_after_idle_ms: 20,
+            park_after_idle_ms: 200,
         }
     }
 }

@@ -249,7 +249,7 @@ impl Config {
             handoff.park_after_idle_ms <= MAX_PARK_AFTER_IDLE_MS,
             "handoff.park_after_idle_ms",
             &handoff.park_after_idle_ms,
-            &format!("must be at most {MAX_PARK_AFTER_IDLE_MS}, e.g. 20"),
+            &format!("must be at most {MAX_PARK_AFTER_IDLE_MS}, e.g. 200"),
         )
     }
 
@@ -463,7 +463,7 @@ mod tests {
                 "handoff.park_after_idle_ms",
                 |c| c.handoff.park_after_idle_ms = u64::MAX,
                 "18446744073709551615",
-                "20",
+                "200",
             ),
         ];
         for (key, change, value, hint) in cases {

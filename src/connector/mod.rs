@@ -12,7 +12,7 @@
 //!
 //! 1. a request arrives: [`EngineConnector::lookup_prefix`] starts the lookup, which the
 //!    connector may queue until the engine's admission pass ends
-//!    ([`EngineConnector::flush_lookups`]) so that a pass wakes its planner once;
+//!    ([`EngineConnector::flush_lookups`]) so that a pass sends its planner one message;
 //! 2. each step until admitted: [`EngineConnector::reserve_prefix`] returns `Pending`, or an
 //!    [`ReserveAnswer::Offer`] of `extra_tokens` the connector can load;
 //! 3. the engine allocates pages for the offered tokens and reports them in the next
@@ -102,7 +102,7 @@ pub trait EngineConnector {
     fn lookup_prefix(&mut self, request: RequestId, prompt: Arc<[i64]>, local_match_tokens: usize);
 
     /// The engine has made the `lookup_prefix` calls of one admission pass: a connector
-    /// that batches lookups sends them now (one wake-up of its planner a pass). Calling
+    /// that batches lookups sends them now (one message to its planner a pass). Calling
     /// it is optional: the connector also sends queued lookups at the next
     /// `get_finished_prefix_loads`, `on_step`, `get_finished_saves`, `wait_for_progress`
     /// or `settle_saves`. Until then `reserve_prefix` answers `Pending` for them.

@@ -6,9 +6,10 @@
 //! 1. [`ConnectorHandle::plan_load`] copies each new reservation's page numbers (4 bytes a
 //!    block; the manager pairs them with blocks and hashes off the engine thread) into the
 //!    step's batch, or reports the load failed at once when the request has no plan;
-//! 2. [`ConnectorHandle::send_loads`] sends the batch with one `try_send`, so a step wakes
-//!    the manager once however many loads it starts. A refused message (full mailbox or
-//!    manager gone) fails every load in it (R25), counted as started and failed.
+//! 2. [`ConnectorHandle::send_loads`] hands the batch to the courier as one message, so
+//!    the manager gets one message a step however many loads it starts. A refused
+//!    message (full outbox or mailbox, manager gone) fails every load in it (R25),
+//!    counted as started and failed.
 //!
 //! With `sync_load` every load is sent on its own and awaited before the next (R23).
 //!

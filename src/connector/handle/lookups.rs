@@ -6,11 +6,13 @@
 //! 1. `lookup_prefix` records the request and queues its lookup (nothing is sent);
 //! 2. the engine ends its admission pass (`flush_lookups`), or calls its next step hook
 //!    (`on_step`, `get_finished_prefix_loads`, `get_finished_saves`, `wait_for_progress`,
-//!    `settle_saves`): [`ConnectorHandle::flush_lookups`] sends every queued lookup with
-//!    one `try_send`, so a pass wakes the planner once however many requests it looked up;
-//! 3. a full mailbox keeps the lookups queued (each counted `deferred`) and every later
-//!    flush point retries them, including every `reserve_prefix`; a planner that is gone
-//!    ends each lookup with nothing offered (and nothing saved);
+//!    `settle_saves`): [`ConnectorHandle::flush_lookups`] hands every queued lookup to the
+//!    courier as one message, so the planner gets one message a pass however many
+//!    requests it looked up;
+//! 3. a full outbox or mailbox (refused at once, or handed back by the courier) queues
+//!    the lookups again (each counted `deferred`) and every later flush point retries
+//!    them, including every `reserve_prefix`; a planner that is gone ends each lookup with
+//!    nothing offered (and nothing saved);
 //! 4. `reserve_prefix` and `on_step` drain the results ([`ConnectorHandle::drain_lookups`]).
 //!
 //! Invariants:

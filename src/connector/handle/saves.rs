@@ -1,11 +1,12 @@
 //! Saves on the engine's thread (R16-R22): each step's saves are planned into one batch
-//! per rank ([`ConnectorHandle::plan_saves`], see `save_plan`) and sent with one
-//! `try_send` per rank ([`ConnectorHandle::send_saves`]); settlements come back through
-//! the engine inbox ([`ConnectorHandle::drain_saves`]).
+//! per rank ([`ConnectorHandle::plan_saves`], see `save_plan`) and handed to the courier
+//! as one message per rank ([`ConnectorHandle::send_saves`]); settlements come back
+//! through the engine inbox ([`ConnectorHandle::drain_saves`]).
 //!
 //! Invariants:
-//! 1. A page counts as pending for its request only once its batch was accepted; a
-//!    refused batch counts its pages dropped (`saves_refused`, R22).
+//! 1. A page counts as pending for its request from the hand-off; a batch refused (by
+//!    the outbox at once, or by the saver's mailbox through the courier) settles its
+//!    pages as dropped (`saves_refused`, R22), so they leave the pending count again.
 //! 2. A finished request enters `saves_done` once, when its last pending page settles.
 
 use std::sync::Arc;
@@ -130,9 +131,9 @@ impl ConnectorHandle {
         }
     }
 
-    /// Sends one step's saves: one message per rank, so a step costs each saver one
-    /// wake-up however many requests it covers. Pages a full mailbox refuses are counted
-    /// dropped and never become pending (R22).
+    /// Hands one step's saves to the courier: one message per rank however many requests
+    /// it covers. Pages refused later (a full outbox or mailbox) are counted dropped and
+    /// settle (R22, `take_back`).
     pub(super) fn send_saves(&mut self, per_rank: &mut Vec<EnqueueSave>) {
         for (rank, batch) in per_rank.drain(..).enumerate() {
             if batch.is_empty() {
