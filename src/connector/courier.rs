@@ -205,6 +205,8 @@ impl Courier {
         self.outbox = None;
         self.returns = None;
         if let Some(thread) = self.thread.take() {
+            // A courier between polls sees the closed outbox now, not a poll later.
+            thread.thread().unpark();
             if thread.join().is_err() {
                 tracing::error!("the courier thread panicked");
             }
