@@ -51,17 +51,16 @@ fn the_shared_trace_reuses_its_oracle_with_zero_mismatches() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn tensor_parallel_ranks_reuse_the_same_share() -> TestResult {
-    // Turns of a session wait for the previous one, so timing cannot change what is
-    // reusable: both world sizes must reuse exactly the same tokens.
-    let base = [
+/// Two sessions of `turns` turns growing from 20k to 30k tokens, two instances, the
+/// full-attention preset: small enough for a test, long enough for every turn to reuse.
+fn small_multiturn(turns: &'static str) -> Vec<&'static str> {
+    vec![
         "--generate",
         "long-multiturn",
         "--sessions",
         "2",
         "--turns",
-        "4",
+        turns,
         "--first-turn-tokens",
         "20000",
         "--last-turn-tokens",
@@ -76,9 +75,16 @@ fn tensor_parallel_ranks_reuse_the_same_share() -> TestResult {
         "4TiB",
         "--kv-bytes-scale",
         "0.0009765625",
-    ];
+    ]
+}
+
+#[test]
+fn tensor_parallel_ranks_reuse_the_same_share() -> TestResult {
+    // Turns of a session wait for the previous one, so timing cannot change what is
+    // reusable: both world sizes must reuse exactly the same tokens.
+    let base = small_multiturn("4");
     let one = replay(&base)?;
-    let mut with_two = base.to_vec();
+    let mut with_two = base.clone();
     with_two.extend_from_slice(&["--world", "2"]);
     let two = replay(&with_two)?;
     for report in [&one, &two] {
@@ -103,28 +109,7 @@ fn tensor_parallel_ranks_reuse_the_same_share() -> TestResult {
 /// saves exactly the same pages, and verifies every one.
 #[test]
 fn every_courier_timing_replays_the_same_pages() -> TestResult {
-    let base = [
-        "--generate",
-        "long-multiturn",
-        "--sessions",
-        "2",
-        "--turns",
-        "3",
-        "--first-turn-tokens",
-        "20000",
-        "--last-turn-tokens",
-        "30000",
-        "--system-prefix-tokens",
-        "8000",
-        "--model",
-        "llama-3.1-8b",
-        "--instances",
-        "2",
-        "--pool-capacity",
-        "4TiB",
-        "--kv-bytes-scale",
-        "0.0009765625",
-    ];
+    let base = small_multiturn("3");
     let mut reports = Vec::new();
     for timing in [
         &[][..],
@@ -136,7 +121,7 @@ fn every_courier_timing_replays_the_same_pages() -> TestResult {
             "handoff.park_after_idle_ms=60000",
         ][..],
     ] {
-        let mut flags = base.to_vec();
+        let mut flags = base.clone();
         flags.extend_from_slice(timing);
         reports.push(replay(&flags)?);
     }

@@ -30,8 +30,9 @@
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use actix::dev::ToEnvelope;
 use actix::prelude::SendError;
-use actix::Addr;
+use actix::{Actor, Addr, Handler, Message};
 
 use crate::actors::lookup_planner::LookupPlanner;
 use crate::actors::reservation_manager::ReservationManager;
@@ -80,27 +81,17 @@ pub struct ActorRecipients {
 impl Deliver for ActorRecipients {
     fn deliver(&mut self, item: Outgoing) -> Result<(), Refused> {
         match item {
-            Outgoing::Lookups(message) => self
-                .planner
-                .try_send(message)
-                .map_err(|error| refused(error, Outgoing::Lookups)),
-            Outgoing::StartLoads(message) => self
-                .manager
-                .try_send(message)
-                .map_err(|error| refused(error, Outgoing::StartLoads)),
-            Outgoing::Release(message) => self
-                .manager
-                .try_send(message)
-                .map_err(|error| refused(error, Outgoing::Release)),
-            Outgoing::Save { rank, batch } => match self.savers.get(rank) {
-                Some(saver) => saver
-                    .try_send(batch)
-                    .map_err(|error| refused(error, |batch| Outgoing::Save { rank, batch })),
-                None => Err(Refused {
-                    item: Outgoing::Save { rank, batch },
-                    closed: true,
-                }),
-            },
+            Outgoing::Lookups(message) => send(Some(&self.planner), message, Outgoing::Lookups),
+            Outgoing::StartLoads(message) => {
+                send(Some(&self.manager), message, Outgoing::StartLoads)
+            }
+            Outgoing::Release(message) => send(Some(&self.manager), message, Outgoing::Release),
+            Outgoing::Save { rank, batch } => send(self.savers.get(rank), batch, |batch| {
+                Outgoing::Save { rank, batch }
+            }),
+            Outgoing::Settle { rank, message } => send(self.savers.get(rank), message, |message| {
+                Outgoing::Settle { rank, message }
+            }),
             // Dropped here, off the engine thread (the message's purpose).
             Outgoing::Discard(_) => Ok(()),
             Outgoing::Barrier { passed } => {
@@ -108,22 +99,30 @@ impl Deliver for ActorRecipients {
                 let _ = passed.send(());
                 Ok(())
             }
-            Outgoing::Settle { rank, message } => match self.savers.get(rank) {
-                Some(saver) => saver
-                    .try_send(message)
-                    .map_err(|error| refused(error, |message| Outgoing::Settle { rank, message })),
-                None => Err(Refused {
-                    item: Outgoing::Settle { rank, message },
-                    closed: true,
-                }),
-            },
         }
     }
 }
 
-/// A refused actix send as a [`Refused`] courier message.
-fn refused<M>(error: SendError<M>, wrap: impl FnOnce(M) -> Outgoing) -> Refused {
-    match error {
+/// `try_send` to `to` (`None`: a rank without a saver, refused as gone); a refusal gives
+/// the message back wrapped as the [`Outgoing`] it came in.
+fn send<A, M>(
+    to: Option<&Addr<A>>,
+    message: M,
+    wrap: impl FnOnce(M) -> Outgoing,
+) -> Result<(), Refused>
+where
+    A: Actor + Handler<M>,
+    A::Context: ToEnvelope<A, M>,
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    let Some(to) = to else {
+        return Err(Refused {
+            item: wrap(message),
+            closed: true,
+        });
+    };
+    to.try_send(message).map_err(|error| match error {
         SendError::Full(message) => Refused {
             item: wrap(message),
             closed: false,
@@ -132,7 +131,7 @@ fn refused<M>(error: SendError<M>, wrap: impl FnOnce(M) -> Outgoing) -> Refused 
             item: wrap(message),
             closed: true,
         },
-    }
+    })
 }
 
 /// The handle's side of a running courier: the outbox, the return channel and the thread.

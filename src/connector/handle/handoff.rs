@@ -51,27 +51,25 @@ impl ConnectorHandle {
 
     /// Hands off a control message (`SettleSaves`, a barrier) whose sender waits for its
     /// answer next: while the outbox is only full it is tried again every
-    /// [`OUTBOX_RETRY`], taking results meanwhile, until `deadline`. `false` when it could
-    /// not be handed off; the message is dropped then, so its waiter stops waiting.
-    pub(super) fn hand_off_control(&mut self, item: Outgoing, deadline: Option<Instant>) -> bool {
-        let mut item = item;
+    /// [`OUTBOX_RETRY`], taking results meanwhile, until `deadline`. One that could not be
+    /// handed off is dropped, so its waiter stops waiting.
+    pub(super) fn hand_off_control(&mut self, mut item: Outgoing, deadline: Option<Instant>) {
         loop {
             match self.courier.hand_off(item) {
-                Ok(()) => return true,
-                Err(Refused { closed: true, .. }) => return false,
+                Ok(()) | Err(Refused { closed: true, .. }) => return,
                 Err(Refused {
                     item: back,
                     closed: false,
                 }) => {
                     let now = Instant::now();
                     if deadline.is_some_and(|deadline| deadline <= now) {
-                        return false;
+                        return;
                     }
                     let retry_at = now + OUTBOX_RETRY;
                     let until = deadline.map_or(retry_at, |deadline| deadline.min(retry_at));
                     if let Some(event) = self.wait_event(None, Some(until)) {
                         if !self.accept_event(event) {
-                            return false;
+                            return;
                         }
                     }
                     item = back;
