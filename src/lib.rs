@@ -18,21 +18,20 @@
 //! | [`connector`] | the engine-facing hooks (`EngineConnector`) and the `NoConnector` baseline |
 //! | [`actors`] | the actor system: lookup planner, reservation manager, loaders, saver, stats reporter |
 //! | [`messages`] | typed messages, one file per receiving actor |
-//! | [`replay`] | the main job: workloads (Mooncake traces, long multi-turn sessions), the oracle, the engine simulator |
-//! | [`cli`] | the `kv-connector` subcommands; `main.rs` only dispatches to them |
-//! | [`error`] | the crate error that aggregates each layer's typed error |
-//! | [`metrics`] | the optional Prometheus endpoint (`--metrics-addr`, `stats.metrics_addr`) serving the stats reporter's counters and histograms |
+//! | `replay` | (feature `replay`) the main job: workloads (Mooncake traces, long multi-turn sessions), the oracle, the engine simulator |
+//! | `cli` | (feature `cli`) the `kv-connector` subcommands; `main.rs` only dispatches to them |
+//! //! | [`metrics`] | the optional Prometheus endpoint (`--metrics-addr`, `stats.metrics_addr`) serving the stats reporter's counters and histograms |
 //! | [`logging`] | the tracing subscriber: `RUST_LOG` filter, text or json lines on stderr |
 //! | [`stats`] | per-actor counters and latency histograms merged by the stats reporter (R27) |
 
 #![deny(unsafe_code)]
 
 pub mod actors;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
 pub mod connector;
 pub mod core;
-pub mod error;
 #[allow(
     unsafe_code,
     reason = "device memory and copies need FFI; every block has a SAFETY note"
@@ -42,7 +41,6 @@ pub mod logging;
 pub mod messages;
 pub mod metrics;
 pub mod pool;
+#[cfg(feature = "replay")]
 pub mod replay;
 pub mod stats;
-
-pub use error::{Error, Result};

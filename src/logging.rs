@@ -21,7 +21,8 @@ use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// How log lines are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum LogFormat {
     /// Human-readable lines with `key=value` fields.
     #[default]
@@ -177,6 +178,7 @@ mod tests {
         Ok(())
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn format_names_are_the_command_line_values() {
         use clap::ValueEnum;

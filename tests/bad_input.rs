@@ -6,6 +6,7 @@
 //! the wrong length is covered next to the code that checks it
 //! (`connector::transfer::tests::a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25`),
 //! oversized counts, sizes and timeouts in `config::validate::tests`.
+#![cfg(feature = "cli")]
 
 use std::collections::HashMap;
 use std::error::Error;

@@ -1,5 +1,6 @@
 //! `--help` of every subcommand: each flag is explained, and `replay --help` alone is
 //! enough to run a Mooncake replay (issue 9).
+#![cfg(feature = "cli")]
 
 use clap::CommandFactory;
 use kv_connector::cli::Cli;

@@ -1,5 +1,6 @@
 //! `kv-connector inspect` on the embedded pool seeded from a small trace: presence per
 //! group and shard, and the lookup the planner returns (R3, R10-R12).
+#![cfg(feature = "cli")]
 
 use std::collections::HashMap;
 use std::path::PathBuf;

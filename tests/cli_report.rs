@@ -1,5 +1,6 @@
 //! `kv-connector replay --report-dir`: a short replay writes the JSON report, the timeline
 //! and four PNG plots, and the timeline adds up to the report (timeline TL1).
+#![cfg(feature = "cli")]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -13,6 +13,7 @@
 //!   without re-save the chain stays unreachable;
 //! - shedding (R21, R22): a full save queue drops re-saves before full-attention blocks,
 //!   never blocks the engine, and counts every drop.
+#![cfg(feature = "cli")]
 
 mod common;
 

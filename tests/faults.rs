@@ -12,7 +12,7 @@
 //! - replays with each fault, with `--faults default` and a slice of the soak trace
 //!   complete every request with 0 mismatched pages and closed accounting.
 
-#![cfg(feature = "faults")]
+#![cfg(all(feature = "faults", feature = "cli"))]
 
 mod common;
 

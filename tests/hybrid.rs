@@ -14,6 +14,7 @@
 //!   (R15);
 //! - the saver puts window pages ahead of full-attention blocks queued before them, and in
 //!   FIFO order with `window_first` off (R21), seen through the pool's put order.
+#![cfg(feature = "cli")]
 
 mod common;
 

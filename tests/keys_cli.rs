@@ -1,6 +1,7 @@
 //! The built `kv-connector keys` binary against the reference vectors and the library
 //! (R1, R3): it prints the reference's hashes and keys, matches the one-shot library
 //! functions on random input, and fails cleanly (no panic, non-zero exit) on bad input.
+#![cfg(feature = "cli")]
 
 use std::error::Error;
 use std::io::Write;

@@ -1,6 +1,7 @@
 //! The metrics endpoint (`kv-connector replay --metrics-addr`, `stats.metrics_addr`):
 //! started on a free loopback port, scraped over HTTP while the embedding example's engine
 //! saves and loads, and after its connector stopped.
+#![cfg(feature = "cli")]
 
 #[path = "../examples/embed.rs"]
 #[expect(dead_code, reason = "only the example's engine is used here")]

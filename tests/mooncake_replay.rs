@@ -15,7 +15,7 @@
 //!
 //! The tests need `.venv` from `scripts/setup-mooncake` (which `scripts/test` runs first);
 //! without it each test prints "skipped: ..." and passes.
-#![cfg(feature = "mooncake")]
+#![cfg(all(feature = "mooncake", feature = "cli"))]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Replays of the shared Mooncake trace through the real connector on the embedded pool:
 //! every loaded page verified, outcomes accounted, reuse close to the oracle.
+#![cfg(feature = "cli")]
 
 mod common;
 

@@ -14,6 +14,7 @@
 //! repeated prefix on one instance is served locally, the pool's share shrinks by what the
 //! cache served, shared pages pass the page check, and the connector neither loads nor
 //! saves the locally matched blocks (R19).
+#![cfg(feature = "cli")]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

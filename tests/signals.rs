@@ -3,6 +3,7 @@
 //! (128 + the signal number). Each test spawns the built binary on a generated workload
 //! that runs for minutes, waits until it has logged its first completed request (no
 //! sleeps: the test reads the child's stderr), sends the signal, and checks the exit.
+#![cfg(feature = "cli")]
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};

@@ -1,5 +1,6 @@
 //! Integration tests of the replay workloads: the Mooncake trace reader on the shared trace
 //! and on bad files, the long multi-turn generator, and the oracle on both.
+#![cfg(feature = "cli")]
 
 use std::collections::HashMap;
 use std::error::Error as _;

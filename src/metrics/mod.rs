@@ -29,6 +29,7 @@
 //! scrape rather than a whole `stats.interval_s`.
 
 pub mod exposition;
+#[cfg(feature = "metrics-server")]
 mod server;
 
 use std::sync::Arc;
@@ -37,6 +38,7 @@ use std::time::Duration;
 use actix::Addr;
 use parking_lot::Mutex;
 
+#[cfg(feature = "metrics-server")]
 pub use server::MetricsServer;
 
 use crate::actors::stats_reporter::StatsReporter;

@@ -309,6 +309,7 @@ impl Pool for TestPool {
 
 /// Runs `kv-connector replay --json --quiet` with `flags` in-process (no environment) and
 /// returns its JSON report.
+#[cfg(feature = "cli")]
 pub fn replay_json(flags: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     use clap::Parser;
     use kv_connector::cli::{replay, Cli, Command};
@@ -328,6 +329,7 @@ pub fn replay_json(flags: &[&str]) -> Result<serde_json::Value, Box<dyn std::err
 }
 
 /// A counter of a replay's JSON report.
+#[cfg(feature = "cli")]
 pub fn report_field(
     report: &serde_json::Value,
     name: &str,
