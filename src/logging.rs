@@ -58,12 +58,22 @@ impl LoggingError {
     }
 }
 
-/// The filter from `RUST_LOG`, warnings and errors when it is unset; parts it cannot parse
-/// are skipped (as `tracing-subscriber` does), never fatal.
+/// The target of the few lifecycle lines a user must see whatever `RUST_LOG` says (where
+/// the metrics endpoint listens, where a helper program's own log goes): [`env_filter`]
+/// always lets them through at INFO.
+pub const ANNOUNCE: &str = "kvc::announce";
+
+/// The filter from `RUST_LOG`, warnings and errors when it is unset, plus the
+/// [`ANNOUNCE`] lines; parts it cannot parse are skipped (as `tracing-subscriber` does),
+/// never fatal.
 pub fn env_filter() -> EnvFilter {
-    EnvFilter::builder()
+    let filter = EnvFilter::builder()
         .with_default_directive(LevelFilter::WARN.into())
-        .from_env_lossy()
+        .from_env_lossy();
+    match format!("{ANNOUNCE}=info").parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
 }
 
 /// A subscriber writing `format` lines through `writer`, filtered by `filter`; `ansi`

@@ -243,6 +243,42 @@ fn bad_input_fails_with_a_clear_error() -> TestResult {
     Ok(())
 }
 
+/// Key fields the runtime refuses are refused here too: `keys` never prints a key the
+/// runtime cannot produce, and input without a full block says so instead of printing
+/// nothing.
+#[test]
+fn keys_the_runtime_never_produces_are_refused() -> TestResult {
+    let tokens = "1 2 3 4 5 6 7 8";
+    for (flag, value, expected) in [
+        ("--namespace", "", "namespace must not be empty"),
+        ("--namespace", "a/b", "namespace must not contain '/'"),
+        ("--model-key", "x/y", "model_key must not contain '/'"),
+        ("--namespace", "a\tb", "whitespace or control characters"),
+    ] {
+        let mut args = keys_args(4, &["--bytes-per-page", "1"]);
+        let at = args
+            .iter()
+            .position(|arg| arg == flag)
+            .ok_or("flag not in the common arguments")?;
+        value.clone_into(&mut args[at + 1]);
+        let output = run_binary(&args, tokens)?;
+        let stderr = String::from_utf8(output.stderr)?;
+        assert!(!output.status.success(), "{flag} accepted");
+        assert!(stderr.contains(expected), "{flag}: {stderr}");
+        assert!(output.stdout.is_empty());
+    }
+    let stderr = failing_stderr(&["--bytes-per-page", "0"], 4, tokens)?;
+    assert!(
+        stderr.contains("bytes_per_page must be at least 1"),
+        "{stderr}"
+    );
+    for input in ["", "1 2 3"] {
+        let stderr = failing_stderr(&["--bytes-per-page", "1"], 4, input)?;
+        assert!(stderr.contains("no full block"), "{input:?}: {stderr}");
+    }
+    Ok(())
+}
+
 /// Expected `--json` rows computed with the library's one-shot functions.
 fn expected_rows(input: &RandomInput) -> Result<Vec<Row>, Box<dyn Error>> {
     let scope = Scope {
@@ -384,6 +420,13 @@ proptest! {
         } else {
             text_tokens(&input.tokens)
         };
+        if input.tokens.len() < input.tokens_per_block {
+            let output = run_binary(&input.args(), &stdin)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(!output.status.success());
+            prop_assert!(String::from_utf8_lossy(&output.stderr).contains("no full block"));
+            return Ok(());
+        }
         let rows = run_json(&input.args(), &stdin).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let expected = expected_rows(&input).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(rows.len(), input.tokens.len() / input.tokens_per_block);

@@ -185,3 +185,67 @@ fn replay_with_json_info_logs_and_metrics_completes() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Runs the binary's `replay` with `args` and `RUST_LOG` as given (unset with `None`) and
+/// returns its stderr; fails when the replay fails.
+fn replay_stderr(args: &[&str], rust_log: Option<&str>) -> anyhow::Result<String> {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"));
+    command.arg("replay").args(args);
+    command.env_remove("RUST_LOG");
+    if let Some(filter) = rust_log {
+        command.env("RUST_LOG", filter);
+    }
+    let output = command.stdin(std::process::Stdio::null()).output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    anyhow::ensure!(output.status.success(), "replay failed:\n{stderr}");
+    Ok(stderr)
+}
+
+/// With `--metrics-addr 127.0.0.1:0` the system picks the port; the user learns it at the
+/// default log level, with the port actually bound.
+#[test]
+fn the_chosen_metrics_port_is_shown_at_the_default_log_level() -> anyhow::Result<()> {
+    let stderr = replay_stderr(
+        &["--limit", "2", "--quiet", "--metrics-addr", "127.0.0.1:0"],
+        None,
+    )?;
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("metrics endpoint listening"))
+        .with_context(|| format!("no listening line:\n{stderr}"))?;
+    let addr = line
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("addr="))
+        .with_context(|| format!("no addr field: {line}"))?;
+    let addr: SocketAddr = addr.parse()?;
+    assert_ne!(addr.port(), 0, "{line}");
+    Ok(())
+}
+
+/// `RUST_LOG=info` shows the stats reports and lifecycle events, not one line per request.
+#[test]
+fn info_logs_carry_no_per_request_progress_lines() -> anyhow::Result<()> {
+    let stderr = replay_stderr(&["--limit", "20", "--quiet"], Some("info"))?;
+    assert!(!stderr.contains("replay progress"), "{stderr}");
+    let debug = replay_stderr(&["--limit", "3", "--quiet"], Some("debug"))?;
+    assert!(
+        debug.contains("replay progress"),
+        "progress lines vanished entirely"
+    );
+    Ok(())
+}
+
+/// A port in use gets advice that works: not the same port again.
+#[test]
+fn a_metrics_port_in_use_gets_advice_that_works() -> anyhow::Result<()> {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?;
+    let Err(err) = MetricsServer::start(addr, MetricsSources::new()) else {
+        bail!("bound a port already in use");
+    };
+    let message = err.to_string();
+    assert!(message.contains(&addr.to_string()), "{message}");
+    assert!(message.contains("127.0.0.1:0"), "{message}");
+    assert!(!message.contains("9464"), "{message}");
+    Ok(())
+}

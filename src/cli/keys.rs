@@ -9,11 +9,13 @@
 //! 2. Read the token ids from the file argument, or stdin when it is absent or `-`: a JSON
 //!    array of integers, or integers separated by whitespace.
 //! 3. Hash the full blocks from the scope seed of `--salt`, `--lora` and `--media-digest`.
-//! 4. Build one key column per `--group`, in the order given, with the prefix formatted
-//!    exactly as the reference does: namespace and model key are not validated here, so
-//!    the output matches the reference for any input (see `core::keys` I4).
+//! 4. Build one key column per `--group`, in the order given, with the runtime's own
+//!    validation of the key fields (`KeyPrefix::validated`): a namespace or model key the
+//!    runtime would refuse is refused here too, so every printed key is one the runtime can
+//!    produce.
 //! 5. Print one line per full block, `block<TAB>hash<TAB>key...`, or with `--json` one JSON
-//!    array of `{"block": i, "hash": "<hex>", "keys": [...]}`.
+//!    array of `{"block": i, "hash": "<hex>", "keys": [...]}`. Input without a full block
+//!    is an error that says so.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
@@ -21,7 +23,7 @@ use std::num::ParseIntError;
 use std::path::{Path, PathBuf};
 
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, HashError, Scope};
-use crate::core::keys::{KeyColumn, KeyPrefix, KeySpec, Shard};
+use crate::core::keys::{KeyColumn, KeyError, KeyPrefix, KeySpec, Shard};
 use crate::core::layout::GroupId;
 
 /// Arguments of `kv-connector keys`.
@@ -145,6 +147,20 @@ pub enum KeysError {
     /// Hashing failed.
     #[error("hashing the token ids failed")]
     Hash(#[from] HashError),
+    /// A key field the runtime would refuse.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The input holds fewer tokens than one block.
+    #[error(
+        "no full block: {tokens} token ids are fewer than one block of {tokens_per_block} \
+         (--tokens-per-block); only full blocks have keys"
+    )]
+    NoFullBlock {
+        /// Token ids read.
+        tokens: usize,
+        /// The `--tokens-per-block` value.
+        tokens_per_block: usize,
+    },
     /// The output could not be written.
     #[error("cannot write the output")]
     Write(#[source] io::Error),
@@ -163,6 +179,8 @@ impl KeysError {
             Self::BadToken { .. } => "bad_token",
             Self::BadJson { .. } => "bad_json",
             Self::Hash(err) => err.kind(),
+            Self::Key(err) => err.kind(),
+            Self::NoFullBlock { .. } => "no_full_block",
             Self::Write(_) => "write",
         }
     }
@@ -214,7 +232,13 @@ pub fn run(args: &KeysArgs, stdin: impl Read, output: impl Write) -> Result<(), 
     let text = read_input(args.input.as_deref(), stdin)?;
     let tokens = parse_tokens(&text)?;
     let hashes = hash_blocks(scope_seed(&args.scope()), &tokens, args.tokens_per_block)?;
-    let columns: Vec<KeyColumn> = args
+    if hashes.is_empty() {
+        return Err(KeysError::NoFullBlock {
+            tokens: tokens.len(),
+            tokens_per_block: args.tokens_per_block,
+        });
+    }
+    let columns = args
         .groups
         .iter()
         .map(|&group| {
@@ -226,9 +250,12 @@ pub fn run(args: &KeysArgs, stdin: impl Read, output: impl Write) -> Result<(), 
                 tokens_per_block: args.tokens_per_block,
                 bytes_per_page: args.bytes_per_page,
             };
-            KeyColumn::with_hashes(KeyPrefix::new(&spec), &hashes)
+            Ok(KeyColumn::with_hashes(
+                KeyPrefix::validated(&spec)?,
+                &hashes,
+            ))
         })
-        .collect();
+        .collect::<Result<Vec<KeyColumn>, KeyError>>()?;
     tracing::debug!(
         tokens = tokens.len(),
         blocks = hashes.len(),
@@ -453,11 +480,17 @@ mod tests {
     }
 
     #[test]
-    fn r1_no_full_block_prints_nothing_or_empty_array() -> TestResult {
-        let text_args = args(&["--bytes-per-page", "1"])?;
-        assert_eq!(run_on(&text_args, "1 2 3")?, "");
-        let json_args = args(&["--bytes-per-page", "1", "--json"])?;
-        assert_eq!(run_on(&json_args, "")?, "[]\n");
+    fn r1_no_full_block_is_an_error_that_says_so() -> TestResult {
+        for (flags, input) in [
+            (&["--bytes-per-page", "1"][..], "1 2 3"),
+            (&["--bytes-per-page", "1", "--json"][..], ""),
+        ] {
+            let err = run(&args(flags)?, input.as_bytes(), Vec::new()).err();
+            assert!(
+                matches!(err, Some(KeysError::NoFullBlock { .. })),
+                "{err:?}"
+            );
+        }
         Ok(())
     }
 

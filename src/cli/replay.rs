@@ -793,7 +793,7 @@ impl ProgressSink for BarProgress {
     }
 
     fn advance(&mut self, completed: u64, sim_seconds: f64) {
-        tracing::info!(
+        tracing::debug!(
             completed,
             total = self.total,
             sim_seconds,

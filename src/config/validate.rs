@@ -80,11 +80,13 @@ fn key_segment(
     allow_empty: bool,
     example: &str,
 ) -> Result<(), ConfigError> {
-    let ok = !value.contains('/') && (allow_empty || !value.is_empty());
+    let ok = !value.contains('/')
+        && !value.chars().any(|c| c.is_whitespace() || c.is_control())
+        && (allow_empty || !value.is_empty());
     let what = if allow_empty {
-        "must not contain '/'"
+        "must not contain '/' or whitespace"
     } else {
-        "must be non-empty and must not contain '/'"
+        "must be non-empty and must not contain '/' or whitespace"
     };
     require(
         ok,

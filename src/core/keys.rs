@@ -115,6 +115,15 @@ pub enum KeyError {
         /// The offending value.
         value: String,
     },
+    /// The namespace or model key holds whitespace or a control character, which the
+    /// tab-separated key listings and the pool's logs could not show unambiguously.
+    #[error("{field} must not contain whitespace or control characters, got {value:?}; use '-' or '_' instead")]
+    SpaceInSegment {
+        /// Which segment holds the character.
+        field: KeyField,
+        /// The offending value.
+        value: String,
+    },
     /// `T` is zero.
     #[error("tokens_per_block must be at least 1 (for example 32), got 0")]
     ZeroTokensPerBlock,
@@ -137,6 +146,7 @@ impl KeyError {
         match self {
             Self::EmptySegment { .. } => "empty_segment",
             Self::SlashInSegment { .. } => "slash_in_segment",
+            Self::SpaceInSegment { .. } => "space_in_segment",
             Self::ZeroTokensPerBlock => "zero_tokens_per_block",
             Self::ZeroBytesPerPage => "zero_bytes_per_page",
             Self::RankOutOfRange { .. } => "rank_out_of_range",
@@ -228,6 +238,12 @@ fn check_segment(field: KeyField, value: &str) -> Result<(), KeyError> {
     }
     if value.contains('/') {
         return Err(KeyError::SlashInSegment {
+            field,
+            value: value.to_owned(),
+        });
+    }
+    if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(KeyError::SpaceInSegment {
             field,
             value: value.to_owned(),
         });

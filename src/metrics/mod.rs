@@ -58,7 +58,10 @@ pub enum MetricsError {
         addr: String,
     },
     /// The address could not be bound (in use, or not this machine's).
-    #[error("cannot listen on {addr} for metrics; pick a free port such as 127.0.0.1:9464")]
+    #[error(
+        "cannot listen on {addr} for metrics (in use, or not an address of this machine); \
+         pick another port, or 127.0.0.1:0 for any free one"
+    )]
     Bind {
         /// The address given.
         addr: std::net::SocketAddr,

@@ -55,7 +55,7 @@ impl MetricsServer {
         let thread = std::thread::Builder::new()
             .name("kvc-metrics".into())
             .spawn(move || {
-                tracing::info!(addr = %local_addr, "metrics endpoint listening");
+                tracing::info!(target: crate::logging::ANNOUNCE, addr = %local_addr, "metrics endpoint listening");
                 for request in serving.incoming_requests() {
                     answer(request, &sources, &runtime);
                 }
