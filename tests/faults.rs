@@ -413,3 +413,81 @@ fn a_bad_fault_spec_is_refused() {
     let chain = format!("{err} / {:?}", err.source());
     assert!(chain.contains("gett"), "{chain}");
 }
+
+/// The summary table shows failed saves beside skipped and dropped ones, with the counts
+/// the JSON report gives for the same seed.
+#[test]
+fn the_summary_table_counts_failed_saves() -> TestResult {
+    let mut flags = SMALL.to_vec();
+    flags.extend(["--faults", "put=0.3,seed=5"]);
+    let report = replay_json(&flags)?;
+    let failed = field(&report, "saves_failed")?;
+    assert!(
+        failed > 0,
+        "no save failed: the check below would prove nothing"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"))
+        .arg("replay")
+        .arg("--quiet")
+        .args(&flags)
+        .env_remove("RUST_LOG")
+        .output()?;
+    let table = String::from_utf8(output.stdout)?;
+    assert!(output.status.success(), "{table}");
+    let line = table
+        .lines()
+        .find(|line| line.trim_start().starts_with("saves skip/drop/fail"))
+        .ok_or_else(|| format!("no saves line in:\n{table}"))?;
+    let counts: Vec<&str> = line
+        .trim_start_matches(|c: char| !c.is_ascii_digit())
+        .split(" / ")
+        .map(str::trim)
+        .collect();
+    let expected = [
+        field(&report, "saves_skipped_present")?.to_string(),
+        field(&report, "saves_dropped")?.to_string(),
+        failed.to_string(),
+    ];
+    assert_eq!(counts, expected, "{line}");
+    Ok(())
+}
+
+/// An injected panic is expected: it prints no panic message or backtrace of its own, even
+/// with `RUST_BACKTRACE` set, and the actor that catches it logs one line.
+#[test]
+fn a_caught_injected_panic_logs_one_line() -> TestResult {
+    let mut flags = SMALL.to_vec();
+    flags.extend(["--faults", "loader_panic=0.3,saver_panic=0.3,seed=3"]);
+    let report = replay_json(&flags)?;
+    let injected = &report["faults_injected"];
+    let fired = injected["loader_panic"].as_u64().unwrap_or(0)
+        + injected["saver_panic"].as_u64().unwrap_or(0);
+    assert!(
+        fired > 0,
+        "no panic fired: the check below would prove nothing"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"))
+        .arg("replay")
+        .args(["--quiet", "--json"])
+        .args(&flags)
+        .env_remove("RUST_LOG")
+        .env("RUST_BACKTRACE", "1")
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("stack backtrace"), "{stderr}");
+    assert!(!stderr.contains("thread '"), "{stderr}");
+    let panic_lines = stderr
+        .lines()
+        .filter(|line| line.contains("panicked"))
+        .count();
+    assert!(
+        panic_lines > 0,
+        "no line tells of the caught panics:\n{stderr}"
+    );
+    assert!(
+        u64::try_from(panic_lines)? <= fired,
+        "{panic_lines} lines for {fired} panics:\n{stderr}"
+    );
+    Ok(())
+}

@@ -426,8 +426,8 @@ impl ReplayReport {
         )?;
         writeln!(
             out,
-            "  saves skipped/drop  {:>14} / {}",
-            self.saves_skipped_present, self.saves_dropped
+            "  saves skip/drop/fail{:>14} / {} / {}",
+            self.saves_skipped_present, self.saves_dropped, self.saves_failed
         )?;
         writeln!(
             out,

@@ -225,7 +225,7 @@ impl Pool for FaultyPool {
             .faults
             .batch_fires(FaultPoint::SaverPanic, keys, &attempts)
         {
-            panic!("injected fault saver_panic: the pool client panicked inside a put");
+            injected_panic("saver_panic: the pool client panicked inside a put");
         }
         if self
             .faults
@@ -269,7 +269,7 @@ impl Pool for FaultyPool {
             .faults
             .batch_fires(FaultPoint::LoaderPanic, keys, &attempts)
         {
-            panic!("injected fault loader_panic: the pool client panicked inside a get");
+            injected_panic("loader_panic: the pool client panicked inside a get");
         }
         if self
             .faults
@@ -375,6 +375,13 @@ impl FaultyPool {
             object[header + at % payload] ^= 0xA5;
         }
     }
+}
+
+/// Unwinds like a panic of the pool client, without the panic hook: an injected panic is
+/// expected, so it prints no message or backtrace of its own; the actor that catches it
+/// logs one line with this payload.
+fn injected_panic(what: &str) -> ! {
+    std::panic::resume_unwind(Box::new(format!("injected fault {what}")))
 }
 
 impl std::fmt::Debug for FaultyPool {
