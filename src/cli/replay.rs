@@ -45,6 +45,7 @@ use crate::cli::signals::{Signal, StopSignal};
 use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, PoolBackend};
 use crate::core::layout::Layout;
 use crate::metrics::{parse_metrics_addr, MetricsError, MetricsServer, MetricsSources};
+use crate::replay::baseline::BaselineComparison;
 use crate::replay::cost::CostModel;
 use crate::replay::engine::DrafterSetup;
 use crate::replay::kvc::kvc_handle;
@@ -54,8 +55,8 @@ use crate::replay::workload::{
 };
 use crate::replay::{
     no_connector, run_replay, run_replay_with_timeline, ConnectorFactory, DeploymentParams,
-    InstanceContext, KvBytesScale, KvPages, PoolMaster, ProgressSink, ReplayConnector, ReplayError,
-    ReplayParams, ReplayReport, Routing,
+    InstanceContext, KvBytesScale, KvPages, NoProgress, PoolMaster, ProgressSink, ReplayConnector,
+    ReplayError, ReplayParams, ReplayReport, Routing,
 };
 
 /// Which workload generator `--generate` runs.
@@ -298,6 +299,11 @@ pub struct ReplayArgs {
     /// the connector is asked only for what lies beyond the local match.
     #[arg(long)]
     pub local_prefix_cache: bool,
+    /// Also replay the same workload with no connector and report both side by side
+    /// (simulated TTFT, throughput, prefill tokens, with the ratios). On for the built-in
+    /// demo; off with --connector none.
+    #[arg(long)]
+    pub compare_baseline: bool,
     /// Real seconds an idle instance may wait on its connector without progress before
     /// the replay fails.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
@@ -483,6 +489,21 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         ),
     };
     fault_wiring::record(&faults, &mut report);
+    if compares_baseline(args) && stop.received().is_none() {
+        // No connector, so no pool: never start a Mooncake master or clients for it.
+        let mut config = (*params.config).clone();
+        config.pool.backend = PoolBackend::Memory;
+        let mut baseline_params = params.clone();
+        baseline_params.config = Arc::new(config);
+        "none".clone_into(&mut baseline_params.connector_name);
+        let without = run_replay(
+            &baseline_params,
+            &workload,
+            &mut no_connector,
+            &mut NoProgress,
+        )?;
+        report.baseline = Some(BaselineComparison::new(&report, &without));
+    }
     if let Some(signal) = stop.received() {
         report.write_table(err).map_err(ReplayCliError::Write)?;
         err.flush().map_err(ReplayCliError::Write)?;
@@ -504,6 +525,14 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         }
     }
     Ok(())
+}
+
+/// Whether the run also replays the workload without a connector: asked for, or the
+/// built-in demo (no `--trace`, no `--generate`), whose point is to show what the connector
+/// buys; never when the run itself has no connector.
+fn compares_baseline(args: &ReplayArgs) -> bool {
+    let demo = args.trace.is_none() && args.generate.is_none();
+    args.connector == ConnectorKind::Kvc && (args.compare_baseline || demo)
 }
 
 /// The replay's parameters from the flags and the loaded configuration (workflow step 2).

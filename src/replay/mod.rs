@@ -21,6 +21,7 @@
 //! and load durations; the connector's own cost on the engine thread is measured with
 //! `Instant` and reported separately.
 
+pub mod baseline;
 pub mod connectors;
 pub mod content;
 pub mod cost;

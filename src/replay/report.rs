@@ -23,7 +23,10 @@
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
 //! `wall_seconds`, `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
 //! `window_fallback`, `window_first`, `save_queue_capacity_pages`, ...}; with `--faults`,
-//! also `faults_injected` {point name: times it fired}.
+//! also `faults_injected` {point name: times it fired}; with a baseline run, `baseline`
+//! {`with_connector`, `without_connector` (each {`ttft_p50_s`, `ttft_p99_s`,
+//! `throughput_rps`, `computed_tokens`}), `ttft_p50_speedup`, `ttft_p99_speedup`,
+//! `throughput_ratio`, `computed_tokens_ratio`}.
 //!
 //! Accounting (issue 8, [`ReplayReport::accounting_closed`]): `saves_enqueued =
 //! saves_done + saves_skipped_present + saves_dropped + saves_failed` and `loads_started =
@@ -44,6 +47,7 @@ use serde::Serialize;
 
 use crate::stats::LatencySummary;
 
+use super::baseline::BaselineComparison;
 use super::connectors::LookupOutcomes;
 use super::cost::CostModel;
 
@@ -249,6 +253,10 @@ pub struct ReplayReport {
     /// With `--faults`: how often each fault point fired.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults_injected: Option<std::collections::BTreeMap<String, u64>>,
+    /// With `--compare-baseline` (and in the built-in demo): the same workload without a
+    /// connector, side by side.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<BaselineComparison>,
 }
 
 /// `part / whole`, 0 for an empty whole.
@@ -319,7 +327,11 @@ impl ReplayReport {
     pub fn write_table(&self, out: &mut dyn Write) -> io::Result<()> {
         self.write_workload(out)?;
         self.write_connector(out)?;
-        self.write_times(out)
+        self.write_times(out)?;
+        match &self.baseline {
+            Some(baseline) => baseline.write_table(out),
+            None => Ok(()),
+        }
     }
 
     /// The header and the workload section: tokens, reuse, the page check.

@@ -223,5 +223,6 @@ pub(super) fn summarize(
             summaries.first().map_or("none", |summary| summary.device),
         ),
         faults_injected: None,
+        baseline: None,
     }
 }

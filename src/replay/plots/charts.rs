@@ -213,14 +213,25 @@ pub(super) fn draw_ttft(
     timeline: &Timeline,
 ) -> DrawResult {
     let sim = &report.sim;
-    let caption = format!(
+    let without = report.baseline.as_ref().map(|b| &b.without_connector);
+    let mut caption = format!(
         "time to first token, {} requests: p50 {:.3} s, p99 {:.3} s, max {:.3} s",
         timeline.ttft_s.len(),
         sim.ttft_p50_s,
         sim.ttft_p99_s,
         sim.ttft_max_s
     );
-    let max = timeline.ttft_s.last().copied().unwrap_or(0.0).max(1e-3) * 1.02;
+    if let Some(without) = without {
+        caption += &format!(
+            " (no connector: p50 {:.3} s, p99 {:.3} s)",
+            without.ttft_p50_s, without.ttft_p99_s
+        );
+    }
+    let highest_ttft = timeline.ttft_s.last().copied().unwrap_or(0.0);
+    let max = without
+        .map_or(highest_ttft, |w| highest_ttft.max(w.ttft_p99_s))
+        .max(1e-3)
+        * 1.02;
     let width = max / TTFT_BINS as f64;
     let mut counts = [0_u64; TTFT_BINS];
     for &ttft in &timeline.ttft_s {
@@ -240,7 +251,12 @@ pub(super) fn draw_ttft(
             BLUE.mix(0.7).filled(),
         )
     }))?;
-    for (label, value, color) in [("p50", sim.ttft_p50_s, GREEN), ("p99", sim.ttft_p99_s, RED)] {
+    let mut marks = vec![("p50", sim.ttft_p50_s, GREEN), ("p99", sim.ttft_p99_s, RED)];
+    if let Some(without) = without {
+        marks.push(("p50 without connector", without.ttft_p50_s, CYAN));
+        marks.push(("p99 without connector", without.ttft_p99_s, MAGENTA));
+    }
+    for (label, value, color) in marks {
         chart
             .draw_series(LineSeries::new(
                 [(value, 0.0), (value, highest * 1.1)],
