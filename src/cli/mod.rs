@@ -12,6 +12,7 @@
 //! [`CliError`] wrapping its error, and an arm in [`run`] and in [`CliError::kind`].
 
 pub mod bench;
+pub mod engine_args_file;
 pub mod inspect;
 pub mod keys;
 pub mod replay;

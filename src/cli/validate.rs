@@ -12,7 +12,8 @@
 //!    other error (unknown key, bad value, unreadable file) ends this step.
 //! 2. Layout: the configuration's preset or layout file (with `--world`), validated (R7),
 //!    and registered against `reservations.prefix_aware_scheduling` (window groups need it).
-//! 3. Engine arguments (`--engine-args FILE`, TOML or `.json`): every R8 refusal.
+//! 3. Engine arguments (`--engine-args FILE`: YAML, JSON or TOML, see
+//!    [`engine_args_file`]): every R8 refusal, and the fields not checked listed as ignored.
 //! 4. The build: `pool.backend = "mooncake"` needs the `mooncake` cargo feature.
 //! 5. Print: the effective configuration as TOML (refused keys at their defaults, said in
 //!    a comment), the layout's groups and page sizes as comments, then on `err` one
@@ -25,8 +26,9 @@ use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::path::PathBuf;
 
+use super::engine_args_file;
 use crate::config::{parse_override, Config, ConfigError, ConfigSources, PoolBackend, KEYS};
-use crate::core::engine_args::{validate_llm_args, LlmArgs};
+use crate::core::engine_args::validate_llm_args;
 use crate::core::layout::{Layout, LayoutError};
 
 /// The configuration and layout flags `validate` and `inspect` share.
@@ -107,10 +109,11 @@ pub struct ValidateArgs {
     /// Configuration and layout.
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// The engine's arguments to check (R8), as TOML, or JSON when the file ends in
-    /// `.json`: `kv_cache_config.enable_swa_scratch_reuse`,
+    /// The engine's configuration file to check (R8): TensorRT-LLM
+    /// `extra_llm_api_options` or vLLM-style arguments, as `.yaml`/`.yml`, `.json` or
+    /// `.toml`. Checked: `kv_cache_config.enable_swa_scratch_reuse`,
     /// `speculative_config.{max_draft_len, context_recompute_tail}`,
-    /// `context_parallel_size`, `pipeline_parallel_size`.
+    /// `context_parallel_size`, `pipeline_parallel_size`; other fields are listed as ignored.
     #[arg(long, value_name = "FILE")]
     pub engine_args: Option<PathBuf>,
 }
@@ -141,38 +144,6 @@ impl ValidateError {
             Self::Write(_) => "write",
         }
     }
-}
-
-/// Why the engine arguments file could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineArgsFileError {
-    /// The file could not be read.
-    #[error("cannot read engine arguments {}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// The TOML did not parse into the engine arguments.
-    #[error("engine arguments {} are not valid toml for the checked fields", path.display())]
-    Toml {
-        /// The file.
-        path: PathBuf,
-        /// The parser's error.
-        #[source]
-        source: toml::de::Error,
-    },
-    /// The JSON did not parse into the engine arguments.
-    #[error("engine arguments {} are not valid json for the checked fields", path.display())]
-    Json {
-        /// The file.
-        path: PathBuf,
-        /// The parser's error.
-        #[source]
-        source: serde_json::Error,
-    },
 }
 
 /// A refusal that the build itself makes.
@@ -380,8 +351,8 @@ fn check_engine_args(
             "\n# engine arguments: not given (--engine-args FILE checks R8)"
         );
     };
-    let llm_args = match read_engine_args(path) {
-        Ok(llm_args) => llm_args,
+    let file = match engine_args_file::read(path) {
+        Ok(file) => file,
         Err(error) => {
             refusals.push(Refusal {
                 step: "engine_args",
@@ -390,40 +361,25 @@ fn check_engine_args(
             return Ok(());
         }
     };
-    let found = validate_llm_args(&llm_args);
+    let found = validate_llm_args(&file.args);
     writeln!(
         out,
         "\n# engine arguments {}: {} refusal(s)",
         path.display(),
         found.len()
     )?;
+    if !file.ignored.is_empty() {
+        writeln!(
+            out,
+            "# ignored (the connector does not check them): {}",
+            file.ignored.join(", ")
+        )?;
+    }
     refusals.extend(found.into_iter().map(|error| Refusal {
         step: "engine_args",
         error: Box::new(error),
     }));
     Ok(())
-}
-
-/// Reads `--engine-args`: JSON for `.json`, TOML otherwise.
-fn read_engine_args(path: &PathBuf) -> Result<LlmArgs, EngineArgsFileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| EngineArgsFileError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    if path
-        .extension()
-        .is_some_and(|ext| ext.eq_ignore_ascii_case("json"))
-    {
-        serde_json::from_str(&text).map_err(|source| EngineArgsFileError::Json {
-            path: path.clone(),
-            source,
-        })
-    } else {
-        toml::from_str(&text).map_err(|source| EngineArgsFileError::Toml {
-            path: path.clone(),
-            source,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -547,6 +503,28 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("context_recompute_tail = 4"), "{err}");
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+
+    /// A real engine configuration passes: fields the connector does not check are listed
+    /// as ignored, not refused.
+    #[test]
+    fn a_real_engine_yaml_passes_with_its_unchecked_fields_listed() -> TestResult {
+        let dir = std::env::temp_dir().join(format!("kvc-validate-yaml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("extra_llm_api_options.yaml");
+        std::fs::write(
+            &file,
+            "max_batch_size: 128\nkv_cache_config:\n  free_gpu_memory_fraction: 0.85\n",
+        )?;
+        let path = file.display().to_string();
+        let (result, out, err) = validate(&["--engine-args", &path], &[])?;
+        assert!(result.is_ok(), "{err}");
+        assert!(
+            out.contains("ignored (the connector does not check them): kv_cache_config.free_gpu_memory_fraction, max_batch_size"),
+            "{out}"
+        );
         std::fs::remove_dir_all(&dir)?;
         Ok(())
     }

@@ -8,18 +8,37 @@
 //!   (and so rewrite) prompt pages the connector already published or loaded;
 //! - context or pipeline parallelism: a page would no longer hold all layers of a group
 //!   for all tokens of its block on one rank.
+//!
+//! Engine configuration files carry many more fields (batch sizes, memory fractions, ...):
+//! the structs here ignore them, and [`CHECKED_FIELDS`] names the ones they read, so a tool
+//! can tell the user which fields were not checked. vLLM's names for the same settings are
+//! accepted as aliases (`num_speculative_tokens`, `decode_context_parallel_size`).
 
 use serde::{Deserialize, Serialize};
 
-/// The engine arguments the connector checks, as the engine would pass them.
+/// The dotted paths of every field [`LlmArgs`] reads (aliases included); any other field
+/// of an engine configuration is ignored.
+pub const CHECKED_FIELDS: [&str; 7] = [
+    "kv_cache_config.enable_swa_scratch_reuse",
+    "speculative_config.max_draft_len",
+    "speculative_config.num_speculative_tokens",
+    "speculative_config.context_recompute_tail",
+    "context_parallel_size",
+    "decode_context_parallel_size",
+    "pipeline_parallel_size",
+];
+
+/// The engine arguments the connector checks, as the engine would pass them. Other fields
+/// are ignored ([`CHECKED_FIELDS`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct LlmArgs {
     /// KV cache settings.
     pub kv_cache_config: KvCacheArgs,
     /// Speculative decoding settings; absent without a drafter.
     pub speculative_config: Option<SpeculativeArgs>,
-    /// Context-parallel size (1 = off).
+    /// Context-parallel size (1 = off); vLLM calls it `decode_context_parallel_size`.
+    #[serde(alias = "decode_context_parallel_size")]
     pub context_parallel_size: u32,
     /// Pipeline-parallel size (1 = off).
     pub pipeline_parallel_size: u32,
@@ -27,7 +46,7 @@ pub struct LlmArgs {
 
 /// `kv_cache_config` fields the connector checks.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct KvCacheArgs {
     /// Reuse of window scratch pages in place.
     pub enable_swa_scratch_reuse: bool,
@@ -35,9 +54,10 @@ pub struct KvCacheArgs {
 
 /// `speculative_config` fields the connector checks.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct SpeculativeArgs {
-    /// Draft tokens per step.
+    /// Draft tokens per step; vLLM calls it `num_speculative_tokens`.
+    #[serde(alias = "num_speculative_tokens")]
     pub max_draft_len: u32,
     /// Prompt tokens the drafter recomputes at the end of the context phase.
     pub context_recompute_tail: u32,
@@ -187,10 +207,14 @@ mod tests {
         Ok(())
     }
 
+    /// Engine files carry many fields the connector does not check; they are ignored here
+    /// (the `validate` command lists them, so a misspelt checked field is visible there).
     #[test]
-    fn llm_args_refuse_unknown_keys() {
-        let parsed: Result<LlmArgs, _> =
-            toml::from_str("[kv_cache_config]\nenable_swa_scratch_reus = true\n");
-        assert!(parsed.is_err());
+    fn llm_args_ignore_fields_they_do_not_check() -> Result<(), toml::de::Error> {
+        let parsed: LlmArgs = toml::from_str(
+            "max_batch_size = 8\n[kv_cache_config]\nenable_swa_scratch_reus = true\n",
+        )?;
+        assert_eq!(parsed, LlmArgs::default());
+        Ok(())
     }
 }
