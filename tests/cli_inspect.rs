@@ -126,3 +126,83 @@ fn an_empty_pool_is_a_full_miss_and_a_line_past_the_end_is_refused() -> TestResu
     assert!(err.to_string().contains("use 1 to 3"), "{err}");
     Ok(())
 }
+
+/// `--tokens` alone inspects against an empty embedded pool: no seed trace is needed.
+#[test]
+fn tokens_alone_inspect_an_empty_pool() -> TestResult {
+    let path = std::env::temp_dir().join(format!("kvc-inspect-tokens-{}.json", std::process::id()));
+    let tokens: Vec<String> = (0..100).map(|token| token.to_string()).collect();
+    std::fs::write(&path, format!("[{}]", tokens.join(", ")))?;
+    let found = inspect_json(&[
+        "--tokens",
+        &path.display().to_string(),
+        "--model",
+        "tiny-full",
+    ]);
+    std::fs::remove_file(&path)?;
+    let found = found?;
+    assert_eq!(found["lookup"]["outcome"], "full_miss");
+    assert_eq!(found["groups"][0]["shards"][0]["present_blocks"], 0);
+    assert!(
+        found["pool"]
+            .as_str()
+            .is_some_and(|pool| pool.contains("empty")),
+        "{}",
+        found["pool"]
+    );
+    Ok(())
+}
+
+/// The default seeding pool holds every seeded prompt (two 32k-token llama prompts, 8 GiB
+/// at full page size, would fill the default 8 GiB pool and evict the first before the
+/// third request is inspected); a capacity the user sets is kept, and evicts.
+#[test]
+fn the_default_seeding_pool_holds_every_seeded_prompt() -> TestResult {
+    let path = std::env::temp_dir().join(format!("kvc-inspect-big-{}.jsonl", std::process::id()));
+    let ids = |from: u32| -> String {
+        let ids: Vec<String> = (from..from + 64).map(|id| id.to_string()).collect();
+        ids.join(", ")
+    };
+    let lines = [
+        format!(
+            r#"{{"timestamp": 0, "input_length": 32768, "output_length": 4, "hash_ids": [{}]}}"#,
+            ids(0)
+        ),
+        format!(
+            r#"{{"timestamp": 10, "input_length": 32768, "output_length": 4, "hash_ids": [{}]}}"#,
+            ids(1000)
+        ),
+        format!(
+            r#"{{"timestamp": 20, "input_length": 32768, "output_length": 4, "hash_ids": [{}]}}"#,
+            ids(0)
+        ),
+    ];
+    std::fs::write(&path, lines.join("\n") + "\n")?;
+    let trace = path.display().to_string();
+    let flags = [
+        "--trace",
+        trace.as_str(),
+        "--line",
+        "3",
+        "--model",
+        "llama-3.1-8b",
+    ];
+    let found = inspect_json(&flags);
+    let mut small = flags.to_vec();
+    small.extend(["--set", "pool.capacity_bytes=2GiB"]);
+    let evicted = inspect_json(&small);
+    std::fs::remove_file(&path)?;
+    let (found, evicted) = (found?, evicted?);
+    // Everything but the block holding the last prompt token.
+    assert_eq!(
+        found["lookup"]["offered_tokens"],
+        32768 - 32,
+        "{}",
+        found["lookup"]["outcome"]
+    );
+    assert_ne!(
+        evicted["lookup"]["offered_tokens"], found["lookup"]["offered_tokens"],
+        "the small pool evicted nothing, so the default pool's result proves nothing"
+    );
+    Ok(())
+}

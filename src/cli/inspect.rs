@@ -12,7 +12,10 @@
 //! 3. The pool:
 //!    - `memory`: an embedded pool seeded by replaying the first `--seed-requests` requests
 //!      of `--seed-trace` (default: the `--trace` given, up to the request before
-//!      `--line`) through the real connector; keys use the replay's stored page sizes;
+//!      `--line`) through the real connector, with a progress bar on a terminal; keys use
+//!      the replay's stored page sizes. Unless the configuration sets `pool.capacity_bytes`,
+//!      the pool holds every seeded prompt (nothing is evicted), and the instance has KV
+//!      pages for the largest one. Without a trace the pool is empty;
 //!    - `mooncake`: a client of the running master at `--master` (it contributes no
 //!      segment); keys use the layout's page bytes times `--kv-bytes-scale` (default 1, as
 //!      a serving engine stores them).
@@ -143,9 +146,6 @@ pub enum InspectError {
     /// Seeding the memory pool failed.
     #[error("seeding the memory pool by replay failed")]
     Seed(#[source] Box<ReplayError>),
-    /// `--pool memory` with nothing to seed from.
-    #[error("--pool memory needs a trace to seed the pool: give --trace FILE --line N, or --seed-trace FILE (with --seed-requests 0 for an empty pool)")]
-    NoSeedTrace,
     /// `--kv-bytes-scale` outside (0, 1].
     #[error("--kv-bytes-scale {scale} is refused: it must be in (0, 1], e.g. 1")]
     BadScale {
@@ -179,7 +179,6 @@ impl InspectError {
             Self::Hash(err) => err.kind(),
             Self::Key(_) => "key",
             Self::Seed(err) => err.kind(),
-            Self::NoSeedTrace => "no_seed_trace",
             Self::BadScale { .. } => "bad_scale",
             Self::MooncakeNotBuilt => "mooncake_not_built",
             #[cfg(feature = "mooncake")]

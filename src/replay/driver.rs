@@ -56,6 +56,7 @@ use super::connectors::{ConnectorFactory, InstanceContext};
 use super::cost::{CostModel, SimMicros};
 use super::engine::{ArrivedRequest, DrafterSetup, Engine, EngineSetup, PromptDone};
 use super::error::ReplayError;
+use super::pool_fit::prompt_stored_bytes;
 use super::progress::ProgressSink;
 use super::report::ReplayReport;
 use super::setup::{Deployment, DeploymentParams};
@@ -169,33 +170,48 @@ pub fn run_replay_with_timeline(
 }
 
 /// Warns (it is not an error: the replay still measures something) when the pool cannot
-/// hold the pages of the workload's largest prompt: nearly everything is evicted before
-/// the next turn can reuse it, which otherwise only shows as a reuse of about 0.
-fn warn_if_pool_below_one_prompt(params: &ReplayParams, workload: &[WorkloadRequest]) {
-    let layout = &params.layout;
-    let t = u64::from(layout.tokens_per_block.max(1));
-    let bytes_per_block: u64 = layout
-        .groups
-        .iter()
-        .map(|group| layout.page_bytes(group).unwrap_or(0))
-        .sum::<u64>()
-        .saturating_mul(u64::from(layout.world_size));
+/// hold the stored pages of the workload's largest prompt (`pool_fit`, at the stored page
+/// sizes): nearly everything is evicted before the next turn can reuse it, which otherwise
+/// only shows as a reuse of about 0.
+fn warn_if_pool_below_one_prompt(
+    params: &ReplayParams,
+    deployment: &Deployment,
+    workload: &[WorkloadRequest],
+) {
     let largest_prompt = workload
         .iter()
         .map(|request| request.prompt.prompt_len())
         .max()
         .unwrap_or(0);
-    let needed =
-        (u64::try_from(largest_prompt).unwrap_or(u64::MAX) / t).saturating_mul(bytes_per_block);
-    let capacity = params.config.pool.capacity_bytes;
-    if params.config.pool.backend == crate::config::PoolBackend::Memory && capacity < needed {
+    let pages: Vec<u64> = deployment
+        .stored_page_bytes
+        .iter()
+        .map(|&(_, bytes)| u64::try_from(bytes).unwrap_or(u64::MAX))
+        .collect();
+    let needed = prompt_stored_bytes(
+        &params.layout,
+        &pages,
+        params.config.planner.swa_endpoint_rewind_tokens,
+        u64::try_from(largest_prompt).unwrap_or(u64::MAX),
+    );
+    let capacity = deployment.pool_stored_capacity_bytes;
+    if capacity < needed {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "a suggested capacity in GiB for a log line"
+        )]
+        let suggested_gib =
+            ((needed as f64 * 4.0 / deployment.kv_bytes_scale) / f64::from(1 << 30)).ceil() as u64;
         tracing::warn!(
-            pool_capacity_bytes = capacity,
+            pool_stored_capacity_bytes = capacity,
             largest_prompt_tokens = largest_prompt,
-            largest_prompt_bytes = needed,
-            "the pool cannot hold even the largest prompt's pages: expect evictions and \
-             little reuse; --pool-capacity {}GiB holds four such prompts",
-            needed.div_ceil(1 << 30).saturating_mul(4)
+            largest_prompt_stored_bytes = needed,
+            kv_bytes_scale = deployment.kv_bytes_scale,
+            "the pool cannot hold even the largest prompt's stored pages: expect evictions \
+             and little reuse; pool.capacity_bytes = {suggested_gib}GiB holds four such prompts \
+             (replay --pool-capacity, or --set pool.capacity_bytes=...)"
         );
     }
 }
@@ -224,9 +240,17 @@ fn run(
             });
         }
     }
-    warn_if_pool_below_one_prompt(params, workload);
     let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
+    warn_if_pool_below_one_prompt(params, &deployment, workload);
     let engines = build_engines(params, &deployment, factory, timeline.as_mut())?;
+    // Refuse up front, naming the page count that fits the whole workload, rather than
+    // when the first request that does not fit arrives.
+    let largest = workload
+        .iter()
+        .max_by_key(|request| request.prompt.prompt_len());
+    if let (Some(engine), Some(largest)) = (engines.first(), largest) {
+        engine.check_fits(largest.id, largest.prompt.prompt_len())?;
+    }
     let mut driver = Driver::new(params, workload, deployment, engines);
     driver.timeline = timeline;
     progress.start(u64::try_from(workload.len()).unwrap_or(u64::MAX));

@@ -92,8 +92,9 @@ pub enum ReplayError {
     NoRequests,
     /// A prompt needs more KV pages than an instance has, so it could never run.
     #[error(
-        "request {request} ({prompt_len} tokens) needs {pages_needed} kv pages in one group \
-         but an instance has {kv_pages}; raise --kv-pages to at least {pages_needed}"
+        "request {request} ({prompt_len} tokens, the workload's largest prompt) needs \
+         {pages_needed} kv pages in one group but an instance has {kv_pages}; \
+         --kv-pages {pages_needed} or more fits every request"
     )]
     PromptTooLarge {
         /// Workload id of the request.
@@ -104,6 +105,19 @@ pub enum ReplayError {
         pages_needed: u32,
         /// Pages per group of an instance.
         kv_pages: u32,
+    },
+    /// One rank's KV memory holds not even one block of every group (a layout with huge
+    /// blocks), so the cache would have no page at all.
+    #[error(
+        "one block of every layer group takes {block_bytes} bytes, more than the {memory_bytes} \
+         bytes of KV memory of one rank; give --kv-pages (e.g. 64) or a --kv-memory of at \
+         least {block_bytes} times the pages wanted, or use smaller tokens_per_block"
+    )]
+    KvMemoryBelowOneBlock {
+        /// KV memory of one rank.
+        memory_bytes: u64,
+        /// Bytes of one block of every group at full page size.
+        block_bytes: u64,
     },
     /// The simulated devices would not fit the host memory limit.
     #[error(
@@ -197,6 +211,7 @@ impl ReplayError {
             Self::Mooncake(err) => err.kind(),
             Self::NoRequests => "no_requests",
             Self::PromptTooLarge { .. } => "prompt_too_large",
+            Self::KvMemoryBelowOneBlock { .. } => "kv_memory_below_one_block",
             Self::DeviceMemoryTooLarge { .. } => "device_memory_too_large",
             Self::ConnectorNotWired { .. } => "connector_not_wired",
             Self::Connector { .. } => "connector",

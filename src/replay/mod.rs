@@ -33,6 +33,7 @@ pub mod kvc;
 #[cfg(feature = "mooncake")]
 pub mod mooncake;
 pub mod plots;
+pub mod pool_fit;
 pub mod progress;
 pub mod report;
 pub mod setup;

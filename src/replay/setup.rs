@@ -301,6 +301,12 @@ fn kv_pages(full: &[(GroupId, u64)], kv_pages: KvPages) -> Result<u32, ReplayErr
         KvPages::Fixed(pages) => pages,
         KvPages::Memory(bytes) => {
             let per_block: u64 = full.iter().map(|&(_, bytes)| bytes).sum();
+            if bytes < per_block {
+                return Err(ReplayError::KvMemoryBelowOneBlock {
+                    memory_bytes: bytes,
+                    block_bytes: per_block,
+                });
+            }
             u32::try_from(bytes / per_block.max(1)).unwrap_or(u32::MAX)
         }
     };

@@ -272,6 +272,26 @@ impl Engine {
         })
     }
 
+    /// Whether a prompt of `prompt_len` tokens fits this instance's empty cache at all.
+    /// The replay checks the workload's largest prompt before it starts, so the advice
+    /// names the page count that fits every request.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::PromptTooLarge`] naming the pages the prompt needs.
+    pub fn check_fits(&self, request: u64, prompt_len: usize) -> Result<(), ReplayError> {
+        if self.cache.fits_empty(prompt_len, 0) {
+            return Ok(());
+        }
+        let quota = self.cache.quota_for(prompt_len, 0);
+        Err(ReplayError::PromptTooLarge {
+            request,
+            prompt_len,
+            pages_needed: quota.into_iter().max().unwrap_or(0),
+            kv_pages: self.cache.num_pages(),
+        })
+    }
+
     /// Hands an arrived request to this instance; its lookup starts when admission first
     /// considers it (as an engine looks up at scheduling time, not at arrival).
     ///
@@ -283,15 +303,7 @@ impl Engine {
         request: ArrivedRequest,
         prompt: Arc<[i64]>,
     ) -> Result<(), ReplayError> {
-        if !self.cache.fits_empty(request.prompt_len, 0) {
-            let quota = self.cache.quota_for(request.prompt_len, 0);
-            return Err(ReplayError::PromptTooLarge {
-                request: request.id.0,
-                prompt_len: request.prompt_len,
-                pages_needed: quota.into_iter().max().unwrap_or(0),
-                kv_pages: self.cache.num_pages(),
-            });
-        }
+        self.check_fits(request.id.0, request.prompt_len)?;
         let reservation = ReservationId(self.next_reservation);
         self.next_reservation += 1;
         self.waiting.push_back(Waiting {

@@ -1,5 +1,7 @@
 //! The four charts of `--report-dir` (see the parent module for what each shows).
 
+use std::fmt::Write as _;
+
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -222,7 +224,8 @@ pub(super) fn draw_ttft(
         sim.ttft_max_s
     );
     if let Some(without) = without {
-        caption += &format!(
+        let _ = write!(
+            caption,
             " (no connector: p50 {:.3} s, p99 {:.3} s)",
             without.ttft_p50_s, without.ttft_p99_s
         );
