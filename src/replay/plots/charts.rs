@@ -38,6 +38,32 @@ fn page_chart<'a, 'b>(
     builder
 }
 
+/// The top of a count axis whose highest value is `highest`: the top third of the chart
+/// stays free for the legend, so it never covers a bar or a mark.
+fn count_axis_top(highest: f64) -> f64 {
+    (highest.max(1.0) * 1.5).ceil()
+}
+
+/// How many labels a count axis ending at `top` gets: one per whole count on a short axis
+/// (so no two ticks round to the same label), at most 11.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a small label count"
+)]
+fn count_labels(top: f64) -> usize {
+    (top.clamp(0.0, 10.0) as usize) + 1
+}
+
+/// Count axes label whole numbers ("2 requests", not "2.0").
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "plotters passes labels by reference"
+)]
+fn whole(value: &f64) -> String {
+    format!("{value:.0}")
+}
+
 /// The legend box every chart draws, at `position`.
 fn draw_legend<'b>(
     chart: &mut ChartContext<'b, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
@@ -174,11 +200,13 @@ pub(super) fn draw_lookups(
         .unwrap_or(0)
         .max(1);
     let mut chart = page_chart(area, &caption)
-        .build_cartesian_2d(time_range(timeline), 0.0..(highest as f64 * 1.4))?;
+        .build_cartesian_2d(time_range(timeline), 0.0..count_axis_top(highest as f64))?;
     chart
         .configure_mesh()
         .x_desc("simulated time (s)")
         .y_desc(format!("lookups per {:.1} s bucket", timeline.bucket_s))
+        .y_labels(count_labels(count_axis_top(highest as f64)))
+        .y_label_formatter(&whole)
         .draw()?;
     for (position, (label, color)) in OUTCOMES.into_iter().enumerate() {
         let bars = timeline.buckets.iter().filter_map(|bucket| {
@@ -240,12 +268,14 @@ pub(super) fn draw_ttft(
     for &ttft in &timeline.ttft_s {
         counts[((ttft / width) as usize).min(TTFT_BINS - 1)] += 1;
     }
-    let highest = counts.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let mut chart = page_chart(area, &caption).build_cartesian_2d(0.0..max, 0.0..highest * 1.1)?;
+    let top = count_axis_top(counts.iter().copied().max().unwrap_or(0) as f64);
+    let mut chart = page_chart(area, &caption).build_cartesian_2d(0.0..max, 0.0..top)?;
     chart
         .configure_mesh()
         .x_desc("time to first token (simulated s)")
         .y_desc("requests")
+        .y_labels(count_labels(top))
+        .y_label_formatter(&whole)
         .draw()?;
     chart.draw_series(counts.iter().enumerate().map(|(bin, &count)| {
         let x0 = bin as f64 * width;
@@ -262,7 +292,7 @@ pub(super) fn draw_ttft(
     for (label, value, color) in marks {
         chart
             .draw_series(LineSeries::new(
-                [(value, 0.0), (value, highest * 1.1)],
+                [(value, 0.0), (value, top)],
                 color.stroke_width(2),
             ))?
             .label(format!("{label} {value:.3} s"))
@@ -282,22 +312,36 @@ struct RatePanel<'a> {
 }
 
 /// Draws one [`RatePanel`].
+#[expect(clippy::cast_precision_loss, reason = "counts of a plot")]
 fn draw_rate_panel(
     area: &DrawingArea<BitMapBackend<'_>, Shift>,
     timeline: &Timeline,
     panel: RatePanel<'_>,
 ) -> DrawResult {
     let highest = panel.rate.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9);
+    let highest_mark = panel.marks.iter().map(|m| m.1).max().unwrap_or(0);
     let mut chart = ChartBuilder::on(area)
         .caption(panel.caption, (FAMILY, 20))
         .margin(10)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(time_range(timeline), 0.0..highest * 1.15)?;
+        .right_y_label_area_size(64)
+        .build_cartesian_2d(time_range(timeline), 0.0..highest * 1.5)?
+        .set_secondary_coord(
+            time_range(timeline),
+            0.0..count_axis_top(highest_mark as f64),
+        );
     chart
         .configure_mesh()
         .x_desc("simulated time (s)")
         .y_desc(panel.y_desc)
+        .draw()?;
+    chart
+        .configure_secondary_axes()
+        .y_desc(format!("{} per bucket", panel.marks_label))
+        .label_style((FAMILY, 14, &RED))
+        .y_labels(count_labels(count_axis_top(highest_mark as f64)))
+        .y_label_formatter(&whole)
         .draw()?;
     let color = panel.color;
     chart
@@ -306,15 +350,27 @@ fn draw_rate_panel(
         .legend(move |(x, y)| {
             Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.mix(0.5).filled())
         });
-    let marks = panel
+    // Each bucket's count as a red stem and dot on the right-hand axis, so a bucket with
+    // 300 drops stands out from one with 1.
+    let marks: Vec<(f64, f64)> = panel
         .marks
         .into_iter()
         .filter(|&(_, count)| count > 0)
-        .map(|(x, _)| TriangleMarker::new((x, 0.0), 7, RED.filled()));
+        .map(|(x, count)| (x, count as f64))
+        .collect();
+    chart.draw_secondary_series(
+        marks
+            .iter()
+            .map(|&(x, count)| PathElement::new(vec![(x, 0.0), (x, count)], RED.stroke_width(2))),
+    )?;
     chart
-        .draw_series(marks)?
+        .draw_secondary_series(
+            marks
+                .iter()
+                .map(|&point| Circle::new(point, 4, RED.filled())),
+        )?
         .label(panel.marks_label)
-        .legend(|(x, y)| TriangleMarker::new((x + 6, y), 6, RED.filled()));
+        .legend(|(x, y)| Circle::new((x + 6, y), 4, RED.filled()));
     draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
@@ -376,4 +432,28 @@ pub(super) fn draw_throughput(
             .collect(),
     };
     draw_rate_panel(&panels[1], timeline, loader)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_axes_leave_the_top_third_to_the_legend_and_label_whole_numbers() {
+        for highest in [0.0, 1.0, 2.0, 7.0, 1790.0] {
+            let top = count_axis_top(highest);
+            assert!(
+                highest <= top * 2.0 / 3.0 + 1e-9,
+                "{highest} reaches the legend under {top}"
+            );
+            assert!(
+                (top - top.round()).abs() < 1e-12,
+                "the axis ends on a whole count"
+            );
+        }
+        assert_eq!(whole(&2.0), "2");
+        assert_eq!(count_labels(2.0), 3, "0, 1, 2");
+        assert_eq!(count_labels(2685.0), 11);
+        assert_eq!(whole(&1790.0), "1790");
+    }
 }
