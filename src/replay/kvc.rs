@@ -46,9 +46,9 @@ pub fn kvc_handle(context: &InstanceContext) -> Result<ConnectorHandle, ReplayEr
 
 impl ReplayConnector for ConnectorHandle {
     fn report(&mut self) -> ConnectorReport {
-        use crate::connector::EngineConnector;
-        self.settle_saves();
-        let stats = self.stats();
+        // The shutdown protocol an engine runs at exit (drain, final stats, "connector
+        // stopped"), so the replay exercises and logs it as a deployment would.
+        let stats = self.close();
         let lookups = &stats.lookups;
         ConnectorReport {
             lookups: LookupOutcomes {
