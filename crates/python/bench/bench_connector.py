@@ -1,0 +1,222 @@
+"""Benchmarks of the Python package (not tests): what the hooks cost the engine's step, and
+how fast loads and saves move pages into and out of torch-allocated KV tensors.
+
+  python crates/python/bench/bench_connector.py [--device cuda|cpu] [--json FILE]
+
+1. Bandwidth: the gpt-oss-120b layout (1.125 MiB pages), KV tensors allocated by torch on
+   the device. Instance A computes one long prompt (pages filled with random bytes on the
+   device) and saves it; instance B, on its own tensors and the same MemoryPool, loads it
+   back and checks every loaded page against A's. Load and save rates are the bytes the
+   connector moved over the wall time from the hook that started them to the hook that saw
+   them finished. The same run measures a raw pinned host <-> device copy of the same bytes
+   with torch, the ceiling the connector's share is given against.
+2. Hook cost: an engine step with 64 waiting requests (each asked `reserve` every step),
+   a few running ones computing chunks (saves), and the polling hooks; the time spent
+   inside the connector's hooks per step, p50 / p99 / max over the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import kv_connector as kvc
+
+LAYOUT = "gpt-oss-120b"
+MIB = 1 << 20
+
+
+def kv_tensors(layout: kvc.Layout, pages: int, device: str) -> list[torch.Tensor]:
+    """One page-major uint8 tensor per group: [pages, page_bytes]."""
+    return [
+        torch.zeros((pages, layout.page_bytes(g["id"])), dtype=torch.uint8, device=device)
+        for g in layout.groups
+    ]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def raw_copy_gbps(nbytes: int, device: str) -> tuple[float, float]:
+    """Pinned host -> device and device -> host copy rates of `nbytes`, best of 5."""
+    if device != "cuda":
+        return float("nan"), float("nan")
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    rates = []
+    for src, dst in ((host, dev), (dev, host)):
+        best = 0.0
+        for _ in range(5):
+            sync(device)
+            start = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            sync(device)
+            best = max(best, nbytes / (time.perf_counter() - start) / 1e9)
+        rates.append(best)
+    return rates[0], rates[1]
+
+
+def bandwidth(device: str, prompt_tokens: int) -> dict:
+    layout = kvc.Layout.preset(LAYOUT)
+    t = layout.tokens_per_block
+    blocks = prompt_tokens // t
+    pages = blocks + 8
+    page_bytes = [layout.page_bytes(g["id"]) for g in layout.groups]
+    stored = sum(blocks * b for b in page_bytes)
+    pool = kvc.MemoryPool(capacity_bytes=3 * stored)
+    config = {
+        "loaders": {"staging_bytes_per_loader": 256 * MIB},
+        "saver": {"staging_bytes": 256 * MIB, "queue_capacity_pages": 4 * pages},
+    }
+    tokens = list(range(1, prompt_tokens + 1))
+    a_kv = kv_tensors(layout, pages, device)
+    b_kv = kv_tensors(layout, pages, device)
+    for tensor in a_kv:
+        tensor.random_(0, 256)
+    sync(device)
+    table = list(range(blocks + 1))
+    result: dict = {"layout": LAYOUT, "prompt_tokens": prompt_tokens, "device": device,
+                    "page_bytes": page_bytes}
+    with kvc.Connector(layout=layout, kv_caches=a_kv, pool=pool, config=config,
+                       model_key="bench") as a:
+        a.lookup(1, tokens)
+        a.flush()
+        while a.reserve(1, 0, 1) is None:
+            a.wait_for_progress(0.01)
+        start = time.perf_counter()
+        a.on_step([kvc.StepRequest(1, prompt_tokens, 0, prompt_tokens, None,
+                                   [table for _ in layout.groups])])
+        a.request_finished(1)
+        a.settle_saves()
+        elapsed = time.perf_counter() - start
+        saved = a.stats()["saves"]["bytes_saved"]
+        result["save_bytes"] = saved
+        result["save_gbps"] = saved / elapsed / 1e9
+    with kvc.Connector(layout=layout, kv_caches=b_kv, pool=pool, config=config,
+                       model_key="bench") as b:
+        b.lookup(2, tokens)
+        b.flush()
+        offer = None
+        while offer is None:
+            offer = b.reserve(2, 0, 7)
+            if offer is None:
+                b.wait_for_progress(0.01)
+        extra, _ = offer
+        start = time.perf_counter()
+        b.on_step([kvc.StepRequest(2, prompt_tokens, 0, 0, 7, [table for _ in layout.groups])])
+        finished = []
+        while not finished:
+            b.wait_for_progress(0.01)
+            finished = b.finished_loads()
+        elapsed = time.perf_counter() - start
+        stats = b.stats()["loads"]
+        result["load_filled"] = finished[0][2]
+        result["offered_tokens"] = extra
+        result["load_bytes"] = stats["bytes_loaded"]
+        result["load_gbps"] = stats["bytes_loaded"] / elapsed / 1e9
+    sync(device)
+    loaded_blocks = extra // t
+    full = [i for i, g in enumerate(layout.groups) if g["kind"] == "full"][0]
+    result["pages_equal"] = bool(torch.equal(a_kv[full][:loaded_blocks], b_kv[full][:loaded_blocks]))
+    h2d, d2h = raw_copy_gbps(result["load_bytes"], device)
+    result["raw_h2d_gbps"], result["raw_d2h_gbps"] = h2d, d2h
+    result["load_share_of_raw"] = result["load_gbps"] / h2d
+    result["save_share_of_raw"] = result["save_gbps"] / d2h
+    return result
+
+
+def hook_cost(device: str, steps: int, waiting: int) -> dict:
+    layout = kvc.Layout.preset(LAYOUT)
+    t = layout.tokens_per_block
+    prompt = 64 * t
+    pages = 4096
+    kv = kv_tensors(layout, pages, device)
+    pool = kvc.MemoryPool(capacity_bytes=64 << 30)
+    config: dict = {}
+    per_step = []
+    free = list(range(pages))
+    with kvc.Connector(layout=layout, kv_caches=kv, pool=pool, config=config,
+                       model_key="hooks") as conn:
+        next_id = 1
+        queue: list[int] = []
+        running: dict[int, tuple[list[int], int]] = {}
+        finishing: dict[int, list[int]] = {}
+        for step in range(steps):
+            arrivals = []
+            while len(queue) < waiting:
+                arrivals.append(next_id)
+                queue.append(next_id)
+                next_id += 1
+            step_ns = 0
+            begin = time.perf_counter_ns()
+            for rid in arrivals:
+                conn.lookup(rid, [rid * 1_000_000 + i for i in range(prompt)])
+            conn.flush()
+            answers = [conn.reserve(rid, 0, rid) for rid in queue]
+            step_ns += time.perf_counter_ns() - begin
+            # Admit up to 4 answered requests a step while pages last.
+            admitted = 0
+            for rid, answer in zip(list(queue), answers):
+                if answer is not None and admitted < 4 and len(free) >= prompt // t + 1:
+                    running[rid] = ([free.pop() for _ in range(prompt // t + 1)], 0)
+                    queue.remove(rid)
+                    admitted += 1
+            scheduled = []
+            for rid, (table, done) in list(running.items()):
+                end = min(prompt, done + 4 * t)
+                scheduled.append(kvc.StepRequest(rid, prompt, done, end, None,
+                                                 [table for _ in layout.groups]))
+                running[rid] = (table, end)
+            begin = time.perf_counter_ns()
+            conn.on_step(scheduled)
+            conn.finished_loads()
+            for rid in [rid for rid, (_, done) in running.items() if done == prompt]:
+                table, _ = running.pop(rid)
+                if conn.request_finished(rid):
+                    finishing[rid] = table
+                else:
+                    free.extend(table)
+            released = conn.finished_saves()
+            step_ns += time.perf_counter_ns() - begin
+            for rid in released:
+                free.extend(finishing.pop(rid, []))
+            per_step.append(step_ns / 1000)
+    per_step.sort()
+    return {
+        "steps": steps,
+        "waiting": waiting,
+        "hook_us_p50": statistics.median(per_step),
+        "hook_us_p99": per_step[int(0.99 * (len(per_step) - 1))],
+        "hook_us_max": per_step[-1],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--prompt-tokens", type=int, default=65536)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    figures = {
+        "features": kvc.FEATURES,
+        "bandwidth": bandwidth(args.device, args.prompt_tokens),
+        "hooks": hook_cost(args.device, args.steps, 64),
+    }
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as out:
+            out.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
