@@ -1,4 +1,4 @@
-//! Integration tests of the configuration tree (STYLE G11, DESIGN section 9, R9).
+//! Integration tests of the configuration tree (STYLE G11, `docs/DESIGN.md` section 9, R9).
 //!
 //! Files are written under cargo's per-target temporary directory; the environment is
 //! always a map, never the process environment.
@@ -212,7 +212,7 @@ fn later_cli_overrides_win() -> TestResult {
     Ok(())
 }
 
-// ---- the legacy TRTLLM aliases of DESIGN section 9 ----
+// ---- the legacy TRTLLM aliases of `docs/DESIGN.md` section 9 ----
 
 #[test]
 fn alias_load_threads() -> TestResult {

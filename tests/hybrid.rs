@@ -1,4 +1,4 @@
-//! Hybrid sliding-window + full-attention layouts end to end (issue 4; DESIGN R12, R13,
+//! Hybrid sliding-window + full-attention layouts end to end (issue 4; R12, R13,
 //! R15, R17, R21).
 //!
 //! Replays with the real connector (`kvc_connector`) on scripted prompts whose sharing is

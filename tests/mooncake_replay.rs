@@ -1,5 +1,5 @@
-//! The replay and the connector on a real Mooncake Store (issue 6; DESIGN sections 10, 11):
-//! nothing is mocked. Every master is started on free loopback ports and stopped by PID
+//! The replay and the connector on a real Mooncake Store (`docs/DESIGN.md` sections 10 and
+//! 11): nothing is mocked. Every master is started on free loopback ports and stopped by PID
 //! (by the replay itself, or by the test's `MooncakeMaster`); clients bind the transfer
 //! engine to 127.0.0.1 (`mooncake.tcp_bind_address`).
 //!

@@ -1,4 +1,4 @@
-//! The replay engine simulator and driver (DESIGN section 11) against the baseline
+//! The replay engine simulator and driver (`docs/DESIGN.md` section 11) against the baseline
 //! `NoConnector` and small scripted connectors that implement the engine hooks themselves:
 //! they offer prefixes they remember, fill reserved pages (with the right bytes, wrong
 //! bytes, or not at all), copy pages like a tiny pool, and hold pages for saves.

@@ -1,5 +1,5 @@
 //! `kv-connector replay`: runs a workload through simulated serving instances sharing one
-//! pool and reports what the connector achieved (DESIGN section 11).
+//! pool and reports what the connector achieved (`docs/DESIGN.md` section 11).
 //!
 //! ## Workflow
 //!

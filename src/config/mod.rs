@@ -1,4 +1,4 @@
-//! The typed configuration tree (DESIGN section 9, STYLE G11).
+//! The typed configuration tree (`docs/DESIGN.md` section 9, STYLE G11).
 //!
 //! One [`Config`] holds every setting, in sections named after the part they steer
 //! (`[pool]`, `[mooncake]`, `[planner]`, `[loaders]`, ...). It is loaded once, at start,
@@ -8,7 +8,7 @@
 //! 1. start from the built-in defaults (the explicit `impl Default`s in `sections.rs`);
 //! 2. merge the TOML file, if one is given (`config/default.toml` documents every key);
 //! 3. apply the environment: `KVC_<SECTION>_<KEY>` for every key, plus the six legacy
-//!    `TRTLLM_MOONCAKE_STORE_*` names of DESIGN section 9;
+//!    `TRTLLM_MOONCAKE_STORE_*` names of `docs/DESIGN.md` section 9;
 //! 4. apply command-line overrides `section.key=value`;
 //! 5. deserialize into [`Config`] and [`Config::validate`] it.
 //!

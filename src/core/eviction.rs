@@ -1,4 +1,5 @@
-//! The pool eviction model: Mooncake Store's master eviction, as pure code (DESIGN section 10).
+//! The pool eviction model: Mooncake Store's master eviction, as pure code
+//! (`docs/DESIGN.md` section 10).
 //!
 //! No locks, no clocks: the caller passes the time (`now_ms`) and the pool's state in, and
 //! gets back which objects to evict, in eviction order. The embedded memory pool

@@ -1,5 +1,5 @@
 //! Device memory and copies: page pools per layer group, staging pools, copy streams and
-//! completion handles (DESIGN sections 2 and 7; STYLE G8, G9). Two backends sit behind
+//! completion handles (`docs/DESIGN.md` sections 2 and 7; STYLE G8, G9). Two backends sit behind
 //! one API: host memory (always built) and CUDA through cudarc (feature `cuda`).
 //!
 //! # The three-layer sandwich

@@ -1,5 +1,5 @@
 //! Page pools: the device's page address space, one pool of equal-sized pages per layer
-//! group (DESIGN section 1, "Page").
+//! group (`docs/DESIGN.md` section 1, "Page").
 //!
 //! Workflow:
 //! 1. The caller describes each group's pool with a [`PagePoolSpec`] (page size from the

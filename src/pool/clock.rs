@@ -1,4 +1,4 @@
-//! Injectable milliseconds clocks for pool leases (DESIGN section 10).
+//! Injectable milliseconds clocks for pool leases (`docs/DESIGN.md` section 10).
 //!
 //! A pool grants a lease of `kv_lease_ttl` on every probe and get, and an object under a
 //! lease is never evicted. Lease expiry compares against a clock the pool is given, so

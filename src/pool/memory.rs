@@ -1,4 +1,4 @@
-//! The embedded in-process memory pool: the default [`Pool`] (DESIGN section 10).
+//! The embedded in-process memory pool: the default [`Pool`] (`docs/DESIGN.md` section 10).
 //!
 //! Objects live in this process's memory as [`SharedSlot`]s of the pool's [`HostArena`],
 //! under a capacity in bytes, and are evicted by Mooncake's model

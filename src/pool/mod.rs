@@ -1,4 +1,4 @@
-//! The pool trait and the embedded in-process memory pool (DESIGN section 10).
+//! The pool trait and the embedded in-process memory pool (`docs/DESIGN.md` section 10).
 //!
 //! A pool is the shared object store the runtime saves KV pages to and loads them from:
 //! Mooncake Store, or [`MemoryPool`], the default, in this process. Both implement [`Pool`],

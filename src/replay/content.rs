@@ -1,5 +1,5 @@
 //! Deterministic KV content: what computing a block writes into its page, so that every
-//! page loaded from the pool can be checked (DESIGN section 11, "KV content is
+//! page loaded from the pool can be checked (`docs/DESIGN.md` section 11, "KV content is
 //! deterministic").
 //!
 //! A page's bytes are a function of (layer group, shard, chain hash) only:

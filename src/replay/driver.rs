@@ -1,5 +1,5 @@
 //! The replay driver: instances sharing one pool, routing, the simulated clock and the
-//! event loop (DESIGN section 11, "Deployment").
+//! event loop (`docs/DESIGN.md` section 11, "Deployment").
 //!
 //! Workflow ([`run_replay`]):
 //! 1. size the deployment and build the pool ([`Deployment`]); per instance open one

@@ -1,4 +1,4 @@
-//! The replay report: one JSON object (`--json`) and a summary table (DESIGN section 11,
+//! The replay report: one JSON object (`--json`) and a summary table (`docs/DESIGN.md` section 11,
 //! "Output").
 //!
 //! Simulated figures (everything under `sim`, TTFT, throughput) come from the cost model;

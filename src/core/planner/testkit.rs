@@ -1,6 +1,6 @@
 //! Test support for the planner: a driver that answers rounds from a presence set, a
 //! brute-force reference of R10-R15 written independently of the planner (in tokens,
-//! straight from DESIGN section 5), and the post-condition checks of `planner.md`.
+//! straight from `docs/DESIGN.md` section 5), and the post-condition checks of `planner.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -136,7 +136,7 @@ pub(super) fn drive(request: LookupRequest, present: &Presence) -> Result<Trace,
     drive_at_most(request, present, usize::MAX)
 }
 
-/// `(c_lo, c_hi)` straight from DESIGN section 5.
+/// `(c_lo, c_hi)` straight from `docs/DESIGN.md` section 5.
 pub(super) fn candidate_range(request: &LookupRequest) -> (usize, usize) {
     let t = request.tokens_per_block;
     let first = request.local_match_tokens / t;

@@ -1,4 +1,4 @@
-//! The Mooncake Store pool backend (DESIGN section 10; cargo feature `mooncake`).
+//! The Mooncake Store pool backend (`docs/DESIGN.md` section 10; cargo feature `mooncake`).
 //!
 //! [`MooncakePool`] implements [`Pool`](crate::pool::Pool) over the Mooncake Store client
 //! of the Python package index wheel `mooncake-transfer-engine-non-cuda`, driven in-process through `pyo3`: an

@@ -1,5 +1,5 @@
 //! The simulated drafter: an EAGLE-style hidden-state drafter that proposes `k` draft
-//! tokens after the prompt's last chunk (DESIGN section 11; R16, R18).
+//! tokens after the prompt's last chunk (`docs/DESIGN.md` section 11; R16, R18).
 //!
 //! What it changes in the engine (the cache side is `kv_cache`'s `draft` module):
 //! 1. the KV cache reserves `k` extra tokens past the prompt end and past every chunk end;

@@ -1,6 +1,6 @@
 //! The engine simulator of one serving instance: a scheduler with prefix-aware admission,
 //! chunked prefill and a paged KV cache, driving one connector through the engine hooks
-//! (DESIGN section 2; the lifecycle is in `crate::connector`'s docs).
+//! (`docs/DESIGN.md` section 2; the lifecycle is in `crate::connector`'s docs).
 //!
 //! Workflow of one request:
 //! 1. [`Engine::enqueue`]: the request arrives; `lookup_prefix` starts its lookup the first

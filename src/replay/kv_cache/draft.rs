@@ -1,5 +1,5 @@
-//! Extra KV tokens for a speculative drafter (DESIGN section 11: "optionally a drafter that
-//! allocates extra KV tokens"; R16, R18).
+//! Extra KV tokens for a speculative drafter (`docs/DESIGN.md` section 11: "optionally a
+//! drafter that allocates extra KV tokens"; R16, R18).
 //!
 //! An EAGLE-style drafter proposes `k` draft tokens after the target's token; the engine
 //! verifies them in the next step, so the KV cache reserves room for `k` tokens past the

@@ -1,5 +1,5 @@
 //! The simulated engine's paged KV cache: one finite page pool per layer group, each
-//! request's page tables, and the optional local prefix cache (DESIGN section 1, "Page";
+//! request's page tables, and the optional local prefix cache (`docs/DESIGN.md` section 1, "Page";
 //! section 11, "a paged KV cache per layer group (window groups drop out-of-window
 //! pages)").
 //!

@@ -1,5 +1,5 @@
 //! The long multi-turn generator (`--generate long-multiturn`): conversations whose prompts
-//! grow from about 100k to 170k tokens over their turns (DESIGN section 11).
+//! grow from about 100k to 170k tokens over their turns (`docs/DESIGN.md` section 11).
 //!
 //! Workflow, per session `s`:
 //! 1. turn 0's prompt is the system prefix (the same tokens in every session) followed by a

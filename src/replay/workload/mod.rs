@@ -1,4 +1,4 @@
-//! Replay workloads: the requests a replay feeds to simulated serving instances (DESIGN
+//! Replay workloads: the requests a replay feeds to simulated serving instances (`docs/DESIGN.md`
 //! section 11).
 //!
 //! A workload is a `Vec<`[`WorkloadRequest`]`>` in arrival order. A request does not hold

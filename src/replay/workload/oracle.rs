@@ -1,5 +1,5 @@
-//! The oracle: what an unbounded prefix pool would reuse (the denominator of DESIGN section
-//! 11's "share of what an unbounded pool could give").
+//! The oracle: what an unbounded prefix pool would reuse (the denominator of the "share of
+//! what an unbounded pool could have given" in `docs/DESIGN.md` section 11).
 //!
 //! Workflow, for each prompt in arrival order:
 //! 1. hash the prompt's full blocks into a chain (R1); a chain hash identifies the whole
