@@ -1,12 +1,12 @@
 //! Statistics: per-actor counters and latency histograms, merged by the stats reporter
-//! (R27, STYLE G12).
+//! (R27).
 //!
 //! Each actor owns its counters and histograms as plain fields (no shared atomics); on a
 //! report tick it hands over its interval counters (swapping its interval histograms out with
 //! `std::mem::take`), and the reporter merges samples with [`Latency::merge`].
 //! Metric names follow `kv_connector_<subsystem>_<what>_{total,seconds,bytes}`.
 //!
-//! # Accounting (issue 8)
+//! # Accounting
 //!
 //! Every save and every load ends counted exactly once, so a snapshot taken when nothing
 //! is in flight (after `settle_saves`, with no load pending) is closed:

@@ -1,4 +1,4 @@
-//! Fault injection (issue 8; feature `faults`): every named fault point, on the connector
+//! Fault injection (feature `faults`): every named fault point, on the connector
 //! and in replays, with the accounting (A1, A2) checked after each.
 //!
 //! What is checked:
@@ -375,7 +375,7 @@ fn a_fault_replay_is_deterministic_for_its_seed() -> TestResult {
     Ok(())
 }
 
-/// Issue 8 part 6, CI slice: the first requests of the shared trace with every fault on.
+/// The soak's CI slice: the first requests of the shared trace with every fault on.
 #[test]
 fn soak_slice_of_the_shared_trace_with_default_faults() -> TestResult {
     let trace = concat!(

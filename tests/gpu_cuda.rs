@@ -2,7 +2,7 @@
 //!
 //! They cover: pages that start zeroed and round-trip byte-identical through pinned
 //! staging (write, gather, scatter to other pages, read back; I1, I5); several streams
-//! driven from several threads at once (I2, G9); an `InFlight` dropped without waiting
+//! driven from several threads at once (I2); an `InFlight` dropped without waiting
 //! (I3); rejected submissions that hand staging back untouched (I4); failed copies and a
 //! poisoned device reported as failed loads and saves (I6, I7, R25); driver errors that
 //! are typed and not sticky; and the connector's own `save_pages` / `load_pages` over a

@@ -9,7 +9,7 @@
 //! honoured (R22); session turns wait for the previous turn; the JSON report has every
 //! field; identical runs give identical reports.
 //!
-//! The local prefix cache (`--local-prefix-cache`, issue 3) is checked here too, without a
+//! The local prefix cache (`--local-prefix-cache`) is checked here too, without a
 //! connector, with the scripted ones and with the real connector (`kvc_connector`): a
 //! repeated prefix on one instance is served locally, the pool's share shrinks by what the
 //! cache served, shared pages pass the page check, and the connector neither loads nor

@@ -2,7 +2,7 @@
 //! pages of a load pool -> staging -> device (R23-R25).
 //!
 //! Each loader runs on its own Arbiter, so the blocking pool get and the wait on the copy
-//! happen on its own thread, never on a shared event loop (STYLE G9). Mailbox:
+//! happen on its own thread, never on a shared event loop. Mailbox:
 //! `loaders.mailbox_capacity`; the reservation manager uses `try_send` and fails the load
 //! when it is full.
 //!

@@ -1,7 +1,7 @@
 //! A rank's saver actor: a bounded priority queue of pages to save (window first, R21;
 //! shedding when full, R22) driven by one batch at a time on tokio's blocking pool.
 //!
-//! The `EnqueueSave` handler only inserts and returns (STYLE G5); I/O runs in
+//! The `EnqueueSave` handler only inserts into the save queue and returns; I/O runs in
 //! `spawn_blocking` with the staging pool and stream moved in and handed back, so control
 //! messages (`SettleSaves`, stats) never wait behind a save. Mailbox:
 //! `saver.mailbox_capacity`; the handle's batches arrive through the courier (`try_send`),

@@ -697,7 +697,7 @@ fn write_report(
     out.flush().map_err(ReplayCliError::Write)
 }
 
-/// `--faults` (issue 8): each instance's connector sees its pool through a
+/// `--faults`: each instance's connector sees its pool through a
 /// `pool::faults::FaultyPool`, all sharing one injector, whose counts go in the report.
 #[cfg(feature = "faults")]
 mod fault_wiring {
@@ -907,7 +907,7 @@ mod tests {
     type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
     /// Without the `faults` feature, `--faults` is refused before anything runs, with the
-    /// feature named (issue 8).
+    /// feature named.
     #[cfg(not(feature = "faults"))]
     #[test]
     fn faults_without_the_feature_name_the_feature() -> TestResult<()> {

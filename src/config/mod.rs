@@ -1,4 +1,4 @@
-//! The typed configuration tree (`docs/DESIGN.md` section 9, STYLE G11).
+//! The typed configuration tree (`docs/DESIGN.md` section 9).
 //!
 //! One [`Config`] holds every setting, in sections named after the part they steer
 //! (`[pool]`, `[mooncake]`, `[planner]`, `[loaders]`, ...). It is loaded once, at start,
@@ -100,7 +100,7 @@ impl ConfigSources {
     /// readable message instead of vanishing.
     #[allow(
         clippy::disallowed_methods,
-        reason = "the one place that reads the process environment (G11); `allow`, not \
+        reason = "the one place that reads the process environment; `allow`, not \
                   `expect`, because clippy.toml does not list `vars_os` yet"
     )]
     pub fn from_process_env() -> Self {

@@ -1,5 +1,5 @@
 //! The reservation ledger: the connector's record of the engine's prefix reservations
-//! (`docs/DESIGN.md` section 2 engine hooks, R23-R26; STYLE G6).
+//! (`docs/DESIGN.md` section 2 engine hooks, R23-R26).
 //!
 //! # Problem
 //!

@@ -1,5 +1,5 @@
 //! The save queue: which planned save goes next, and which one is shed when the queue is
-//! full (R19, R21, R22; STYLE G5).
+//! full (R19, R21, R22).
 //!
 //! # Workflow
 //!
@@ -19,7 +19,7 @@
 //! The queue decides order and shedding only. What to save is the planner's decision
 //! (R16-R20); blocks already present in the pool are skipped by the saver when it pops them
 //! (R19), so the queue does not deduplicate. Items name pages ([`SaveItem`]: request, group,
-//! block, page, hash), never pinned buffers, so a queued save holds no staging memory (G5).
+//! block, page, hash), never pinned buffers, so a queued save holds no staging memory.
 //!
 //! `window_first` (R21, `TRTLLM_MOONCAKE_STORE_WINDOW_FIRST`) is a constructor argument: off,
 //! window pages join the full-attention class and the two are saved first in first out.
@@ -48,7 +48,7 @@ use crate::core::layout::GroupId;
 /// What kind of save an item is. The order between kinds is defined once, by [`SaveKey`].
 ///
 /// `SavePriority` deliberately has no `Ord` of its own, so no second ordering can drift from
-/// the one in `SaveKey` (STYLE G5).
+/// the one in `SaveKey`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SavePriority {
     /// A window group's page at a prompt's last chunk (R17).
@@ -216,7 +216,7 @@ impl PerPriority {
     }
 }
 
-/// Counters the saver reports (STYLE G12), by the priority each item was pushed with.
+/// Counters the saver reports, by the priority each item was pushed with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SaveQueueCounters {
     /// Items pushed, dropped incoming ones included.
@@ -236,7 +236,7 @@ pub struct SaveQueue<T = SaveItem> {
     capacity: NonZeroUsize,
     /// R21: whether window pages get a class ahead of full-attention blocks.
     window_first: bool,
-    /// The next push's sequence number; a plain field, the queue has one owner (G5).
+    /// The next push's sequence number; a plain field, the queue has one owner.
     next_seq: u64,
     entries: BTreeMap<SaveKey, Prioritized<T>>,
     counters: SaveQueueCounters,

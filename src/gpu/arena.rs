@@ -1,5 +1,5 @@
 //! [`HostArena`]: a slab allocator of host memory for pool objects that copy streams can DMA
-//! straight from and into (issue 7, zero-copy loads and saves).
+//! straight from and into (zero-copy loads and saves).
 //!
 //! The embedded pool keeps every object in a [`HostSlot`] from one arena. On the CUDA
 //! backend ([`Device::host_arena`](super::Device::host_arena)) the arena's memory is pinned

@@ -12,7 +12,7 @@
 //! [`GpuError::CudaDriverMissing`], `GpuError::CudaInit`, [`GpuError::CudaNoDevice`]),
 //! each message naming `device.kind = "host"` as the setting that works without a GPU.
 //! With the `cuda` feature, driver failures keep `cudarc::driver::DriverError` as their
-//! `#[source]` (`GpuError::Driver`, `GpuError::CudaCopyFailed`; STYLE G10); no variant
+//! `#[source]` (`GpuError::Driver`, `GpuError::CudaCopyFailed`); no variant
 //! carries a `String` built from another error.
 
 use crate::core::layout::GroupId;

@@ -1,4 +1,4 @@
-//! In-flight copies: the completion handle a loader's own thread waits on (STYLE G9).
+//! In-flight copies: the completion handle a loader's own thread waits on.
 //!
 //! Workflow:
 //! 1. `CopyStream::scatter` / `gather` returns an [`InFlight`] that owns the staging pool.
@@ -101,7 +101,7 @@ impl InFlight {
     /// Blocks until the copy finishes, then returns the staging pool and the outcome.
     ///
     /// Call it on the loader's own completion thread or in `spawn_blocking`, never on a
-    /// shared actix arbiter (STYLE G9). On failure the destination bytes must be treated as
+    /// shared actix arbiter (a wait there would stall other actors). On failure the destination bytes must be treated as
     /// not written (I6): the host backend leaves them unchanged; on CUDA they may be partly
     /// written.
     pub fn wait(self) -> (StagingPool, Result<(), GpuError>) {

@@ -1,6 +1,6 @@
 //! The host-memory backend: device pages in ordinary heap memory, copies as `memcpy`,
-//! completion at once. It is the CPU backend of STYLE G8 (what the style guide calls
-//! `fake.rs`), and what every actor test and the replay simulator run on.
+//! completion at once. It is the CPU backend behind the same API as CUDA, and what every
+//! actor test and the replay simulator run on.
 //!
 //! This is the bottom layer of the sandwich for the host backend; the CUDA backend's bottom
 //! layer is `cuda/driver.rs` (cudarc driver calls) instead. Callers above (`Device`,

@@ -1,5 +1,5 @@
 //! Device memory and copies: page pools per layer group, staging pools, copy streams and
-//! completion handles (`docs/DESIGN.md` sections 2 and 7; STYLE G8, G9). Two backends sit behind
+//! completion handles (`docs/DESIGN.md` sections 2 and 7). Two backends sit behind
 //! one API: host memory (always built) and CUDA through cudarc (feature `cuda`).
 //!
 //! # The three-layer sandwich
@@ -40,7 +40,7 @@
 //!
 //! - [`Device`] is `Clone + Send + Sync` (an `Arc`); clones share the same pages.
 //! - [`StagingPool`] and [`CopyStream`] are not `Clone` and have one owner each: one loader
-//!   or the saver. No `Arc<Mutex<..>>` around them (STYLE G9).
+//!   or the saver. No `Arc<Mutex<..>>` around them.
 //! - Submitting a copy moves the staging pool into the [`InFlight`]; `wait` moves it back,
 //!   and a rejected submission returns it inside [`SubmitError`].
 //!

@@ -1,5 +1,5 @@
 //! Staging pools: CPU-accessible buffers of fixed-size slots between the pool transport and
-//! device pages (R23, R24; STYLE G9).
+//! device pages (R23, R24). Each staging pool has one owner: a loader or the saver.
 //!
 //! Workflow (a load):
 //! 1. A loader gets one pool from `Device::staging_pool` at start and owns it by value.

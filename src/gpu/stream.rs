@@ -1,5 +1,5 @@
 //! Copy streams: the ordered queue on which one loader (or the saver) issues its copies
-//! (STYLE G9: one stream per loader, one for saves, no `Arc<Mutex<..>>` around them).
+//! (one stream per loader, one for saves, no `Arc<Mutex<..>>` around them).
 //!
 //! Workflow (a load; a save is the same with `gather`):
 //! 1. The loader owns a [`CopyStream`] from `Device::stream` and its staging pool.
@@ -14,7 +14,7 @@
 //! with one `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` per planned run, an event is
 //! recorded with blocking sync, and `wait` sleeps on that event.
 //!
-//! Counters count at submission, on the owner's thread, with no atomics (STYLE G12);
+//! Counters count at submission, on the owner's thread, with no atomics;
 //! failures that surface only at `wait` are counted by whoever waits.
 
 use std::fmt;

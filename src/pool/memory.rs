@@ -9,7 +9,7 @@
 //! The arena is ordinary heap memory ([`MemoryPool::new`]) or, for zero-copy transfers on
 //! CUDA, pinned memory ([`MemoryPool::with_arena`] with `device.host_arena()`): a loader
 //! then DMAs a lent object straight to the device, and a saver DMAs pages straight into an
-//! object buffer it commits (issue 7).
+//! object buffer it commits.
 //!
 //! # Workflow of one call
 //!

@@ -25,7 +25,7 @@
 //! `window_fallback`, `window_first`, `save_queue_capacity_pages`, ...}; with `--faults`,
 //! also `faults_injected` {point name: times it fired}.
 //!
-//! Accounting (issue 8, [`ReplayReport::accounting_closed`]): `saves_enqueued =
+//! Accounting ([`ReplayReport::accounting_closed`]): `saves_enqueued =
 //! saves_done + saves_skipped_present + saves_dropped + saves_failed` and `loads_started =
 //! loads_done + loads_failed`, where `loads_*` and `saves_*` come from the connectors and
 //! `loads_failed` from the engines (they agree when every failed load reached its engine).

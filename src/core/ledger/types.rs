@@ -182,7 +182,7 @@ pub enum ReleaseOutcome {
     NotLive,
 }
 
-/// Counters the reservation manager reports (STYLE G12).
+/// Counters the reservation manager reports (plain fields; the actor owns them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LedgerCounters {
     /// Reservations accepted, replacements included.

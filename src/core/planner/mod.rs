@@ -1,5 +1,5 @@
 //! The lookup planner: for one request, which blocks to probe in the pool and then which
-//! prefix to offer (`docs/DESIGN.md` section 5, R10-R15; STYLE G7).
+//! prefix to offer (`docs/DESIGN.md` section 5, R10-R15).
 //!
 //! The planner knows nothing of keys, shards or the pool. It speaks in probe items
 //! `(block index, group)`; the caller (the lookup-planner actor) turns each item into the

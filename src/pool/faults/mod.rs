@@ -1,4 +1,4 @@
-//! Fault injection (issue 8, feature `faults`): a [`Pool`] wrapper with named fault points
+//! Fault injection (feature `faults`): a [`Pool`] wrapper with named fault points
 //! that fire at seeded rates, and the points that actors fire themselves.
 //!
 //! # Workflow

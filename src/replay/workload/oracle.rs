@@ -13,13 +13,12 @@
 //! Window oracle (layouts with a window group, [`Oracle::with_window_rewind`]): window
 //! groups are stored only at prompt ends (R17), so a resume point `e` (a block boundary at
 //! most the full-attention hit) counts only if some earlier prompt sharing the prefix
-//! through `e` ended within `[e, e + R]` (issue 4's definition; its window tail was saved
-//! there). The window-reusable tokens of a prompt are the largest such `e`, whatever lies
+//! through `e` ended within `[e, e + R]` (its window tail was saved there). The window-reusable tokens of a prompt are the largest such `e`, whatever lies
 //! between it and the hit (the planner's walk plus fallback, R12/R13). For every full
 //! block ending within `R` of its prompt's end, the oracle keeps the shortest prompt
 //! that holds it: a later `e` qualifies iff that prompt ended by `e + R` (every prompt
 //! holding the block through `e` ended at or after `e`). `scripts/window-oracle` computes
-//! the same figure from the trace file ("issue" column); the two agree on the shared
+//! the same figure from the trace file ("window" columns); the two agree on the shared
 //! trace.
 //!
 //! Invariants:
