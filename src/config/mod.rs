@@ -2,7 +2,7 @@
 //!
 //! One [`Config`] holds every setting, in sections named after the part they steer
 //! (`[pool]`, `[mooncake]`, `[planner]`, `[loaders]`, ...). It is loaded once, at start,
-//! and then passed down; nothing else in the crate reads the environment (A3).
+//! and then passed down; nothing else in the crate reads the environment.
 //!
 //! Workflow ([`Config::load`]):
 //! 1. start from the built-in defaults (the explicit `impl Default`s in `sections.rs`);

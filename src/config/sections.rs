@@ -219,7 +219,7 @@ impl DeviceKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeviceConfig {
-    /// Chosen explicitly rather than sniffed inside the code that allocates (A3), so the
+    /// Chosen explicitly rather than sniffed inside the code that allocates, so the
     /// choice shows up in the effective configuration.
     pub kind: DeviceKind,
 }

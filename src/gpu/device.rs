@@ -11,7 +11,7 @@
 //!    [`Device::read_page`]; loaders and the saver move pages only through their stream.
 //!
 //! `Device` is a cheap `Clone` (an `Arc`); it is `Send + Sync`. Dispatch is a closed enum
-//! over backends, so CUDA is a variant and a match arm, never a trait object (STYLE A5).
+//! over backends, so CUDA is a variant and a match arm, never a trait object.
 //! On CUDA, every call makes the device's primary context current on the calling thread
 //! first, so callers on any thread need no setup.
 

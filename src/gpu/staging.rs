@@ -85,7 +85,7 @@ impl StagingGeometry {
     }
 }
 
-/// Where the bytes live. A closed enum over backends (STYLE A5).
+/// Where the bytes live. A closed enum over backends, not a trait object.
 enum StagingMemory {
     /// An ordinary heap buffer (host backend).
     Host(Box<[u8]>),
