@@ -1,5 +1,5 @@
 //! Fault injection (feature `faults`): every named fault point, on the connector
-//! and in replays, with the accounting (stats::A1, stats::A2) checked after each.
+//! and in replays, with the accounting (`stats::A1`, `stats::A2`) checked after each.
 //!
 //! What is checked:
 //! - a load fault (pool error, eviction between probe and load, corrupt header or
@@ -99,7 +99,7 @@ fn load_once(
     Ok(filled)
 }
 
-/// Each load fault at rate 1 fails the load (R25) and closes the accounting (stats::A2).
+/// Each load fault at rate 1 fails the load (R25) and closes the accounting (`stats::A2`).
 #[test]
 fn every_load_fault_fails_the_load_and_never_fills_it_r25() -> TestResult {
     let layout = tiny()?;
@@ -174,7 +174,7 @@ fn a_lookup_with_failing_probes_offers_nothing_r10() -> TestResult {
 }
 
 /// A loader that panics restarts in place: with one loader, loads after a panic still
-/// fill (deterministic for the seed), and every load is answered (loader::L1).
+/// fill (deterministic for the seed), and every load is answered (`loader::L1`).
 #[test]
 fn a_loader_that_panics_restarts_and_keeps_loading() -> TestResult {
     let layout = tiny()?;
@@ -209,7 +209,7 @@ fn a_loader_that_panics_restarts_and_keeps_loading() -> TestResult {
 }
 
 /// Saves the test prompt through `spec`; returns the stats after checking that the
-/// request's pages were handed back (R22) and the accounting is closed (stats::A1).
+/// request's pages were handed back (R22) and the accounting is closed (`stats::A1`).
 fn save_with(
     spec: FaultSpec,
     config: Config,
@@ -234,7 +234,7 @@ fn save_with(
     Ok((stats, injector))
 }
 
-/// Each save fault at rate 1 stores nothing, and every page is counted and settled (stats::A1).
+/// Each save fault at rate 1 stores nothing, and every page is counted and settled (`stats::A1`).
 #[test]
 fn every_save_fault_is_counted_and_settled_r22() -> TestResult {
     let save_points = [
@@ -281,7 +281,7 @@ fn saves_survive_probe_errors_and_saver_panics() -> TestResult {
 }
 
 /// The replay invariants under faults: every request completes, no page mismatches, and
-/// stats::A1/A2 hold in the JSON report.
+/// `stats::A1`/A2 hold in the JSON report.
 fn assert_replay_invariants(report: &serde_json::Value, what: &str) -> TestResult {
     assert_eq!(
         field(report, "completed")?,

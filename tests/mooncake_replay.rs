@@ -430,7 +430,7 @@ fn other_model_keys_and_salts_share_nothing_r4() -> TestResult {
 
 /// `Pool::register_staging` over memory that overlaps a region still on record (a
 /// connector that stopped without unregistering) replaces it, where a plain
-/// `register_slice` is refused by Mooncake (mooncake::pool::I4); direct transfers keep working.
+/// `register_slice` is refused by Mooncake (`mooncake::pool::I4`); direct transfers keep working.
 #[test]
 fn staging_registration_replaces_a_stale_overlapping_region() -> TestResult {
     let Some(install) = install() else {

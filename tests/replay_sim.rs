@@ -654,7 +654,7 @@ fn held_pages_are_freed_when_saves_finish_r22() -> TestResult {
     assert_eq!(report.completed, 6);
     assert_eq!(report.held_at_end, 0);
     assert_eq!(report.unexpected_save_reports, 0);
-    // engine::E3: a request's pages stay until its saves are reported, so the next request is
+    // `engine::E3`: a request's pages stay until its saves are reported, so the next request is
     // scheduled only after that; at most one request holds pages at any time.
     let mut holding = 0_i32;
     for event in &log.lock().events {

@@ -518,7 +518,7 @@ fn generator_grows_turns_from_first_to_last_and_shares_prefixes() -> TestResult 
             );
         }
     }
-    // generate::I4: sessions share the system prefix and nothing after it.
+    // `generate::I4`: sessions share the system prefix and nothing after it.
     assert_eq!(common_prefix(&sessions[&0][0], &sessions[&1][0]), 2_000);
     assert_eq!(common_prefix(&sessions[&1][4], &sessions[&2][4]), 2_000);
     Ok(())

@@ -1,5 +1,5 @@
 //! Fuzzes the Mooncake trace reader: any bytes give requests or one typed error naming
-//! the line, never a panic; every request it yields satisfies rules trace::V2-V4.
+//! the line, never a panic; every request it yields satisfies rules `trace::V2`-V4.
 #![no_main]
 
 use std::io::Cursor;

@@ -9,7 +9,7 @@
 //!
 //! # Accounting
 //!
-//! - saver_queue::A1. Every enqueued page ends in exactly one of `saves_done`,
+//! - `saver_queue::A1`. Every enqueued page ends in exactly one of `saves_done`,
 //!   `saves_skipped_present`, `saves_dropped` or `saves_failed`, and is settled to the engine once
 //!   (so its pages can go): `saves_enqueued = done + skipped_present + dropped + failed` once the
 //!   queue is drained and no batch is in flight.
@@ -17,7 +17,7 @@
 //! # Supervision: restart in place
 //!
 //! A panic inside a save batch (a pool client or a copy that panics) is caught in the blocking
-//! task: the batch's pages count as failed and are settled (saver_queue::A1), and the saver goes
+//! task: the batch's pages count as failed and are settled (`saver_queue::A1`), and the saver goes
 //! on. Its staging pool was moved into the batch and is lost, so the saver rebuilds one of the same
 //! shape (host memory, registered with the pool); the copy stream is borrowed by the batch and
 //! survives. A pinned (CUDA) staging pool cannot be rebuilt without the device: that saver then
@@ -179,7 +179,7 @@ impl SaverQueue {
             batch.push(queued);
         }
         if actor_fault_fires(&*self.pool, ActorFault::StagingExhausted) {
-            // The batch's pages fail (counted and settled, saver_queue::A1); the next batch may
+            // The batch's pages fail (counted and settled, `saver_queue::A1`); the next batch may
             // find staging again.
             self.worker = Some(worker);
             self.account(ctx, &batch, &[], &[]);
@@ -208,8 +208,8 @@ impl SaverQueue {
         });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
             let Ok((stream, staging, results, items)) = joined else {
-                // The task itself could not run (runtime shutting down): the stream is
-                // gone with it, so the saver retires (saver_queue::A1 still holds for this batch).
+                // The task itself could not run (runtime shutting down): the stream is gone with
+                // it, so the saver retires (`saver_queue::A1` still holds for this batch).
                 actor.retired = true;
                 actor.account(ctx, &batch, &[], &[]);
                 return actor.kick(ctx);
@@ -224,7 +224,7 @@ impl SaverQueue {
         }));
     }
 
-    /// A retired saver fails every queued page at once (counted and settled, saver_queue::A1).
+    /// A retired saver fails every queued page at once (counted and settled, `saver_queue::A1`).
     fn fail_queued(&mut self, ctx: &mut Context<Self>) {
         let mut failed = Vec::new();
         while let Some(queued) = self.queue.pop() {
@@ -279,8 +279,8 @@ impl SaverQueue {
         })
     }
 
-    /// Counts and settles a batch (saver_queue::A1). `items` and `results` are per queued page (as
-    /// [`aligned_results`] gives them); a page without a result failed.
+    /// Counts and settles a batch (`saver_queue::A1`). `items` and `results` are per queued page
+    /// (as [`aligned_results`] gives them); a page without a result failed.
     fn account(
         &mut self,
         ctx: &mut Context<Self>,

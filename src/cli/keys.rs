@@ -11,7 +11,7 @@
 //! 3. Hash the full blocks from the scope seed of `--salt`, `--lora` and `--media-digest`.
 //! 4. Build one key column per `--group`, in the order given, with the prefix formatted
 //!    exactly as the reference does: namespace and model key are not validated here, so
-//!    the output matches the reference for any input (see keys::I4).
+//!    the output matches the reference for any input (see `keys::I4`).
 //! 5. Print one line per full block, `block<TAB>hash<TAB>key...`, or with `--json` one JSON
 //!    array of `{"block": i, "hash": "<hex>", "keys": [...]}`.
 

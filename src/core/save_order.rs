@@ -26,15 +26,17 @@
 //!
 //! # Invariants
 //!
-//! - **save_order::I1** `len() <= capacity()` after every call.
-//! - **save_order::I2** [`SaveQueue::pop`] returns the queued entry with the smallest [`SaveKey`].
-//! - **save_order::I3** `seq` grows by one with every push, so keys are unique and a class is first
-//!   in first out.
-//! - **save_order::I4** Accounting, per priority: `pushed == popped + dropped + removed + queued`;
-//!   every pushed item leaves exactly once, and every dropped or removed item is handed back.
-//! - **save_order::I5** A push into a full queue drops exactly one entry: the oldest of the lowest
-//!   class, or the incoming item when its class ranks below every queued entry.
-//! - **save_order::I6** With `window_first` off, window and full-attention saves share one class;
+//! - **`save_order::I1`** `len() <= capacity()` after every call.
+//! - **`save_order::I2`** [`SaveQueue::pop`] returns the queued entry with the smallest
+//!   [`SaveKey`].
+//! - **`save_order::I3`** `seq` grows by one with every push, so keys are unique and a class is
+//!   first in first out.
+//! - **`save_order::I4`** Accounting, per priority: `pushed == popped + dropped + removed +
+//!   queued`; every pushed item leaves exactly once, and every dropped or removed item is handed
+//!   back.
+//! - **`save_order::I5`** A push into a full queue drops exactly one entry: the oldest of the
+//!   lowest class, or the incoming item when its class ranks below every queued entry.
+//! - **`save_order::I6`** With `window_first` off, window and full-attention saves share one class;
 //!   the counters still use each item's own priority.
 
 use std::cmp::Ordering;
@@ -78,7 +80,7 @@ impl SavePriority {
 pub struct SaveKey {
     /// The class the queue filed the item under (see [`SaveQueue::class_of`]).
     class: SavePriority,
-    /// Push sequence number, one more for every push (save_order::I3).
+    /// Push sequence number, one more for every push (`save_order::I3`).
     seq: u64,
 }
 
@@ -150,7 +152,7 @@ pub struct SaveItem {
 pub struct Prioritized<T> {
     /// The item.
     pub item: T,
-    /// The priority it was pushed with (not the class it was filed under, save_order::I6).
+    /// The priority it was pushed with (not the class it was filed under, `save_order::I6`).
     pub priority: SavePriority,
 }
 
@@ -230,7 +232,7 @@ pub struct SaveQueueCounters {
 }
 
 /// A bounded priority queue of planned saves; see the module doc for the order, the
-/// shedding rule and the invariants save_order::I1-I6.
+/// shedding rule and the invariants `save_order::I1`-I6.
 #[derive(Debug)]
 pub struct SaveQueue<T = SaveItem> {
     capacity: NonZeroUsize,
@@ -245,7 +247,7 @@ pub struct SaveQueue<T = SaveItem> {
 impl<T> SaveQueue<T> {
     /// An empty queue holding at most `capacity` items. With `window_first` (R21, on by
     /// default in the configuration) window pages form their own class ahead of
-    /// full-attention blocks; off, the two share one class (save_order::I6).
+    /// full-attention blocks; off, the two share one class (`save_order::I6`).
     pub fn new(capacity: NonZeroUsize, window_first: bool) -> Self {
         Self {
             capacity,
@@ -257,7 +259,7 @@ impl<T> SaveQueue<T> {
     }
 
     /// The class an item of `priority` is filed under: itself, except window pages with
-    /// `window_first` off, which join the full-attention class (save_order::I6).
+    /// `window_first` off, which join the full-attention class (`save_order::I6`).
     pub fn class_of(&self, priority: SavePriority) -> SavePriority {
         match priority {
             SavePriority::Window if !self.window_first => SavePriority::Full,
@@ -266,7 +268,7 @@ impl<T> SaveQueue<T> {
     }
 
     /// Queues `item`. Never blocks (R22): when the queue is full, exactly one entry is dropped and
-    /// handed back (save_order::I5): the oldest entry of the lowest class queued, or the incoming
+    /// handed back (`save_order::I5`): the oldest entry of the lowest class queued, or the incoming
     /// item itself if its class ranks below every queued entry. An incoming item of the same class
     /// as the lowest queued one is newer, so the older queued entry goes.
     pub fn push(&mut self, item: T, priority: SavePriority) -> PushOutcome<T> {
@@ -305,7 +307,7 @@ impl<T> SaveQueue<T> {
         }
     }
 
-    /// Takes the next save: the entry with the smallest [`SaveKey`] (save_order::I2).
+    /// Takes the next save: the entry with the smallest [`SaveKey`] (`save_order::I2`).
     pub fn pop(&mut self) -> Option<T> {
         let (_, next) = self.entries.pop_first()?;
         self.counters.popped.add_one(next.priority);
@@ -346,7 +348,7 @@ impl<T> SaveQueue<T> {
         self.entries.is_empty()
     }
 
-    /// The most items the queue holds (save_order::I1).
+    /// The most items the queue holds (`save_order::I1`).
     pub fn capacity(&self) -> usize {
         self.capacity.get()
     }
@@ -655,8 +657,8 @@ mod tests {
     }
 }
 
-/// Property tests of the order (save_order::I2, save_order::I3) and of shedding and accounting
-/// against a naive model (save_order::I1, save_order::I4, save_order::I5), with fixed seeds.
+/// Property tests of the order (`save_order::I2`, `save_order::I3`) and of shedding and accounting
+/// against a naive model (`save_order::I1`, `save_order::I4`, `save_order::I5`), with fixed seeds.
 #[cfg(test)]
 mod proptests {
     use std::collections::BTreeSet;
@@ -709,7 +711,7 @@ mod proptests {
             .map(|(index, _)| index)
     }
 
-    /// What the model says a push into a full queue must drop (save_order::I5).
+    /// What the model says a push into a full queue must drop (`save_order::I5`).
     fn expected_shed(model: &mut Vec<ModelEntry>, incoming: ModelEntry) -> PushOutcome<u64> {
         let lowest = model.iter().map(|entry| entry.1).max().unwrap_or(0);
         if incoming.1 > lowest {
@@ -723,7 +725,7 @@ mod proptests {
         })
     }
 
-    /// Items that left the queue, to check each leaves exactly once (save_order::I4).
+    /// Items that left the queue, to check each leaves exactly once (`save_order::I4`).
     #[derive(Default)]
     struct Left {
         ids: BTreeSet<u64>,

@@ -9,9 +9,9 @@
 //!    is resolved and bounds-checked through [`PageGeometry::locate`] before a byte moves.
 //!
 //! Invariants:
-//! - pages::P1. Every group has at most one pool.
-//! - pages::P2. `page_bytes >= 1` and `num_pages >= 1` for every pool.
-//! - pages::P3. `page_bytes * num_pages` fits in `usize` for every pool, so byte offsets computed
+//! - `pages::P1`. Every group has at most one pool.
+//! - `pages::P2`. `page_bytes >= 1` and `num_pages >= 1` for every pool.
+//! - `pages::P3`. `page_bytes * num_pages` fits in `usize` for every pool, so byte offsets computed
 //!   from a checked page index never overflow.
 
 use crate::core::layout::GroupId;
@@ -45,7 +45,7 @@ impl PagePoolSpec {
     }
 }
 
-/// The validated set of page pools of one device (pages::P1..P3).
+/// The validated set of page pools of one device (`pages::P1`..P3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PageGeometry {
     /// Sorted by group, so lookups are a binary search and the order is stable.
@@ -56,8 +56,8 @@ impl PageGeometry {
     /// Validates `specs` and sorts them by group.
     ///
     /// # Errors
-    /// [`GpuError::NoPagePools`] for an empty list, [`GpuError::DuplicateGroup`] (pages::P1),
-    /// [`GpuError::EmptyPagePool`] (pages::P2), [`GpuError::SizeOverflow`] (pages::P3).
+    /// [`GpuError::NoPagePools`] for an empty list, [`GpuError::DuplicateGroup`] (`pages::P1`),
+    /// [`GpuError::EmptyPagePool`] (`pages::P2`), [`GpuError::SizeOverflow`] (`pages::P3`).
     pub fn new(specs: &[PagePoolSpec]) -> Result<Self, GpuError> {
         if specs.is_empty() {
             return Err(GpuError::NoPagePools);

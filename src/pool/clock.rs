@@ -10,8 +10,8 @@
 //!   `Arc<ManualClock>` while the pool holds the same clock as `Arc<dyn PoolClock>`.
 //!
 //! Invariants:
-//! - clock::I1. [`SystemClock::now_ms`] never decreases.
-//! - clock::I2. [`ManualClock::now_ms`] returns exactly the last value set or advanced to.
+//! - `clock::I1`. [`SystemClock::now_ms`] never decreases.
+//! - `clock::I2`. [`ManualClock::now_ms`] returns exactly the last value set or advanced to.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -27,7 +27,7 @@ pub trait PoolClock: Send + Sync {
 /// Monotonic wall time in milliseconds since this clock was created.
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
-    /// The origin; `Instant` is monotonic, which gives clock::I1.
+    /// The origin; `Instant` is monotonic, which gives `clock::I1`.
     started: Instant,
 }
 

@@ -32,7 +32,7 @@
 //!
 //! # Why one lock and not shards
 //!
-//! Eviction needs a global least-recently-used order and a global byte count (pool::memory::I1).
+//! Eviction needs a global least-recently-used order and a global byte count (`pool::memory::I1`).
 //! Shards would need either a pass that locks every shard, or per-shard capacities that evict from
 //! a full shard while others have room. With copies outside the lock, the few threads that use a
 //! pool (two or more loaders, a saver, the planner) spend little time inside it, so one
@@ -42,18 +42,18 @@
 //!
 //! Whenever the lock is free:
 //!
-//! - pool::memory::I1. `used_bytes` is the sum of stored payload sizes and is at most
+//! - `pool::memory::I1`. `used_bytes` is the sum of stored payload sizes and is at most
 //!   `capacity_bytes`.
-//! - pool::memory::I2. The key map and the LRU index hold the same objects; an object's tick is its
-//!   key in the index, and ticks grow with every access, so the index is least recently accessed
-//!   first.
-//! - pool::memory::I3. A stored payload never changes (objects are immutable; a put of a present
+//! - `pool::memory::I2`. The key map and the LRU index hold the same objects; an object's tick is
+//!   its key in the index, and ticks grow with every access, so the index is least recently
+//!   accessed first.
+//! - `pool::memory::I3`. A stored payload never changes (objects are immutable; a put of a present
 //!   key is refused).
-//! - pool::memory::I4. Counters: `objects == puts - evicted_objects` and
+//! - `pool::memory::I4`. Counters: `objects == puts - evicted_objects` and
 //!   `used_bytes == bytes_written - evicted_bytes`.
-//! - pool::memory::I5. A get or a put copies the payload exactly once, outside the lock; a lend or
-//!   a commit copies nothing.
-//! - pool::memory::I6. A stored payload's last handle is never dropped under the lock (evicted
+//! - `pool::memory::I5`. A get or a put copies the payload exactly once, outside the lock; a lend
+//!   or a commit copies nothing.
+//! - `pool::memory::I6`. A stored payload's last handle is never dropped under the lock (evicted
 //!   payloads and refused commits are dropped after unlocking), so the arena's lock is never taken
 //!   inside the pool's.
 
@@ -81,14 +81,14 @@ pub struct MemoryPool {
 
 /// The pool's objects, LRU index and counters.
 struct PoolState {
-    /// Key to payload and current tick (pool::memory::I2).
+    /// Key to payload and current tick (`pool::memory::I2`).
     objects: HashMap<Arc<str>, StoredObject, Xxh3DefaultBuilder>,
-    /// Tick to object, least recently accessed first (pool::memory::I2). Holds what eviction reads,
-    /// so a pass walks this index alone.
+    /// Tick to object, least recently accessed first (`pool::memory::I2`). Holds what eviction
+    /// reads, so a pass walks this index alone.
     lru: BTreeMap<u64, LruSlot>,
     /// The next access stamp; strictly increasing, so ticks never tie.
     next_tick: u64,
-    /// Sum of stored payload sizes (pool::memory::I1).
+    /// Sum of stored payload sizes (`pool::memory::I1`).
     used_bytes: u64,
     /// Running counters; `used_bytes`, `capacity_bytes` and `objects` are filled in by
     /// [`MemoryPool::counters`].
@@ -97,7 +97,7 @@ struct PoolState {
 
 /// One stored object as the key map sees it.
 struct StoredObject {
-    /// The payload; cloned (not copied) under the lock by readers and lenders (pool::memory::I5).
+    /// The payload; cloned (not copied) under the lock by readers and lenders (`pool::memory::I5`).
     value: SharedSlot,
     /// Its key in the LRU index.
     tick: u64,
@@ -184,7 +184,7 @@ impl MemoryPool {
         })
     }
 
-    /// Stores one object; the payload is copied here, before the lock (pool::memory::I5).
+    /// Stores one object; the payload is copied here, before the lock (`pool::memory::I5`).
     fn put_one(&self, key: &str, value: &[u8]) -> Result<(), PoolError> {
         let mut slot = self.object_slot(value.len())?;
         slot.copy_from_slice(value);
@@ -200,7 +200,7 @@ impl MemoryPool {
             .state
             .lock()
             .store(&self.policy, key, value, now_ms, &mut released);
-        // The lock is released: free the evicted or refused payloads now (pool::memory::I6).
+        // The lock is released: free the evicted or refused payloads now (`pool::memory::I6`).
         drop(released);
         result
     }
@@ -217,7 +217,8 @@ impl MemoryPool {
         Ok(value)
     }
 
-    /// Reads one object into `buffer`; the copy runs after the lock is released (pool::memory::I5).
+    /// Reads one object into `buffer`; the copy runs after the lock is released
+    /// (`pool::memory::I5`).
     fn get_one(&self, key: &str, buffer: &mut [u8], lease_until: u64) -> Result<usize, PoolError> {
         let value = {
             let mut state = self.state.lock();
@@ -296,7 +297,8 @@ impl PoolState {
     }
 
     /// Evicts what the policy says and inserts the object; evicted payloads, and the value itself
-    /// when refused, go to `released` so the caller frees them after unlocking (pool::memory::I6).
+    /// when refused, go to `released` so the caller frees them after unlocking
+    /// (`pool::memory::I6`).
     fn store(
         &mut self,
         policy: &EvictionPolicy,
@@ -308,7 +310,7 @@ impl PoolState {
         if self.objects.contains_key(&*key) {
             self.counters.put_existing += 1;
             released.push(value);
-            return Err(PoolError::AlreadyExists); // pool::memory::I3
+            return Err(PoolError::AlreadyExists); // `pool::memory::I3`
         }
         let size_bytes = byte_len(value.len());
         let oldest_first = self.lru.iter().map(|(&tick, slot)| EvictionEntry {
@@ -770,8 +772,8 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(0x006d_656d), ..ProptestConfig::default() })]
 
-        /// The pool holds exactly what the naive model holds after every op (pool::memory::I1,
-        /// pool::memory::I2, pool::memory::I4).
+        /// The pool holds exactly what the naive model holds after every op (`pool::memory::I1`,
+        /// `pool::memory::I2`, `pool::memory::I4`).
         #[test]
         fn pool_matches_the_reference_model(ops in prop::collection::vec(arb_op(), 1..80)) {
             let (pool, clock) = pool(200).map_err(|e| TestCaseError::fail(e.to_string()))?;

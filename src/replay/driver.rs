@@ -37,9 +37,9 @@
 //! go into the bucket of the simulated time they happened at.
 //!
 //! Invariants:
-//! - replay::driver::D1. The simulated clock never moves backwards, and never jumps while an idle
+//! - `replay::driver::D1`. The simulated clock never moves backwards, and never jumps while an idle
 //!   instance waits on its connector.
-//! - replay::driver::D2. For a deterministic connector, the same workload and parameters give the
+//! - `replay::driver::D2`. For a deterministic connector, the same workload and parameters give the
 //!   same report (but `wall_seconds` and `connector_step_us`).
 
 use std::cmp::Reverse;
@@ -396,7 +396,7 @@ impl<'w> Driver<'w> {
                     continue;
                 }
             }
-            // Only connectors can move things on (replay::driver::D1): wait in real time.
+            // Only connectors can move things on (`replay::driver::D1`): wait in real time.
             let since = *stalled_since.get_or_insert_with(Instant::now);
             let waiting_on = if blocked.is_empty() {
                 (0..self.engines.len()).collect()

@@ -17,7 +17,8 @@ use crate::core::ledger::{
 const T: u64 = 4;
 const FULL: GroupId = GroupId(0);
 const WINDOW: GroupId = GroupId(1);
-/// Budgets smaller than the page-index space, so both ledger::I1 and ledger::I2 refusals happen.
+/// Budgets smaller than the page-index space, so both `ledger::I1` and `ledger::I2` refusals
+/// happen.
 const BUDGETS: [(GroupId, usize); 2] = [(FULL, 10), (WINDOW, 5)];
 
 #[derive(Clone, Debug)]

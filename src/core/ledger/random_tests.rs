@@ -48,7 +48,7 @@ fn random_pages(rng: &mut SplitMix64, first_block: u64, blocks: u64) -> Vec<Rese
     pages
 }
 
-/// ledger::I1 and ledger::I2 from the public views only.
+/// `ledger::I1` and `ledger::I2` from the public views only.
 fn check_public_views(ledger: &Ledger) {
     let mut seen = std::collections::HashSet::new();
     let mut in_use = std::collections::BTreeMap::new();
@@ -101,7 +101,7 @@ fn step(ledger: &mut Ledger, rng: &mut SplitMix64, tickets: &mut Vec<LoadTicket>
             let start = first_block * 4 + rng.below(4);
             let tokens = start..(first_block + blocks) * 4;
             let id = ReservationId(rng.below(IDS));
-            // Refusals are expected; ledger::I8 says they change nothing, checked below.
+            // Refusals are expected; `ledger::I8` says they change nothing, checked below.
             let _ = ledger.reserve(RequestId(rng.below(6)), id, pages, tokens);
         }
         2 | 3 => {

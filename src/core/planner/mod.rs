@@ -31,7 +31,7 @@
 //! Window blocks are probed even below the local match (a complete window is a fact
 //! about the pool, and window pages are saved only at prompt ends, R17) but never loaded
 //! there (R15: the engine holds them). `src/core/planner.md` lists the decisions the
-//! rules leave open, the lease trade-off of the rounds, and the properties (planner::P1..P12) the
+//! rules leave open, the lease trade-off of the rounds, and the properties (`planner::P1`..P12) the
 //! planner keeps; tests cite them by number.
 //!
 //! ## Vocabulary used in this module

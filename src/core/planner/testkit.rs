@@ -250,7 +250,7 @@ pub(super) fn reference_loads(request: &LookupRequest, e: usize) -> Vec<GroupLoa
         .collect()
 }
 
-/// Checks planner::P1-P8 and planner::P12 of `planner.md` for one finished trace of `request`
+/// Checks `planner::P1`-P8 and `planner::P12` of `planner.md` for one finished trace of `request`
 /// against `present`. Returns a description of the first violation.
 pub(super) fn check_post_conditions(
     request: &LookupRequest,
@@ -260,7 +260,7 @@ pub(super) fn check_post_conditions(
     let plan = &trace.plan;
     let t = request.tokens_per_block;
     let (first, end) = candidate_range(request);
-    // planner::P1: only blocks seen present are loaded.
+    // `planner::P1`: only blocks seen present are loaded.
     let seen = trace.seen_present();
     for load in &plan.loads {
         for &block in &load.blocks {
@@ -272,7 +272,7 @@ pub(super) fn check_post_conditions(
             }
         }
     }
-    // planner::P2, planner::P3: resume point.
+    // `planner::P2`, `planner::P3`: resume point.
     let e = plan.resume_tokens;
     let offers = plan.outcome.offers();
     if offers && (e > end * t || e >= request.prompt_tokens) {
@@ -291,7 +291,7 @@ pub(super) fn check_post_conditions(
     if plan.offered_tokens != e - request.local_match_tokens {
         return Err("planner::P3: offered tokens differ from e - L".into());
     }
-    // planner::P4: R10-R13.
+    // `planner::P4`: R10-R13.
     let (outcome, expected_e, hit_tokens) = reference(request, present);
     if (plan.outcome, e, plan.full_hit_tokens) != (outcome, expected_e, hit_tokens) {
         return Err(format!(
@@ -300,14 +300,14 @@ pub(super) fn check_post_conditions(
             plan.outcome, plan.full_hit_tokens
         ));
     }
-    // planner::P5: R15.
+    // `planner::P5`: R15.
     if offers && plan.loads != reference_loads(request, e) {
         return Err(format!("planner::P5: loads {:?}", plan.loads));
     }
     check_probing(request, trace, first, end)
 }
 
-/// planner::P6-P8 and the counters: what was probed, in how many rounds and chunks.
+/// `planner::P6`-P8 and the counters: what was probed, in how many rounds and chunks.
 fn check_probing(
     request: &LookupRequest,
     trace: &Trace,
@@ -369,7 +369,7 @@ fn check_probing(
     if !in_order {
         return Err(format!("planner::P7: round kinds {kinds:?}"));
     }
-    // planner::P8: chunks, and full fallback rounds but the last.
+    // `planner::P8`: chunks, and full fallback rounds but the last.
     let fallback: Vec<&ProbeRound> = trace
         .rounds
         .iter()
@@ -394,7 +394,7 @@ fn check_probing(
     check_no_needless_probe(request, trace, first, end)
 }
 
-/// planner::P12: the initial round probes only full candidates and the windows of the walk from
+/// `planner::P12`: the initial round probes only full candidates and the windows of the walk from
 /// the candidate end; every later item belongs to the window of a resume point that,
 /// given the answers so far, could still win: in the walk range for a walk round, below
 /// it for a fallback round, not ruled out by an absent item, not yet known complete,
@@ -432,7 +432,7 @@ fn check_no_needless_probe(
     Ok(())
 }
 
-/// The candidate range and final `H` of one lookup, for planner::P12.
+/// The candidate range and final `H` of one lookup, for `planner::P12`.
 struct Scan<'a> {
     request: &'a LookupRequest,
     first: usize,

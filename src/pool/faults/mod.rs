@@ -24,12 +24,12 @@
 //!
 //! # Invariants
 //!
-//! - faults::F1. Every faulted answer is one the real backends can give (an error per key, a
+//! - `faults::F1`. Every faulted answer is one the real backends can give (an error per key, a
 //!   missing object, bytes that fail verification, a late answer), never a shorter
 //!   vector: the [`Pool`] contract still holds.
-//! - faults::F2. A faulted put stores nothing; a faulted get leaves no verified object in its
+//! - `faults::F2`. A faulted put stores nothing; a faulted get leaves no verified object in its
 //!   buffer (R5 makes the corrupt ones a miss).
-//! - faults::F3. A rate of 0 never fires and never changes an answer; a spec with no point set
+//! - `faults::F3`. A rate of 0 never fires and never changes an answer; a spec with no point set
 //!   wraps a pool without any change in behaviour.
 
 use std::collections::{BTreeMap, HashMap};
@@ -233,7 +233,7 @@ impl Pool for FaultyPool {
         {
             return PoolError::Unavailable.for_every_key(keys.len());
         }
-        // faults::F2: a faulted key is not passed on, so nothing is stored under it.
+        // `faults::F2`: a faulted key is not passed on, so nothing is stored under it.
         let faulted: Vec<bool> = keys
             .iter()
             .zip(&attempts)

@@ -30,11 +30,12 @@
 //!
 //! # Invariants
 //!
-//! - mooncake::I1. Lock then GIL: no thread waits on a Rust lock while holding the GIL
+//! - `mooncake::I1`. Lock then GIL: no thread waits on a Rust lock while holding the GIL
 //!   (`client.rs`).
-//! - mooncake::I2. At most `max_keys_per_call` keys per put or get call (`pool.rs`).
-//! - mooncake::I3. One result per key in key order, even when a call raises or the master is gone.
-//! - mooncake::I4. No `unsafe`: pointers cross to Python as integers and Rust never dereferences
+//! - `mooncake::I2`. At most `max_keys_per_call` keys per put or get call (`pool.rs`).
+//! - `mooncake::I3`. One result per key in key order, even when a call raises or the master is
+//!   gone.
+//! - `mooncake::I4`. No `unsafe`: pointers cross to Python as integers and Rust never dereferences
 //!   them.
 //!
 //! # Failure behaviour

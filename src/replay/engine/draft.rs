@@ -20,12 +20,12 @@
 //! tokens.
 //!
 //! Invariants:
-//! - engine::draft::F1. The drafter never writes a page of a full prompt block: drafts start at
+//! - `engine::draft::F1`. The drafter never writes a page of a full prompt block: drafts start at
 //!   `P`, and a full block ends at or before `P`.
-//! - engine::draft::F2. Rewinding never gives back a page holding a prompt token
-//!   (kv_cache::draft::X1).
-//! - engine::draft::F3. The same request id gives the same accepted count in every run
-//!   (engine::E4).
+//! - `engine::draft::F2`. Rewinding never gives back a page holding a prompt token
+//!   (`kv_cache::draft::X1`).
+//! - `engine::draft::F3`. The same request id gives the same accepted count in every run
+//!   (`engine::E4`).
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -45,7 +45,7 @@ pub struct DrafterSetup {
 }
 
 impl DrafterSetup {
-    /// Draft tokens the target accepts for `request` (engine::draft::F3): the leading run of
+    /// Draft tokens the target accepts for `request` (`engine::draft::F3`): the leading run of
     /// accepted positions, each accepted when its draw falls below `acceptance`.
     pub fn accepted(&self, request: RequestId) -> usize {
         (0..self.draft_tokens)
@@ -66,7 +66,8 @@ impl DrafterSetup {
     }
 }
 
-/// A draw in `[0, 1)` for (request, draft position), the same on every machine (engine::draft::F3).
+/// A draw in `[0, 1)` for (request, draft position), the same on every machine
+/// (`engine::draft::F3`).
 #[expect(
     clippy::cast_precision_loss,
     reason = "53 bits of the hash, exactly representable in an f64"
@@ -115,7 +116,7 @@ impl Engine {
     }
 
     /// Workflow 3 for `active[index]`, whose prompt is done: verify its drafts and rewind
-    /// the pages of rejected ones (engine::draft::F2).
+    /// the pages of rejected ones (`engine::draft::F2`).
     pub(super) fn verify_drafts(&mut self, index: usize) {
         let Some(drafter) = self.drafter else {
             return;

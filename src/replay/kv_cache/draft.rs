@@ -14,11 +14,11 @@
 //!    pages that hold only rejected tokens.
 //!
 //! Invariants:
-//! - kv_cache::draft::X1. A rewind never gives back a page of a block holding a prompt token: only
-//!   blocks at or past `ceil(kept / T)` with `kept >= P` (so a rejected draft never rewinds a page
-//!   the connector may address, R18).
-//! - kv_cache::draft::X2. The extra pages stay within the request's quota (kv_cache::K2 holds with
-//!   a drafter).
+//! - `kv_cache::draft::X1`. A rewind never gives back a page of a block holding a prompt token:
+//!   only blocks at or past `ceil(kept / T)` with `kept >= P` (so a rejected draft never rewinds a
+//!   page the connector may address, R18).
+//! - `kv_cache::draft::X2`. The extra pages stay within the request's quota (`kv_cache::K2` holds
+//!   with a drafter).
 
 use std::ops::Range;
 
@@ -56,7 +56,7 @@ impl KvCache {
     ///
     /// # Errors
     ///
-    /// [`KvCacheError::QuotaExceeded`] (kv_cache::draft::X2; a simulator bug).
+    /// [`KvCacheError::QuotaExceeded`] (`kv_cache::draft::X2`; a simulator bug).
     pub fn ensure_past_chunk_end(
         &mut self,
         pages: &mut RequestPages,
@@ -75,7 +75,7 @@ impl KvCache {
 
     /// Gives back every page of blocks that hold no token below `kept` (the prompt plus the
     /// accepted draft tokens, `kept >= P`); returns how many pages were given back
-    /// (kv_cache::draft::X1).
+    /// (`kv_cache::draft::X1`).
     pub fn rewind(&mut self, pages: &mut RequestPages, kept: usize) -> u64 {
         let first_rewound = blocks_for(kept, self.tokens_per_block);
         let mut rewound = 0;

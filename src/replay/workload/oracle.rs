@@ -22,13 +22,13 @@
 //! trace.
 //!
 //! Invariants:
-//! - oracle::O1. Prefix semantics: block `i` counts only if blocks `0..i` all count; the first
+//! - `oracle::O1`. Prefix semantics: block `i` counts only if blocks `0..i` all count; the first
 //!   unseen hash ends the reusable prefix, whatever follows it.
-//! - oracle::O2. The engine always computes the last prompt token, so at most
+//! - `oracle::O2`. The engine always computes the last prompt token, so at most
 //!   `floor((prompt_len - 1) / T)` blocks are reusable; a prompt of 0 tokens reuses 0.
-//! - oracle::O3. Reusable tokens are a whole number of blocks, never more than `prompt_len - 1`.
-//! - oracle::O4. The pool never forgets: a hash observed once stays reusable.
-//! - oracle::O5. Window-reusable tokens never exceed reusable tokens, and equal them when the
+//! - `oracle::O3`. Reusable tokens are a whole number of blocks, never more than `prompt_len - 1`.
+//! - `oracle::O4`. The pool never forgets: a hash observed once stays reusable.
+//! - `oracle::O5`. Window-reusable tokens never exceed reusable tokens, and equal them when the
 //!   layout has no window group.
 
 use std::collections::{HashMap, HashSet};
@@ -38,7 +38,7 @@ use crate::core::hash::BlockHash;
 /// An unbounded prefix pool, keeping only the hashes it has seen.
 #[derive(Clone, Debug, Default)]
 pub struct Oracle {
-    /// Every chain hash observed so far (oracle::O4); 16 bytes each, ~4 M blocks for the shared
+    /// Every chain hash observed so far (`oracle::O4`); 16 bytes each, ~4 M blocks for the shared
     /// trace at `T = 16`.
     seen: HashSet<BlockHash>,
     /// Running totals of [`Oracle::admit`].
@@ -60,7 +60,7 @@ pub struct OracleTotals {
     /// Sum of their reusable tokens.
     pub reusable_tokens: u64,
     /// Sum of their window-reusable tokens (module docs); `reusable_tokens` for a
-    /// full-attention layout (oracle::O5).
+    /// full-attention layout (`oracle::O5`).
     pub window_reusable_tokens: u64,
 }
 
@@ -104,7 +104,7 @@ impl Oracle {
     /// Tokens of a prompt an unbounded pool holding window groups only at prompt ends
     /// would reuse: the largest block boundary `e <= reusable` (the prompt's
     /// [`Self::reusable_tokens`]) that an earlier prompt sharing the prefix through `e`
-    /// ended within `[e, e + R]` of. Equals `reusable` without a window group (oracle::O5).
+    /// ended within `[e, e + R]` of. Equals `reusable` without a window group (`oracle::O5`).
     pub fn window_reusable_tokens(
         &self,
         hashes: &[BlockHash],
@@ -142,7 +142,7 @@ impl Oracle {
         }
     }
 
-    /// Tokens of a prompt an unbounded pool would reuse (oracle::O1..O3). `hashes` are the chain
+    /// Tokens of a prompt an unbounded pool would reuse (`oracle::O1`..O3). `hashes` are the chain
     /// hashes of the prompt's full blocks of `tokens_per_block` tokens, in order; extra
     /// hashes beyond the cap are ignored. A `tokens_per_block` of 0 reuses nothing.
     pub fn reusable_tokens(
@@ -162,7 +162,7 @@ impl Oracle {
         blocks * tokens_per_block
     }
 
-    /// Remembers every hash of a prompt (oracle::O4).
+    /// Remembers every hash of a prompt (`oracle::O4`).
     pub fn observe(&mut self, hashes: &[BlockHash]) {
         self.seen.extend(hashes.iter().copied());
     }
@@ -313,7 +313,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(0x0_0ac1e), ..ProptestConfig::default() })]
 
-        /// oracle::O1..O3 against a naive model: count leading seen hashes up to the cap.
+        /// `oracle::O1`..O3 against a naive model: count leading seen hashes up to the cap.
         #[test]
         fn reusable_tokens_match_a_naive_model(
             earlier in proptest::collection::vec(proptest::collection::vec(0u8..6, 0..8), 0..5),
