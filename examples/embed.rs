@@ -1,5 +1,5 @@
 //! Embedding kv-connector in a serving engine: a minimal serving loop that drives
-//! [`ConnectorHandle`] through the engine hooks (DESIGN section 2) on the embedded memory
+//! [`ConnectorHandle`] through the engine hooks (`docs/DESIGN.md` section 2) on the embedded memory
 //! pool and the host device. `docs/EMBEDDING.md` walks through it.
 //!
 //! Run it with `cargo run --example embed`. It serves two requests one after the other;

@@ -4,8 +4,8 @@
 //! instances through a distributed KV pool (Mooncake Store, or the embedded memory pool).
 //! It saves the KV pages of prompts under chained block hashes, finds the longest reusable
 //! prefix of a new prompt, and loads it back while the engine keeps computing other
-//! requests. `../shared/DESIGN.md` (copied into `docs/DESIGN.md` rules by number) is the
-//! reference for behaviour; rules are cited as `R1`..`R27`.
+//! requests. `docs/DESIGN.md` is the reference for behaviour; its rules are cited as
+//! `R1`..`R31`.
 //!
 //! ## Layout
 //!

@@ -1,5 +1,5 @@
 //! The `kv-connector` binary: parses the command line, sets up logging and hands over to
-//! [`kv_connector::cli::run`]. Everything else lives in the library (STYLE G1).
+//! [`kv_connector::cli::run`]. Everything else lives in the library.
 //!
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`), as text or JSON lines
 //! (`--log-format`, see [`kv_connector::logging`]); stdout carries only the subcommand's

@@ -1,19 +1,19 @@
 //! Statistics: per-actor counters and latency histograms, merged by the stats reporter
-//! (R27, STYLE G12).
+//! (R27).
 //!
 //! Each actor owns its counters and histograms as plain fields (no shared atomics); on a
 //! report tick it hands over its interval counters (swapping its interval histograms out with
 //! `std::mem::take`), and the reporter merges samples with [`Latency::merge`].
 //! Metric names follow `kv_connector_<subsystem>_<what>_{total,seconds,bytes}`.
 //!
-//! # Accounting (issue 8)
+//! # Accounting
 //!
 //! Every save and every load ends counted exactly once, so a snapshot taken when nothing
 //! is in flight (after `settle_saves`, with no load pending) is closed:
 //!
-//! - A1. `saves_enqueued = saves_done + saves_skipped_present + saves_dropped + saves_failed`
-//!   (pages a full saver mailbox refused count as enqueued and dropped);
-//! - A2. `loads_started = loads_done + loads_failed + stale_completions` (loads the handle
+//! - `stats::A1`. `saves_enqueued = saves_done + saves_skipped_present + saves_dropped +
+//!   saves_failed` (pages a full saver mailbox refused count as enqueued and dropped);
+//! - `stats::A2`. `loads_started = loads_done + loads_failed + stale_completions` (loads the handle
 //!   failed at once count as started and failed; a stale completion, R26, is a load whose
 //!   reservation the engine released first, and is 0 when the engine waits for every load).
 //!
@@ -243,11 +243,11 @@ impl SaveStats {
     }
 }
 
-/// A snapshot whose accounting is not closed (A1, A2): some save or load is in flight or
-/// was counted nowhere.
+/// A snapshot whose accounting is not closed (`stats::A1`, `stats::A2`): some save or load is in
+/// flight or was counted nowhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AccountingError {
-    /// A1 does not hold.
+    /// `stats::A1` does not hold.
     #[error(
         "saves not closed: {enqueued} enqueued but {done} done + {skipped} skipped + {dropped} dropped + {failed} failed"
     )]
@@ -263,7 +263,7 @@ pub enum AccountingError {
         /// `saves_failed`.
         failed: u64,
     },
-    /// A2 does not hold.
+    /// `stats::A2` does not hold.
     #[error(
         "loads not closed: {started} started but {done} done + {failed} failed + {stale} stale"
     )]
@@ -290,7 +290,7 @@ impl AccountingError {
 }
 
 impl SaveStats {
-    /// Whether A1 holds.
+    /// Whether `stats::A1` holds.
     pub fn is_closed(&self) -> bool {
         u128::from(self.saves_enqueued)
             == u128::from(self.saves_done)
@@ -301,7 +301,7 @@ impl SaveStats {
 }
 
 impl LoadStats {
-    /// Whether A2 holds.
+    /// Whether `stats::A2` holds.
     pub fn is_closed(&self) -> bool {
         u128::from(self.loads_started)
             == u128::from(self.loads_done)
@@ -329,7 +329,7 @@ impl ConnectorStats {
         self.saves.merge(&other.saves);
     }
 
-    /// Checks A1 and A2 (module docs); call it when nothing is in flight.
+    /// Checks `stats::A1` and `stats::A2` (module docs); call it when nothing is in flight.
     ///
     /// # Errors
     ///

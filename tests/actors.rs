@@ -1,6 +1,6 @@
 //! Actor tests in a real actix System on the test's own runtime, with tokio's paused
 //! clock: the lookup planner answers through the engine inbox, and the stats reporter
-//! collects every `stats.interval_s` (R27) without any real waiting (STYLE G13).
+//! collects every `stats.interval_s` (R27) without any real waiting.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Bad input (issue 8, part 4): every malformed or impossible input is refused with a
+//! Bad input: every malformed or impossible input is refused with a
 //! typed error whose message names where it came from (file and line, or the setting)
 //! and, where the user can fix it, a value that works. Nothing panics.
 //!

@@ -1,5 +1,5 @@
 //! `--help` of every subcommand: each flag is explained, and `replay --help` alone is
-//! enough to run a Mooncake replay (issue 9).
+//! enough to run a Mooncake replay.
 #![cfg(feature = "cli")]
 
 use clap::CommandFactory;

@@ -146,7 +146,7 @@ fn simulated_fields(mut report: serde_json::Value) -> serde_json::Value {
     report
 }
 
-/// The timeline probes and samples change nothing the replay reports (driver D2).
+/// The timeline probes and samples change nothing the replay reports (`replay::driver::D2`).
 #[test]
 fn collecting_the_timeline_does_not_change_the_report() -> TestResult {
     let scratch = ScratchDir::new("report-same");

@@ -1,4 +1,4 @@
-//! Integration tests of the configuration tree (STYLE G11, DESIGN section 9, R9).
+//! Integration tests of the configuration tree (`docs/DESIGN.md` section 9, R9).
 //!
 //! Files are written under cargo's per-target temporary directory; the environment is
 //! always a map, never the process environment.
@@ -58,7 +58,7 @@ fn expect_err(result: Result<LoadedConfig, ConfigError>) -> ConfigError {
     }
 }
 
-// ---- default.toml cannot drift (G11) ----
+// ---- default.toml cannot drift from Config::default() ----
 
 #[test]
 fn default_toml_equals_config_default() -> TestResult {
@@ -212,7 +212,7 @@ fn later_cli_overrides_win() -> TestResult {
     Ok(())
 }
 
-// ---- the legacy TRTLLM aliases of DESIGN section 9 ----
+// ---- the legacy TRTLLM aliases of `docs/DESIGN.md` section 9 ----
 
 #[test]
 fn alias_load_threads() -> TestResult {

@@ -1,6 +1,6 @@
 //! `docs/CONFIGURATION.md` is tested against the configuration tree: every key of
 //! `config/default.toml` has a row with the same default and environment variable, and
-//! the page lists no key the tree does not have (STYLE G11, G15).
+//! the page lists no key the tree does not have.
 
 use std::collections::BTreeMap;
 

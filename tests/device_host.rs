@@ -1,6 +1,7 @@
-//! Integration tests of the device layer on the host backend: page round trips through
-//! staging, concurrent streams, injected copy failures (I6, R25), staging bounds and
-//! all-or-nothing validation (I1, I4), and coalescing that moves the same bytes (I5, C2).
+//! Integration tests of the device layer on the host backend: page round trips through staging,
+//! concurrent streams, injected copy failures (`gpu::I6`, R25), staging bounds and all-or-nothing
+//! validation (`gpu::I1`, `gpu::I4`), and coalescing that moves the same bytes (`gpu::I5`,
+//! `copy::C2`).
 
 use std::error::Error;
 
@@ -106,7 +107,7 @@ fn pages_round_trip_through_staging_byte_identical() -> TestResult {
     Ok(())
 }
 
-/// I2: several streams on several threads, each on its own pages, with the engine-side
+/// `gpu::I2`: several streams on several threads, each on its own pages, with the engine-side
 /// calls mixed in; every page ends up with exactly the bytes its owner put there.
 #[test]
 fn i2_concurrent_streams_on_different_pages_keep_bytes_intact() -> TestResult {
@@ -187,7 +188,7 @@ fn i2_concurrent_streams_on_different_pages_keep_bytes_intact() -> TestResult {
     Ok(())
 }
 
-/// I6 on the host backend: a failed copy is reported by `wait` and moves no byte, so the
+/// `gpu::I6` on the host backend: a failed copy is reported by `wait` and moves no byte, so the
 /// destination keeps its old contents; the next copy (no failure pending) succeeds.
 #[test]
 fn i6_injected_copy_failure_is_reported_and_leaves_destination_unchanged() -> TestResult {
@@ -260,8 +261,8 @@ fn i6_injected_copy_failure_is_reported_and_leaves_destination_unchanged() -> Te
     Ok(())
 }
 
-/// I1, I4: staging bounds are checked, and a rejected submission hands the staging pool
-/// back untouched and moves no byte, even when only one copy of the list is bad.
+/// `gpu::I1`, `gpu::I4`: staging bounds are checked, and a rejected submission hands the staging
+/// pool back untouched and moves no byte, even when only one copy of the list is bad.
 #[test]
 fn i4_staging_slot_bounds_and_rejection_return_staging_untouched() -> TestResult {
     let group = GroupId(0);
@@ -316,7 +317,7 @@ fn i4_staging_slot_bounds_and_rejection_return_staging_untouched() -> TestResult
     Ok(())
 }
 
-/// I7: after `poison`, submissions are rejected with the staging pool handed back.
+/// `gpu::I7`: after `poison`, submissions are rejected with the staging pool handed back.
 #[test]
 fn i7_poisoned_device_rejects_submissions_and_returns_staging() -> TestResult {
     let device = Device::open_host(&[spec(0, 8, 2)])?;
@@ -410,8 +411,8 @@ proptest! {
         ..Config::default()
     })]
 
-    /// I5 / C2 end to end: one coalesced submission leaves pages and staging exactly as the
-    /// same copies submitted one at a time, in fewer or equal transfers.
+    /// `gpu::I5` / `copy::C2` end to end: one coalesced submission leaves pages and staging exactly
+    /// as the same copies submitted one at a time, in fewer or equal transfers.
     #[test]
     fn i5_coalesced_submission_moves_the_same_bytes_as_one_copy_at_a_time(
         copies in arb_copies(),

@@ -1,5 +1,5 @@
-//! Speculative decoding, the chunk-end save cap and re-save under eviction (issue 5;
-//! DESIGN R16, R18, R20).
+//! Speculative decoding, the chunk-end save cap and re-save under eviction (R16, R18,
+//! R20).
 //!
 //! - Replays with the real connector and the simulated EAGLE-style drafter (extra KV tokens
 //!   past every chunk end, drafts written into generation pages and rewound): every loaded

@@ -1,5 +1,5 @@
-//! Fault injection (issue 8; feature `faults`): every named fault point, on the connector
-//! and in replays, with the accounting (A1, A2) checked after each.
+//! Fault injection (feature `faults`): every named fault point, on the connector
+//! and in replays, with the accounting (`stats::A1`, `stats::A2`) checked after each.
 //!
 //! What is checked:
 //! - a load fault (pool error, eviction between probe and load, corrupt header or
@@ -99,7 +99,7 @@ fn load_once(
     Ok(filled)
 }
 
-/// Each load fault at rate 1 fails the load (R25) and closes the accounting (A2).
+/// Each load fault at rate 1 fails the load (R25) and closes the accounting (`stats::A2`).
 #[test]
 fn every_load_fault_fails_the_load_and_never_fills_it_r25() -> TestResult {
     let layout = tiny()?;
@@ -174,7 +174,7 @@ fn a_lookup_with_failing_probes_offers_nothing_r10() -> TestResult {
 }
 
 /// A loader that panics restarts in place: with one loader, loads after a panic still
-/// fill (deterministic for the seed), and every load is answered (L1).
+/// fill (deterministic for the seed), and every load is answered (`loader::L1`).
 #[test]
 fn a_loader_that_panics_restarts_and_keeps_loading() -> TestResult {
     let layout = tiny()?;
@@ -209,7 +209,7 @@ fn a_loader_that_panics_restarts_and_keeps_loading() -> TestResult {
 }
 
 /// Saves the test prompt through `spec`; returns the stats after checking that the
-/// request's pages were handed back (R22) and the accounting is closed (A1).
+/// request's pages were handed back (R22) and the accounting is closed (`stats::A1`).
 fn save_with(
     spec: FaultSpec,
     config: Config,
@@ -234,7 +234,7 @@ fn save_with(
     Ok((stats, injector))
 }
 
-/// Each save fault at rate 1 stores nothing, and every page is counted and settled (A1).
+/// Each save fault at rate 1 stores nothing, and every page is counted and settled (`stats::A1`).
 #[test]
 fn every_save_fault_is_counted_and_settled_r22() -> TestResult {
     let save_points = [
@@ -281,7 +281,7 @@ fn saves_survive_probe_errors_and_saver_panics() -> TestResult {
 }
 
 /// The replay invariants under faults: every request completes, no page mismatches, and
-/// A1/A2 hold in the JSON report.
+/// `stats::A1`/A2 hold in the JSON report.
 fn assert_replay_invariants(report: &serde_json::Value, what: &str) -> TestResult {
     assert_eq!(
         field(report, "completed")?,
@@ -297,9 +297,9 @@ fn assert_replay_invariants(report: &serde_json::Value, what: &str) -> TestResul
         + field(report, "saves_skipped_present")?
         + field(report, "saves_dropped")?
         + field(report, "saves_failed")?;
-    assert_eq!(field(report, "saves_enqueued")?, saves, "{what}: A1");
+    assert_eq!(field(report, "saves_enqueued")?, saves, "{what}: stats::A1");
     let loads = field(report, "loads_done")? + field(report, "loads_failed")?;
-    assert_eq!(field(report, "loads_started")?, loads, "{what}: A2");
+    assert_eq!(field(report, "loads_started")?, loads, "{what}: stats::A2");
     assert_eq!(
         field(report, "loads_done")?,
         field(report, "loads_filled")?,
@@ -375,7 +375,7 @@ fn a_fault_replay_is_deterministic_for_its_seed() -> TestResult {
     Ok(())
 }
 
-/// Issue 8 part 6, CI slice: the first requests of the shared trace with every fault on.
+/// The soak's CI slice: the first requests of the shared trace with every fault on.
 #[test]
 fn soak_slice_of_the_shared_trace_with_default_faults() -> TestResult {
     let trace = concat!(

@@ -1,12 +1,12 @@
 //! Real-GPU tests of the CUDA backend (feature `cuda-tests`; need a driver and a device).
 //!
-//! They cover: pages that start zeroed and round-trip byte-identical through pinned
-//! staging (write, gather, scatter to other pages, read back; I1, I5); several streams
-//! driven from several threads at once (I2, G9); an `InFlight` dropped without waiting
-//! (I3); rejected submissions that hand staging back untouched (I4); failed copies and a
-//! poisoned device reported as failed loads and saves (I6, I7, R25); driver errors that
-//! are typed and not sticky; and the connector's own `save_pages` / `load_pages` over a
-//! `MemoryPool` with gpt-oss-120b-sized pages (R5, R19, R24).
+//! They cover: pages that start zeroed and round-trip byte-identical through pinned staging (write,
+//! gather, scatter to other pages, read back; `gpu::I1`, `gpu::I5`); several streams driven from
+//! several threads at once (`gpu::I2`); an `InFlight` dropped without waiting (`gpu::I3`); rejected
+//! submissions that hand staging back untouched (`gpu::I4`); failed copies and a poisoned device
+//! reported as failed loads and saves (`gpu::I6`, `gpu::I7`, R25); driver errors that are typed and
+//! not sticky; and the connector's own `save_pages` / `load_pages` over a `MemoryPool` with
+//! gpt-oss-120b-sized pages (R5, R19, R24).
 //!
 //! Run on a GPU machine: `cargo test --release --features cuda-tests --test gpu_cuda`.
 
@@ -191,7 +191,7 @@ fn several_streams_from_several_threads() -> TestResult {
     Ok(())
 }
 
-/// I3: an `InFlight` dropped without `wait` finishes its copy before staging is freed.
+/// `gpu::I3`: an `InFlight` dropped without `wait` finishes its copy before staging is freed.
 #[test]
 fn dropping_an_in_flight_copy_finishes_it_first() -> TestResult {
     let group = GroupId(0);
@@ -217,7 +217,7 @@ fn dropping_an_in_flight_copy_finishes_it_first() -> TestResult {
     Ok(())
 }
 
-/// I4: an invalid submission is rejected before any byte moves, staging comes back intact,
+/// `gpu::I4`: an invalid submission is rejected before any byte moves, staging comes back intact,
 /// and the stream stays usable.
 #[test]
 fn invalid_submissions_are_rejected_and_hand_staging_back() -> TestResult {

@@ -1,13 +1,13 @@
 //! Real-GPU tests of checked submissions and the zero-copy pool path (feature
 //! `cuda-tests`; need a driver and a device).
 //!
-//! They cover: the checksum kernel agrees with the CPU definition (`core::object::checksum`)
-//! for pages of many sizes, prefixes that end inside a word, and pages large enough to be
-//! split over many blocks (V4, C3); scatters from pinned pool objects and gathers into
-//! them (V2); the connector's `save_pages` / `load_pages` over a `MemoryPool` whose objects
-//! live in pinned memory (lend, alloc, commit: no CPU copy, no CPU checksum) coming back
-//! byte-identical (R5, R24); a corrupted stored payload failing the load as corrupt (R5,
-//! R25); page sizes the kernel cannot read refused at open.
+//! They cover: the checksum kernel agrees with the CPU definition (`core::object::checksum`) for
+//! pages of many sizes, prefixes that end inside a word, and pages large enough to be split over
+//! many blocks (`checked::V4`, `checksum::C3`); scatters from pinned pool objects and gathers into
+//! them (`checked::V2`); the connector's `save_pages` / `load_pages` over a `MemoryPool` whose
+//! objects live in pinned memory (lend, alloc, commit: no CPU copy, no CPU checksum) coming back
+//! byte-identical (R5, R24); a corrupted stored payload failing the load as corrupt (R5, R25); page
+//! sizes the kernel cannot read refused at open.
 //!
 //! Run on a GPU machine: `cargo test --release --features cuda-tests --test gpu_cuda_checked`.
 

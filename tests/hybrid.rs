@@ -1,5 +1,5 @@
-//! Hybrid sliding-window + full-attention layouts end to end (issue 4; DESIGN R12, R13,
-//! R15, R17, R21).
+//! Hybrid sliding-window + full-attention layouts end to end (R12, R13, R15, R17,
+//! R21).
 //!
 //! Replays with the real connector (`kvc_connector`) on scripted prompts whose sharing is
 //! known exactly, so every lookup outcome is predictable, and on generated conversations:
@@ -300,7 +300,7 @@ fn window_bytes_per_load_stay_within_sinks_window_and_one_block_r15() -> TestRes
     Ok(())
 }
 
-/// The Rust window oracle against `scripts/window-oracle`'s "issue tokens" column on the
+/// The Rust window oracle against `scripts/window-oracle`'s "window tokens" column on the
 /// shared trace at `T = 32` (`scripts/window-oracle 512 1024 2048`).
 #[test]
 fn window_oracle_agrees_with_the_script_on_the_shared_trace() -> TestResult {

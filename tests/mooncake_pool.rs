@@ -1,5 +1,5 @@
-//! The Mooncake pool backend against a real `mooncake_master` (DESIGN section 10): nothing
-//! is mocked. Each test starts its own master on free loopback ports and stops it by PID
+//! The Mooncake pool backend against a real `mooncake_master` (`docs/DESIGN.md` section 10):
+//! nothing is mocked. Each test starts its own master on free loopback ports and stops it by PID
 //! (the rig's `Drop`); clients bind the transfer engine to 127.0.0.1.
 //!
 //! Covered: the pool contract checks that make sense on a remote store (per-key results on

@@ -1,5 +1,5 @@
-//! The replay and the connector on a real Mooncake Store (issue 6; DESIGN sections 10, 11):
-//! nothing is mocked. Every master is started on free loopback ports and stopped by PID
+//! The replay and the connector on a real Mooncake Store (`docs/DESIGN.md` sections 10 and
+//! 11): nothing is mocked. Every master is started on free loopback ports and stopped by PID
 //! (by the replay itself, or by the test's `MooncakeMaster`); clients bind the transfer
 //! engine to 127.0.0.1 (`mooncake.tcp_bind_address`).
 //!
@@ -430,7 +430,7 @@ fn other_model_keys_and_salts_share_nothing_r4() -> TestResult {
 
 /// `Pool::register_staging` over memory that overlaps a region still on record (a
 /// connector that stopped without unregistering) replaces it, where a plain
-/// `register_slice` is refused by Mooncake (`pool.rs` I4); direct transfers keep working.
+/// `register_slice` is refused by Mooncake (`mooncake::pool::I4`); direct transfers keep working.
 #[test]
 fn staging_registration_replaces_a_stale_overlapping_region() -> TestResult {
     let Some(install) = install() else {

@@ -1,4 +1,4 @@
-//! The pool contract (DESIGN section 10), as checks that take `&dyn Pool`, run against
+//! The pool contract (`docs/DESIGN.md` section 10), as checks that take `&dyn Pool`, run against
 //! the embedded memory pool. A Mooncake backend reuses the same functions: each needs only
 //! a pool, and the lease and eviction checks also a way to move the pool's clock.
 //!

@@ -13,7 +13,7 @@ const TRACE: &str = concat!(
     "/../shared/traces/mooncake_synthetic_trace.jsonl"
 );
 
-/// The whole shared trace, two instances round robin (issue 3's acceptance run): about
+/// The whole shared trace, two instances round robin: about
 /// 20 s in a release build on two cores.
 #[test]
 fn the_shared_trace_reuses_its_oracle_with_zero_mismatches() -> TestResult {

@@ -1,4 +1,4 @@
-//! The replay engine simulator and driver (DESIGN section 11) against the baseline
+//! The replay engine simulator and driver (`docs/DESIGN.md` section 11) against the baseline
 //! `NoConnector` and small scripted connectors that implement the engine hooks themselves:
 //! they offer prefixes they remember, fill reserved pages (with the right bytes, wrong
 //! bytes, or not at all), copy pages like a tiny pool, and hold pages for saves.
@@ -9,7 +9,7 @@
 //! honoured (R22); session turns wait for the previous turn; the JSON report has every
 //! field; identical runs give identical reports.
 //!
-//! The local prefix cache (`--local-prefix-cache`, issue 3) is checked here too, without a
+//! The local prefix cache (`--local-prefix-cache`) is checked here too, without a
 //! connector, with the scripted ones and with the real connector (`kvc_connector`): a
 //! repeated prefix on one instance is served locally, the pool's share shrinks by what the
 //! cache served, shared pages pass the page check, and the connector neither loads nor
@@ -654,7 +654,7 @@ fn held_pages_are_freed_when_saves_finish_r22() -> TestResult {
     assert_eq!(report.completed, 6);
     assert_eq!(report.held_at_end, 0);
     assert_eq!(report.unexpected_save_reports, 0);
-    // E3: a request's pages stay until its saves are reported, so the next request is
+    // `engine::E3`: a request's pages stay until its saves are reported, so the next request is
     // scheduled only after that; at most one request holds pages at any time.
     let mut holding = 0_i32;
     for event in &log.lock().events {

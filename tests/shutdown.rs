@@ -1,4 +1,4 @@
-//! Shutdown follows the stop order of `kv_connector::actors` (STYLE G14): the handle stops
+//! Shutdown follows the stop order of `kv_connector::actors`: the handle stops
 //! admitting lookups, waits for in-flight loads, drains queued saves until
 //! `saver.shutdown_drain_timeout_ms`, then reports. Whatever the deadline cuts off is
 //! counted (dropped saves, failed loads), so the final report accounts for every page.

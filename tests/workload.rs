@@ -511,10 +511,14 @@ fn generator_grows_turns_from_first_to_last_and_shares_prefixes() -> TestResult 
         let lens: Vec<usize> = turns.iter().map(Vec::len).collect();
         assert_eq!(lens, [10_000, 11_750, 13_500, 15_250, 17_000]);
         for pair in turns.windows(2) {
-            assert_eq!(common_prefix(&pair[0], &pair[1]), pair[0].len(), "G3");
+            assert_eq!(
+                common_prefix(&pair[0], &pair[1]),
+                pair[0].len(),
+                "generate::I3"
+            );
         }
     }
-    // G4: sessions share the system prefix and nothing after it.
+    // `generate::I4`: sessions share the system prefix and nothing after it.
     assert_eq!(common_prefix(&sessions[&0][0], &sessions[&1][0]), 2_000);
     assert_eq!(common_prefix(&sessions[&1][4], &sessions[&2][4]), 2_000);
     Ok(())

@@ -2,7 +2,7 @@
 //! pages of a load pool -> staging -> device (R23-R25).
 //!
 //! Each loader runs on its own Arbiter, so the blocking pool get and the wait on the copy
-//! happen on its own thread, never on a shared event loop (STYLE G9). Mailbox:
+//! happen on its own thread, never on a shared event loop. Mailbox:
 //! `loaders.mailbox_capacity`; the reservation manager uses `try_send` and fails the load
 //! when it is full.
 //!
@@ -18,8 +18,9 @@
 //! borrowed by the load, not moved, so it survives.
 //!
 //! Invariants:
-//! - L1. Every `LoadBlocks` gets exactly one `RankLoadFinished`, also when the load panics.
-//! - L2. A load that did not finish every page is reported failed, never filled (R25).
+//! - `loader::L1`. Every `LoadBlocks` gets exactly one `RankLoadFinished`, also when the load
+//!   panics.
+//! - `loader::L2`. A load that did not finish every page is reported failed, never filled (R25).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -75,7 +76,7 @@ impl Loader {
         }
     }
 
-    /// Runs one load under the panic guard (L1) and returns its result, pages and bytes.
+    /// Runs one load under the panic guard (`loader::L1`) and returns its result, pages and bytes.
     fn run_load(&mut self, message: &LoadBlocks) -> (LoadResult, u64, u64) {
         let Some(staging) = self.staging.take() else {
             return (LoadResult::Failed(LoadFailure::LoaderGone), 0, 0);

@@ -1,4 +1,4 @@
-//! The actor system: wiring, start order and stop order (STYLE G14).
+//! The actor system: wiring, start order and stop order.
 //!
 //! ```text
 //!  engine thread --ConnectorHandle--> outbox --courier thread--> LookupPlanner --probes--> pool

@@ -1,7 +1,7 @@
 //! A rank's saver actor: a bounded priority queue of pages to save (window first, R21;
 //! shedding when full, R22) driven by one batch at a time on tokio's blocking pool.
 //!
-//! The `EnqueueSave` handler only inserts and returns (STYLE G5); I/O runs in
+//! The `EnqueueSave` handler only inserts into the save queue and returns; I/O runs in
 //! `spawn_blocking` with the staging pool and stream moved in and handed back, so control
 //! messages (`SettleSaves`, stats) never wait behind a save. Mailbox:
 //! `saver.mailbox_capacity`; the handle's batches arrive through the courier (`try_send`),
@@ -9,21 +9,20 @@
 //!
 //! # Accounting
 //!
-//! - A1. Every enqueued page ends in exactly one of `saves_done`, `saves_skipped_present`,
-//!   `saves_dropped` or `saves_failed`, and is settled to the engine once (so its pages
-//!   can go): `saves_enqueued = done + skipped_present + dropped + failed` once the queue
-//!   is drained and no batch is in flight.
+//! - `saver_queue::A1`. Every enqueued page ends in exactly one of `saves_done`,
+//!   `saves_skipped_present`, `saves_dropped` or `saves_failed`, and is settled to the engine once
+//!   (so its pages can go): `saves_enqueued = done + skipped_present + dropped + failed` once the
+//!   queue is drained and no batch is in flight.
 //!
 //! # Supervision: restart in place
 //!
-//! A panic inside a save batch (a pool client or a copy that panics) is caught in the
-//! blocking task: the batch's pages count as failed and are settled (A1), and the saver
-//! goes on. Its staging pool was moved into the batch and is lost, so the saver rebuilds
-//! one of the same shape (host memory, registered with the pool); the copy stream is
-//! borrowed by the batch and survives. A pinned (CUDA) staging pool cannot be rebuilt
-//! without the device: that saver then retires and fails every later page at once
-//! (counted and settled), so the engine's pages are still released and serving goes on
-//! without saves.
+//! A panic inside a save batch (a pool client or a copy that panics) is caught in the blocking
+//! task: the batch's pages count as failed and are settled (`saver_queue::A1`), and the saver goes
+//! on. Its staging pool was moved into the batch and is lost, so the saver rebuilds one of the same
+//! shape (host memory, registered with the pool); the copy stream is borrowed by the batch and
+//! survives. A pinned (CUDA) staging pool cannot be rebuilt without the device: that saver then
+//! retires and fails every later page at once (counted and settled), so the engine's pages are
+//! still released and serving goes on without saves.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -180,8 +179,8 @@ impl SaverQueue {
             batch.push(queued);
         }
         if actor_fault_fires(&*self.pool, ActorFault::StagingExhausted) {
-            // The batch's pages fail (counted and settled, A1); the next batch may find
-            // staging again.
+            // The batch's pages fail (counted and settled, `saver_queue::A1`); the next batch may
+            // find staging again.
             self.worker = Some(worker);
             self.account(ctx, &batch, &[], &[]);
             return self.kick(ctx);
@@ -209,8 +208,8 @@ impl SaverQueue {
         });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
             let Ok((stream, staging, results, items)) = joined else {
-                // The task itself could not run (runtime shutting down): the stream is
-                // gone with it, so the saver retires (A1 still holds for this batch).
+                // The task itself could not run (runtime shutting down): the stream is gone with
+                // it, so the saver retires (`saver_queue::A1` still holds for this batch).
                 actor.retired = true;
                 actor.account(ctx, &batch, &[], &[]);
                 return actor.kick(ctx);
@@ -225,7 +224,7 @@ impl SaverQueue {
         }));
     }
 
-    /// A retired saver fails every queued page at once (counted and settled, A1).
+    /// A retired saver fails every queued page at once (counted and settled, `saver_queue::A1`).
     fn fail_queued(&mut self, ctx: &mut Context<Self>) {
         let mut failed = Vec::new();
         while let Some(queued) = self.queue.pop() {
@@ -280,8 +279,8 @@ impl SaverQueue {
         })
     }
 
-    /// Counts and settles a batch (A1). `items` and `results` are per queued page (as
-    /// [`aligned_results`] gives them); a page without a result failed.
+    /// Counts and settles a batch (`saver_queue::A1`). `items` and `results` are per queued page
+    /// (as [`aligned_results`] gives them); a page without a result failed.
     fn account(
         &mut self,
         ctx: &mut Context<Self>,

@@ -1,7 +1,7 @@
 //! The stats reporter: every `stats.interval_s` collects each actor's interval counters,
 //! logs them at INFO (R27), and keeps the totals for the final report.
 //!
-//! Actors keep plain counters and hand them over on request (STYLE G12); the reporter
+//! Actors keep plain counters (no shared atomics) and hand them over on request; the reporter
 //! merges. Mailbox: default capacity; only the handle and its own tick send to it.
 
 use std::time::Duration;

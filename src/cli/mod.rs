@@ -135,7 +135,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 &mut io::stdout().lock(),
                 // Not locked: log lines from the connector's threads also go to stderr, and a
                 // lock held for the whole replay would block them, and the replay waiting on
-                // them, forever (a deadlock found by the fault soak, issue 8).
+                // them, forever (a deadlock).
                 &mut io::stderr(),
             )?;
         }

@@ -1,5 +1,5 @@
 //! `kv-connector replay`: runs a workload through simulated serving instances sharing one
-//! pool and reports what the connector achieved (DESIGN section 11).
+//! pool and reports what the connector achieved (`docs/DESIGN.md` section 11).
 //!
 //! ## Workflow
 //!
@@ -726,7 +726,7 @@ fn write_report(
     out.flush().map_err(ReplayCliError::Write)
 }
 
-/// `--faults` (issue 8): each instance's connector sees its pool through a
+/// `--faults`: each instance's connector sees its pool through a
 /// `pool::faults::FaultyPool`, all sharing one injector, whose counts go in the report.
 #[cfg(feature = "faults")]
 mod fault_wiring {
@@ -936,7 +936,7 @@ mod tests {
     type TestResult<T> = Result<T, Box<dyn std::error::Error>>;
 
     /// Without the `faults` feature, `--faults` is refused before anything runs, with the
-    /// feature named (issue 8).
+    /// feature named.
     #[cfg(not(feature = "faults"))]
     #[test]
     fn faults_without_the_feature_name_the_feature() -> TestResult<()> {

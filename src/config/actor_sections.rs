@@ -23,7 +23,7 @@ pub struct PlannerConfig {
     /// the shared trace it reuses 99 % of the full-attention oracle (93 % at 1024) for
     /// about 14 % more pages saved than full attention alone (9 % at 1024).
     pub swa_endpoint_rewind_tokens: u64,
-    /// Bounded mailbox of the planner actor (G4): lookups beyond it are refused as
+    /// Bounded mailbox of the planner actor: lookups beyond it are refused as
     /// overloaded instead of queueing without limit.
     pub mailbox_capacity: usize,
 }
@@ -39,11 +39,11 @@ impl Default for PlannerConfig {
     }
 }
 
-/// `[reservations]`: the reservation manager (G6).
+/// `[reservations]`: the reservation manager and its ledger.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReservationsConfig {
-    /// Bounded mailbox of the reservation manager (G4). Releases arrive from `Drop`, so it
+    /// Bounded mailbox of the reservation manager. Releases arrive from `Drop`, so it
     /// is larger than the planner's to absorb bursts of finished requests.
     pub mailbox_capacity: usize,
     /// Reserve pages for a pool prefix at admission. Window loads need it, so a layout with
@@ -64,7 +64,7 @@ impl Default for ReservationsConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoadersConfig {
-    /// Number of loaders, each with its own stream and staging pool (G9). More overlap
+    /// Number of loaders, each with its own stream and staging pool (R23). More overlap
     /// more loads, at `staging_bytes_per_loader` each.
     pub load_threads: usize,
     /// Load inside the engine step instead of in the background (R23): slower, but the old
@@ -73,7 +73,7 @@ pub struct LoadersConfig {
     /// Pinned host memory each loader stages pool objects in; bounds the bytes one loader
     /// has in flight. Counts against `node.memory_budget_bytes` (R9).
     pub staging_bytes_per_loader: u64,
-    /// Bounded mailbox of each loader (G4).
+    /// Bounded mailbox of each loader.
     pub mailbox_capacity: usize,
     /// A load not finished after this long is failed, so the engine computes the prefix
     /// itself rather than waiting forever (R25).
@@ -108,7 +108,7 @@ pub struct SaverConfig {
     /// Pinned host memory the saver stages device pages in before the pool put. Counts
     /// against `node.memory_budget_bytes` (R9).
     pub staging_bytes: u64,
-    /// Bounded mailbox of the saver actor (G4, G5).
+    /// Bounded mailbox of the saver actor (its handler only queues, so it drains fast).
     pub mailbox_capacity: usize,
     /// At shutdown, how long queued saves may still run before what is left is dropped
     /// (counted in `saves_dropped`). Bounds how long a stopping process waits on a slow

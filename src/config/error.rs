@@ -1,4 +1,4 @@
-//! Errors and warnings of configuration loading and validation (G10).
+//! Errors and warnings of configuration loading and validation.
 //!
 //! Every variant names the offending key (dotted path and, where one exists, its
 //! environment variable) and the bad value, and its message says what would work, so a

@@ -137,7 +137,7 @@ pub struct KeySpec {
     pub path: &'static str,
     /// The generic environment variable, `KVC_<SECTION>_<KEY>`.
     pub env: &'static str,
-    /// A legacy environment variable honoured for existing deployments (DESIGN section 9).
+    /// A legacy environment variable honoured for existing deployments (docs/DESIGN.md section 9).
     pub alias: Option<&'static str>,
     /// How values are written and checked.
     pub kind: LeafKind,

@@ -1,14 +1,14 @@
-//! The typed configuration tree (DESIGN section 9, STYLE G11).
+//! The typed configuration tree (`docs/DESIGN.md` section 9).
 //!
 //! One [`Config`] holds every setting, in sections named after the part they steer
 //! (`[pool]`, `[mooncake]`, `[planner]`, `[loaders]`, ...). It is loaded once, at start,
-//! and then passed down; nothing else in the crate reads the environment (A3).
+//! and then passed down; nothing else in the crate reads the environment.
 //!
 //! Workflow ([`Config::load`]):
 //! 1. start from the built-in defaults (the explicit `impl Default`s in `sections.rs`);
 //! 2. merge the TOML file, if one is given (`config/default.toml` documents every key);
 //! 3. apply the environment: `KVC_<SECTION>_<KEY>` for every key, plus the six legacy
-//!    `TRTLLM_MOONCAKE_STORE_*` names of DESIGN section 9;
+//!    `TRTLLM_MOONCAKE_STORE_*` names of `docs/DESIGN.md` section 9;
 //! 4. apply command-line overrides `section.key=value`;
 //! 5. deserialize into [`Config`] and [`Config::validate`] it.
 //!
@@ -100,7 +100,7 @@ impl ConfigSources {
     /// readable message instead of vanishing.
     #[allow(
         clippy::disallowed_methods,
-        reason = "the one place that reads the process environment (G11); `allow`, not \
+        reason = "the one place that reads the process environment; `allow`, not \
                   `expect`, because clippy.toml does not list `vars_os` yet"
     )]
     pub fn from_process_env() -> Self {

@@ -82,7 +82,7 @@ impl PoolBackend {
     pub const NAMES: &'static [&'static str] = &["memory", "mooncake"];
 }
 
-/// `[pool]`: the shared object store and its eviction model (DESIGN section 10).
+/// `[pool]`: the shared object store and its eviction model (`docs/DESIGN.md` section 10).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
@@ -219,7 +219,7 @@ impl DeviceKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeviceConfig {
-    /// Chosen explicitly rather than sniffed inside the code that allocates (A3), so the
+    /// Chosen explicitly rather than sniffed inside the code that allocates, so the
     /// choice shows up in the effective configuration.
     pub kind: DeviceKind,
 }

@@ -1,4 +1,4 @@
-//! `Config::validate`: refuses settings that parse but cannot work (G11, R9).
+//! `Config::validate`: refuses settings that parse but cannot work (R9).
 //!
 //! Every refusal names the key (dotted path and env variable), the refused value and a
 //! value that works. Checks run in section order and the first failure is returned.
@@ -413,7 +413,7 @@ mod tests {
         }
     }
 
-    /// Issue 8 (bad input): sizes a host cannot allocate and timeouts that overflow a
+    /// Bad input: sizes a host cannot allocate and timeouts that overflow a
     /// deadline are refused with the limit and a working value, not an abort later.
     #[test]
     fn oversized_counts_sizes_and_timeouts_are_refused() {

@@ -5,7 +5,7 @@
 //! Why: a message to a parked actor wakes its thread, a system call plus an
 //! inter-processor interrupt. Paid on the engine thread, three or four of those per step
 //! were most of the connector's time inside the engine's step (docs/PERFORMANCE.md,
-//! issue 3). The courier pays them instead, and the engine thread only pushes onto a
+//! "Courier"). The courier pays them instead, and the engine thread only pushes onto a
 //! queue nobody is blocked on.
 //!
 //! How it waits:

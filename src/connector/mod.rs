@@ -1,4 +1,4 @@
-//! The engine-facing side of the connector (DESIGN section 2).
+//! The engine-facing side of the connector (`docs/DESIGN.md` section 2).
 //!
 //! An engine (a real serving process, or the replay simulator) drives the connector
 //! through the [`EngineConnector`] hooks, always from its scheduler thread. The hooks
@@ -95,7 +95,7 @@ pub struct FinishedLoad {
     pub filled: bool,
 }
 
-/// The engine hooks of DESIGN section 2, called from the engine's scheduler thread.
+/// The engine hooks of `docs/DESIGN.md` section 2, called from the engine's scheduler thread.
 pub trait EngineConnector {
     /// Starts the lookup of a new request's prompt (never blocks on the pool).
     /// `local_match_tokens` is the engine's own prefix-cache hit (block aligned).

@@ -11,12 +11,12 @@
 //!
 //! Invariants (checked by the tests below and, at run time, by the handle, which counts
 //! every planned block past the cap as `published_past_chunk_end`, R16):
-//! - S1. No planned block ends past the chunk end: `(block + 1) * T <= computed_after`
+//! - `save_plan::S1`. No planned block ends past the chunk end: `(block + 1) * T <= computed_after`
 //!   ([`past_chunk_end`] is false for every block [`blocks_to_save`] returns). Pages a
 //!   drafter's extra KV tokens reach past the chunk end are never published (R16).
-//! - S2. Only prompt blocks are planned: `(block + 1) * T <= P`, so draft and generation
-//!   pages are never published, with or without a drafter (R18).
-//! - S3. A block below `reused_until` is planned only as a re-save (R19, R20).
+//! - `save_plan::S2`. Only prompt blocks are planned: `(block + 1) * T <= P`, so draft and
+//!   generation pages are never published, with or without a drafter (R18).
+//! - `save_plan::S3`. A block below `reused_until` is planned only as a re-save (R19, R20).
 
 use std::ops::Range;
 
@@ -62,7 +62,8 @@ pub fn past_chunk_end(step: &SaveStep, block: usize) -> bool {
     (block + 1).saturating_mul(step.tokens_per_block.max(1)) > step.computed_after
 }
 
-/// The blocks of one group to save this step, each with its priority, ascending (S1-S3).
+/// The blocks of one group to save this step, each with its priority, ascending
+/// (`save_plan::S1`-S3).
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
     blocks_to_save_capped(attention, step, SaveCap::ChunkEnd)
 }
@@ -348,7 +349,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// S1-S3 for any chunking, reuse, threshold and attention.
+        /// `save_plan::S1`-S3 for any chunking, reuse, threshold and attention.
         #[test]
         fn planned_blocks_stay_within_the_chunk_and_the_prompt_s1_s2_s3(
             tokens_per_block in 1_usize..64,
@@ -378,12 +379,18 @@ mod tests {
                 }
             });
             for (block, priority) in blocks_to_save(attention, &step) {
-                proptest::prop_assert!(!past_chunk_end(&step, block), "S1: block {block}");
-                proptest::prop_assert!((block + 1) * tokens_per_block <= prompt_len, "S2");
+                proptest::prop_assert!(
+                    !past_chunk_end(&step, block),
+                    "save_plan::S1: block {block}"
+                );
+                proptest::prop_assert!(
+                    (block + 1) * tokens_per_block <= prompt_len,
+                    "save_plan::S2"
+                );
                 if block < step.reused_until / tokens_per_block
                     && attention == Attention::Full
                 {
-                    proptest::prop_assert_eq!(priority, SavePriority::Resave, "S3");
+                    proptest::prop_assert_eq!(priority, SavePriority::Resave, "save_plan::S3");
                 }
             }
         }

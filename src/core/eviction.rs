@@ -1,4 +1,5 @@
-//! The pool eviction model: Mooncake Store's master eviction, as pure code (DESIGN section 10).
+//! The pool eviction model: Mooncake Store's master eviction, as pure code
+//! (`docs/DESIGN.md` section 10).
 //!
 //! No locks, no clocks: the caller passes the time (`now_ms`) and the pool's state in, and
 //! gets back which objects to evict, in eviction order. The embedded memory pool
@@ -55,16 +56,17 @@
 //!
 //! For a plan returned `Ok` for a put of `incoming` bytes:
 //!
-//! - I1. Capacity: `used_bytes + incoming - freed_bytes <= capacity_bytes`.
-//! - I2. Leases: no victim is under a lease at `now_ms` (`now_ms < lease_expires_ms`).
-//! - I3. Order: victims are a prefix of the unleased objects in least recently accessed order,
-//!   and are returned in that order.
-//! - I4. Pass size: when a pass is triggered, it evicts at least
+//! - `eviction::I1`. Capacity: `used_bytes + incoming - freed_bytes <= capacity_bytes`.
+//! - `eviction::I2`. Leases: no victim is under a lease at `now_ms` (`now_ms < lease_expires_ms`).
+//! - `eviction::I3`. Order: victims are a prefix of the unleased objects in least recently accessed
+//!   order, and are returned in that order.
+//! - `eviction::I4`. Pass size: when a pass is triggered, it evicts at least
 //!   `min(ceil(objects * eviction_ratio), unleased objects)` objects (counted in objects,
 //!   following Mooncake).
-//! - I5. No pass, no victims: if `used_bytes + incoming` stays at or below
+//! - `eviction::I5`. No pass, no victims: if `used_bytes + incoming` stays at or below
 //!   `high_watermark_ratio * capacity_bytes`, the plan is empty.
-//! - I6. Minimal: dropping the last victim would miss the pass size or the room the put needs.
+//! - `eviction::I6`. Minimal: dropping the last victim would miss the pass size or the room the put
+//!   needs.
 //!
 //! A plan returned `Err` evicts nothing (simplification 4).
 
@@ -192,9 +194,9 @@ impl EvictionTrigger {
 pub struct EvictionGoal {
     /// Why the pass runs.
     pub trigger: EvictionTrigger,
-    /// `ceil(objects * target)` (I4); fewer only if fewer objects are unleased.
+    /// `ceil(objects * target)` (`eviction::I4`); fewer only if fewer objects are unleased.
     pub min_victims: usize,
-    /// The room the put needs beyond the free space (I1); 0 for a watermark pass.
+    /// The room the put needs beyond the free space (`eviction::I1`); 0 for a watermark pass.
     pub min_freed_bytes: u64,
 }
 
@@ -212,7 +214,7 @@ pub struct EvictionEntry<K> {
 }
 
 impl<K> EvictionEntry<K> {
-    /// Whether the object is under a lease at `now_ms`, and so cannot be evicted (I2).
+    /// Whether the object is under a lease at `now_ms`, and so cannot be evicted (`eviction::I2`).
     pub fn is_leased(&self, now_ms: u64) -> bool {
         now_ms < self.lease_expires_ms
     }
@@ -221,9 +223,9 @@ impl<K> EvictionEntry<K> {
 /// The objects to evict before a put, in eviction order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EvictionPlan<K> {
-    /// Why a pass ran; `None` when no pass was needed (and `victims` is empty, I5).
+    /// Why a pass ran; `None` when no pass was needed (and `victims` is empty, `eviction::I5`).
     pub trigger: Option<EvictionTrigger>,
-    /// Ids to evict, least recently accessed first (I3).
+    /// Ids to evict, least recently accessed first (`eviction::I3`).
     pub victims: Vec<K>,
     /// Sum of the victims' sizes.
     pub freed_bytes: u64,
@@ -300,7 +302,7 @@ impl EvictionPolicy {
         let capacity = as_f64(self.capacity_bytes);
         let over_capacity = projected > self.capacity_bytes;
         if !over_capacity && as_f64(projected) <= self.high_watermark_ratio * capacity {
-            return Ok(None); // I5
+            return Ok(None); // `eviction::I5`
         }
         // Mooncake: target = max(ratio, used - watermark + ratio), a share of objects.
         let used_ratio = (as_f64(projected) / capacity).min(1.0);
@@ -348,13 +350,13 @@ impl EvictionPolicy {
         };
         for entry in oldest_first {
             if plan.victims.len() >= goal.min_victims && plan.freed_bytes >= goal.min_freed_bytes {
-                break; // I6
+                break; // `eviction::I6`
             }
             if entry.is_leased(now_ms) {
-                continue; // I2
+                continue; // `eviction::I2`
             }
             plan.freed_bytes = plan.freed_bytes.saturating_add(entry.size_bytes);
-            plan.victims.push(entry.id); // I3: in the order given
+            plan.victims.push(entry.id); // `eviction::I3`: in the order given
         }
         if plan.freed_bytes < goal.min_freed_bytes {
             let free = self.capacity_bytes.saturating_sub(usage.used_bytes);
@@ -630,9 +632,10 @@ mod tests {
             unleased.sort_by(|a, b| lru_order(a, b));
             match policy.plan_eviction(&entries, incoming, now) {
                 Ok(plan) => {
-                    // I1
+                    // `eviction::I1`
                     prop_assert!(used + incoming - plan.freed_bytes <= policy.capacity_bytes);
-                    // I2 + I3: victims are exactly a prefix of the unleased LRU order.
+                    // `eviction::I2` + `eviction::I3`: victims are exactly a prefix of the unleased
+                    // LRU order.
                     let prefix: Vec<u32> =
                         unleased.iter().take(plan.victims.len()).map(|e| e.id).collect();
                     prop_assert_eq!(&plan.victims, &prefix);
@@ -642,13 +645,13 @@ mod tests {
                     #[expect(clippy::cast_precision_loss, reason = "small test values")]
                     let above = projected as f64 > high_watermark_ratio * policy.capacity_bytes as f64;
                     if projected <= policy.capacity_bytes && !above {
-                        // I5
+                        // `eviction::I5`
                         prop_assert!(plan.trigger.is_none() && plan.victims.is_empty());
                     } else {
-                        // I4
+                        // `eviction::I4`
                         let floor = ceil_share(entries.len(), eviction_ratio).min(unleased.len());
                         prop_assert!(plan.victims.len() >= floor);
-                        // I6: without the last victim a goal is missed.
+                        // `eviction::I6`: without the last victim a goal is missed.
                         if let Some(last) = plan.victims.len().checked_sub(1) {
                             let goal = policy
                                 .goal(PoolUsage { used_bytes: used, objects: entries.len() }, incoming)

@@ -23,13 +23,13 @@
 //!
 //! ## Invariants
 //!
-//! - I1. Only full blocks are hashed; a trailing partial block has no hash (R1).
-//! - I2. A chain never rehashes a block it already holds: `extend_to` costs only the new
+//! - `hash::I1`. Only full blocks are hashed; a trailing partial block has no hash (R1).
+//! - `hash::I2`. A chain never rehashes a block it already holds: `extend_to` costs only the new
 //!   blocks (R2).
-//! - I3. The token list a chain sees never shrinks; a shorter list is
+//! - `hash::I3`. The token list a chain sees never shrinks; a shorter list is
 //!   [`HashError::TokensShrank`] and leaves the chain unchanged (R2). The chain does not keep
 //!   the tokens, so the caller promises that a longer list extends the previous one.
-//! - I4. Hashing allocates nothing per block: one scratch buffer of `16 + 8*T` bytes is
+//! - `hash::I4`. Hashing allocates nothing per block: one scratch buffer of `16 + 8*T` bytes is
 //!   reused for every block of a chain.
 //!
 //! ## Encoding notes
@@ -126,7 +126,7 @@ pub enum HashError {
     /// A chain was asked for with zero tokens per block.
     #[error("tokens_per_block must be at least 1 (for example 32), got 0")]
     ZeroTokensPerBlock,
-    /// The token list is shorter than the one the chain saw last (I3, R2).
+    /// The token list is shorter than the one the chain saw last (`hash::I3`, R2).
     #[error("token list shrank from {had} to {now} tokens; a chain only grows")]
     TokensShrank {
         /// Tokens in the list the chain saw last.
@@ -237,13 +237,13 @@ pub struct HashChain {
     seed: BlockHash,
     /// Tokens per block, at least 1.
     tokens_per_block: usize,
-    /// `hashes[i]` is the hash of block `i`; only full blocks (I1).
+    /// `hashes[i]` is the hash of block `i`; only full blocks (`hash::I1`).
     hashes: Vec<BlockHash>,
-    /// Length of the token list seen last, to refuse a shrinking list (I3).
+    /// Length of the token list seen last, to refuse a shrinking list (`hash::I3`).
     tokens_seen: usize,
     /// BLAKE2b-16 parameters, built once rather than per block.
     params: blake2b_simd::Params,
-    /// Reused `parent || block tokens` input, `16 + 8*T` bytes (I4).
+    /// Reused `parent || block tokens` input, `16 + 8*T` bytes (`hash::I4`).
     input: Vec<u8>,
 }
 
@@ -269,7 +269,7 @@ impl HashChain {
 
     /// Extends the chain to the full blocks of `tokens`, the request's whole token list so
     /// far, and returns the hashes of the blocks that became full (possibly none). Blocks the
-    /// chain already holds are not hashed again (I2).
+    /// chain already holds are not hashed again (`hash::I2`).
     ///
     /// # Errors
     ///
@@ -303,7 +303,7 @@ impl HashChain {
             .reserve(blocks.saturating_sub(self.hashes.len()));
     }
 
-    /// Hashes one full block after `parent`, through the reused input buffer (I4).
+    /// Hashes one full block after `parent`, through the reused input buffer (`hash::I4`).
     fn hash_block(&mut self, parent: BlockHash, block: &[i64]) -> BlockHash {
         let (parent_bytes, token_bytes) = self.input.split_at_mut(HASH_BYTES);
         parent_bytes.copy_from_slice(&parent.0);

@@ -1,8 +1,8 @@
 //! Identifier newtypes shared by the ledger, the save queue and the actors.
 //!
 //! The engine hands the connector plain integers; wrapping each in its own type keeps a
-//! request id from being passed where a reservation id is expected (STYLE A2: same-typed
-//! arguments are easy to swap). All three are `Copy`, ordered and hashable, and print as
+//! request id from being passed where a reservation id is expected (same-typed arguments
+//! are easy to swap). All three are `Copy`, ordered and hashable, and print as
 //! the bare number so log fields read `request=17 reservation=4`.
 
 use std::fmt;

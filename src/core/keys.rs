@@ -19,18 +19,18 @@
 //!
 //! ## Invariants
 //!
-//! - I1. Every key of a column is `prefix + 32 lower-case hex digits`, so all keys of a column
-//!   have the same byte length and key `i` is the byte range `[i*len, (i+1)*len)` of one
+//! - `keys::I1`. Every key of a column is `prefix + 32 lower-case hex digits`, so all keys of a
+//!   column have the same byte length and key `i` is the byte range `[i*len, (i+1)*len)` of one
 //!   contiguous string (no allocation per key).
-//! - I2. A prefix is formatted once per column, never per key (R3).
-//! - I3. For prefixes built by [`KeyPrefix::validated`], the key is injective: two keys are
+//! - `keys::I2`. A prefix is formatted once per column, never per key (R3).
+//! - `keys::I3`. For prefixes built by [`KeyPrefix::validated`], the key is injective: two keys are
 //!   equal only when namespace, model key, shard, group, `T`, page bytes and hash are all
 //!   equal (R4). Why: validated namespace and model key are non-empty and hold no `/`, so the
 //!   key splits into exactly six `/`-separated segments; the shard segment is `w{W}r{R}` or
 //!   `replicated`, the group and `t{T}b{B}` segments are decimal numbers without leading zeros
 //!   separated by letters, and the hash is fixed-width hex. Each field is thus read back
 //!   unambiguously from the key.
-//! - I4. [`KeyPrefix::new`] checks nothing, like the reference. Its keys can collide across
+//! - `keys::I4`. [`KeyPrefix::new`] checks nothing, like the reference. Its keys can collide across
 //!   fields: namespace `a/b` with model key `c` gives the same key as namespace `a` with model
 //!   key `b/c`. Only tools that must reproduce the reference for arbitrary input use it.
 
@@ -98,7 +98,7 @@ impl fmt::Display for KeyField {
     }
 }
 
-/// Why a [`KeySpec`] cannot give injective keys (I3).
+/// Why a [`KeySpec`] cannot give injective keys (`keys::I3`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     /// The namespace or model key is empty.
@@ -107,7 +107,7 @@ pub enum KeyError {
         /// Which segment is empty.
         field: KeyField,
     },
-    /// The namespace or model key holds a `/`, which would make keys ambiguous (I4).
+    /// The namespace or model key holds a `/`, which would make keys ambiguous (`keys::I4`).
     #[error("{field} must not contain '/', got {value:?}; use '-' or '_' instead")]
     SlashInSegment {
         /// Which segment holds the slash.
@@ -155,7 +155,7 @@ impl KeyError {
 }
 
 /// The formatted `{namespace}/{model_key}/{shard}/lg{group}/t{T}b{bytes}/` part of a
-/// column's keys (I2).
+/// column's keys (`keys::I2`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KeyPrefix {
     /// The prefix text, ending in `/`.
@@ -163,7 +163,7 @@ pub struct KeyPrefix {
 }
 
 impl KeyPrefix {
-    /// Formats the prefix exactly as the reference does, for any input (I4: the keys of
+    /// Formats the prefix exactly as the reference does, for any input (`keys::I4`: the keys of
     /// different specs may collide; use [`validated`](Self::validated) in the runtime).
     pub fn new(spec: &KeySpec<'_>) -> Self {
         let KeySpec {
@@ -180,7 +180,7 @@ impl KeyPrefix {
         Self { text }
     }
 
-    /// Formats the prefix after checking that its keys are injective (I3, R4).
+    /// Formats the prefix after checking that its keys are injective (`keys::I3`, R4).
     ///
     /// # Errors
     ///
@@ -209,7 +209,7 @@ impl KeyPrefix {
         &self.text
     }
 
-    /// Byte length of every key with this prefix (I1).
+    /// Byte length of every key with this prefix (`keys::I1`).
     pub fn key_len(&self) -> usize {
         self.text.len() + 2 * HASH_BYTES
     }
@@ -231,7 +231,7 @@ impl fmt::Display for KeyPrefix {
     }
 }
 
-/// Refuses an empty segment or one holding `/` (I3).
+/// Refuses an empty segment or one holding `/` (`keys::I3`).
 fn check_segment(field: KeyField, value: &str) -> Result<(), KeyError> {
     if value.is_empty() {
         return Err(KeyError::EmptySegment { field });
@@ -263,7 +263,7 @@ const HEX_PAIRS: [[u8; 2]; 256] = {
     table
 };
 
-/// The keys of one prefix for a run of hashes, in one contiguous string (I1).
+/// The keys of one prefix for a run of hashes, in one contiguous string (`keys::I1`).
 #[derive(Clone, Debug)]
 pub struct KeyColumn {
     /// The shared prefix of every key.
@@ -297,7 +297,7 @@ impl KeyColumn {
         column
     }
 
-    /// Appends the keys of `hashes`, in order (I2: the prefix is copied, not formatted).
+    /// Appends the keys of `hashes`, in order (`keys::I2`: the prefix is copied, not formatted).
     ///
     /// # Panics
     ///
@@ -340,7 +340,7 @@ impl KeyColumn {
     /// The keys, first to last.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         let key_len = self.key_len;
-        // I1: every key starts where the previous one ends, on a char boundary.
+        // `keys::I1`: every key starts where the previous one ends, on a char boundary.
         (0..self.len).map(move |index| &self.text[index * key_len..(index + 1) * key_len])
     }
 
@@ -372,7 +372,7 @@ impl KeyColumn {
         &self.prefix
     }
 
-    /// Byte length of every key (I1).
+    /// Byte length of every key (`keys::I1`).
     pub fn key_len(&self) -> usize {
         self.key_len
     }
@@ -683,7 +683,7 @@ mod tests {
             }
         }
 
-        /// Reads a validated key back into its fields (I3); `None` if it does not parse.
+        /// Reads a validated key back into its fields (`keys::I3`); `None` if it does not parse.
         fn parse(key: &str) -> Option<Fields> {
             let mut parts = key.split('/');
             let namespace = parts.next()?.to_owned();
@@ -732,7 +732,7 @@ mod tests {
                 }
             }
 
-            /// R4 / I3: a validated key reads back into exactly its fields, so distinct
+            /// R4 / `keys::I3`: a validated key reads back into exactly its fields, so distinct
             /// fields can never share a key.
             #[test]
             fn r4_validated_keys_read_back_to_their_fields(fields in fields()) {
@@ -741,7 +741,7 @@ mod tests {
                 }
             }
 
-            /// I1: a column equals the keys formatted one by one, in order.
+            /// `keys::I1`: a column equals the keys formatted one by one, in order.
             #[test]
             fn r3_column_equals_per_key_formatting(
                 fields in fields(),

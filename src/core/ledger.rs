@@ -1,5 +1,5 @@
 //! The reservation ledger: the connector's record of the engine's prefix reservations
-//! (DESIGN section 2 engine hooks, R23-R26; STYLE G6).
+//! (`docs/DESIGN.md` section 2 engine hooks, R23-R26).
 //!
 //! # Problem
 //!
@@ -47,28 +47,29 @@
 //!
 //! # Invariants
 //!
-//! - **I1** No page is reserved twice: each `(group, page)` is held by at most one live
+//! - **`ledger::I1`** No page is reserved twice: each `(group, page)` is held by at most one live
 //!   reservation, and the holder index lists exactly the pages of live reservations.
-//! - **I2** For every group, `free + reserved == capacity`, where `reserved` counts the pages
-//!   of live reservations in that group (so `reserved <= capacity`).
-//! - **I3** A request has at most one live reservation, and the request index agrees with it.
-//! - **I4** A live reservation's token ranges are non-empty, sorted and disjoint, and every
-//!   page it holds belongs to a block that overlaps them.
-//! - **I5** The finished set is exactly the live reservations in `Filled` or `Failed`, in
+//! - **`ledger::I2`** For every group, `free + reserved == capacity`, where `reserved` counts the
+//!   pages of live reservations in that group (so `reserved <= capacity`).
+//! - **`ledger::I3`** A request has at most one live reservation, and the request index agrees with
+//!   it.
+//! - **`ledger::I4`** A live reservation's token ranges are non-empty, sorted and disjoint, and
+//!   every page it holds belongs to a block that overlaps them.
+//! - **`ledger::I5`** The finished set is exactly the live reservations in `Filled` or `Failed`, in
 //!   completion order; [`Ledger::take_finished`] drains it and removes those reservations.
-//! - **I6** States only move `Reserved -> Loading -> Filled | Failed`.
-//! - **I7** A completion is accepted only for a live `Loading` reservation of the ticket's
-//!   generation; any other completion is stale and changes nothing but a counter (R26).
-//! - **I8** A call that returns an error changes nothing.
+//! - **`ledger::I6`** States only move `Reserved -> Loading -> Filled | Failed`.
+//! - **`ledger::I7`** A completion is accepted only for a live `Loading` reservation of the
+//!   ticket's generation; any other completion is stale and changes nothing but a counter (R26).
+//! - **`ledger::I8`** A call that returns an error changes nothing.
 //!
-//! [`Ledger::check_invariants`] checks I1-I5; tests check I6-I8 by behaviour.
+//! [`Ledger::check_invariants`] checks `ledger::I1`-I5; tests check `ledger::I6`-I8 by behaviour.
 //!
 //! # Files
 //!
 //! This file holds the ledger's state and its mutating calls, with unit tests at the bottom.
 //! `ledger/types.rs` holds the vocabulary (pages, tickets, results, outcomes, counters),
-//! `ledger/error.rs` the errors, `ledger/views.rs` the read-only views and the I1-I5 check,
-//! `ledger/random_tests.rs` the seeded randomized test (TGI style) and
+//! `ledger/error.rs` the errors, `ledger/views.rs` the read-only views and the `ledger::I1`-I5
+//! check, `ledger/random_tests.rs` the seeded randomized test (TGI style) and
 //! `ledger/model_tests.rs` the model-based proptest (Vector style).
 
 mod error;
@@ -101,15 +102,15 @@ struct Entry {
     request: RequestId,
     generation: u64,
     state: ReservationState,
-    /// Token ranges still reserved: sorted, disjoint, non-empty (I4).
+    /// Token ranges still reserved: sorted, disjoint, non-empty (`ledger::I4`).
     tokens: Vec<Range<u64>>,
     pages: Vec<ReservedPage>,
-    /// Position in the finished set once completed (I5).
+    /// Position in the finished set once completed (`ledger::I5`).
     finished_seq: Option<u64>,
 }
 
-/// Pages a group lends to reservations; `free` is kept alongside the holder index so I2 is
-/// a real cross-check rather than a definition.
+/// Pages a group lends to reservations; `free` is kept alongside the holder index so `ledger::I2`
+/// is a real cross-check rather than a definition.
 #[derive(Clone, Copy, Debug)]
 struct GroupBudget {
     capacity: usize,
@@ -144,17 +145,17 @@ impl RetiredLog {
 }
 
 /// The connector's record of the engine's prefix reservations; see the module doc for the
-/// workflow and the invariants I1-I8.
+/// workflow and the invariants `ledger::I1`-I8.
 #[derive(Debug)]
 pub struct Ledger {
     tokens_per_block: u64,
     budgets: BTreeMap<GroupId, GroupBudget>,
     live: HashMap<ReservationId, Entry>,
-    /// Request -> its one live reservation (I3); replacement looks it up.
+    /// Request -> its one live reservation (`ledger::I3`); replacement looks it up.
     by_request: HashMap<RequestId, ReservationId>,
-    /// Page -> the live reservation holding it (I1); refuses double reservation in O(1).
+    /// Page -> the live reservation holding it (`ledger::I1`); refuses double reservation in O(1).
     page_holder: HashMap<(GroupId, PageIndex), ReservationId>,
-    /// Completion order -> reservation, drained by `take_finished` (I5).
+    /// Completion order -> reservation, drained by `take_finished` (`ledger::I5`).
     finished: BTreeMap<u64, ReservationId>,
     next_finished_seq: u64,
     next_generation: u64,
@@ -210,9 +211,9 @@ impl Ledger {
     ///
     /// # Errors
     ///
-    /// Refused, changing nothing (I8), when `id` is live, `tokens` is empty, a page names an
-    /// unknown group, lies outside `tokens`, is listed twice, is held by another live
-    /// reservation (I1), or a group's budget cannot cover the pages (I2).
+    /// Refused, changing nothing (`ledger::I8`), when `id` is live, `tokens` is empty, a page names
+    /// an unknown group, lies outside `tokens`, is listed twice, is held by another live
+    /// reservation (`ledger::I1`), or a group's budget cannot cover the pages (`ledger::I2`).
     pub fn reserve(
         &mut self,
         request: RequestId,
@@ -236,7 +237,7 @@ impl Ledger {
         for page in &pages {
             self.page_holder.insert((page.group, page.page), id);
             if let Some(budget) = self.budgets.get_mut(&page.group) {
-                // I2: validate() checked the budget covers every page.
+                // `ledger::I2`: validate() checked the budget covers every page.
                 budget.free -= 1;
             }
         }
@@ -347,12 +348,12 @@ impl Ledger {
         Ok(needed)
     }
 
-    /// Hands reservation `id` to a loader: `Reserved -> Loading` (I6).
+    /// Hands reservation `id` to a loader: `Reserved -> Loading` (`ledger::I6`).
     ///
     /// # Errors
     ///
     /// [`LedgerError::NotLive`] or [`LedgerError::NotReserved`] (a load already started or
-    /// finished); nothing changes (I8).
+    /// finished); nothing changes (`ledger::I8`).
     pub fn start_load(&mut self, id: ReservationId) -> Result<LoadTicket, LedgerError> {
         let entry = self.live.get_mut(&id).ok_or(LedgerError::NotLive { id })?;
         if entry.state != ReservationState::Reserved {
@@ -369,9 +370,9 @@ impl Ledger {
         })
     }
 
-    /// Records a loader's report. Accepted only for a live `Loading` reservation of the
-    /// ticket's generation (I7); it then joins the finished set (I5). Anything else is stale
-    /// and ignored (R26).
+    /// Records a loader's report. Accepted only for a live `Loading` reservation of the ticket's
+    /// generation (`ledger::I7`); it then joins the finished set (`ledger::I5`). Anything else is
+    /// stale and ignored (R26).
     pub fn complete(&mut self, ticket: LoadTicket, result: LoadResult) -> CompletionDisposition {
         let entry = match self.live.get_mut(&ticket.id) {
             Some(entry) if entry.generation == ticket.generation => entry,
@@ -403,13 +404,13 @@ impl Ledger {
 
     /// Drains the finished set in completion order for `get_finished_prefix_loads` and hands
     /// those reservations over to the engine: they leave the ledger and their pages leave the
-    /// budget (I5). A later completion or release for them is harmless.
+    /// budget (`ledger::I5`). A later completion or release for them is harmless.
     pub fn take_finished(&mut self) -> Vec<(ReservationId, LoadResult)> {
         let finished = std::mem::take(&mut self.finished);
         let mut handed_over = Vec::with_capacity(finished.len());
         for id in finished.into_values() {
             let Some(result) = self.live.get(&id).and_then(|e| e.state.finished_result()) else {
-                continue; // I5 makes this unreachable; check_invariants reports it.
+                continue; // `ledger::I5` makes this unreachable; check_invariants reports it.
             };
             self.retire(id, StaleReason::AlreadyFinished);
             match result {
@@ -664,11 +665,11 @@ mod tests {
             holder: A,
         };
         assert_eq!(refused, Err(expected));
-        assert_eq!(ledger.state(B), None, "I8: nothing recorded");
+        assert_eq!(ledger.state(B), None, "ledger::I8: nothing recorded");
         assert_eq!(
             ledger.holder_of(FULL, PageIndex(5)),
             None,
-            "I8: no page taken"
+            "ledger::I8: no page taken"
         );
         assert_eq!(ledger.free_pages(FULL), Some(6));
         assert_eq!(ledger.counters().num_refused, 1);
@@ -796,7 +797,7 @@ mod tests {
         assert_eq!(
             ledger.state(B),
             Some(ReservationState::Reserved),
-            "I7: stale changes nothing"
+            "ledger::I7: stale changes nothing"
         );
         assert!(ledger.take_finished().is_empty());
         assert_eq!(ledger.counters().num_replaced, 1);

@@ -1,4 +1,4 @@
-//! Pure, synchronous logic: no actix, tokio or cudarc in here (STYLE G2).
+//! Pure, synchronous logic: no actix, tokio or cudarc in here.
 //!
 //! Everything in this module is deterministic for its inputs, so it is tested with unit
 //! tests and property tests at the bottom of each file.

@@ -1,5 +1,5 @@
 //! The save queue: which planned save goes next, and which one is shed when the queue is
-//! full (R19, R21, R22; STYLE G5).
+//! full (R19, R21, R22).
 //!
 //! # Workflow
 //!
@@ -19,23 +19,25 @@
 //! The queue decides order and shedding only. What to save is the planner's decision
 //! (R16-R20); blocks already present in the pool are skipped by the saver when it pops them
 //! (R19), so the queue does not deduplicate. Items name pages ([`SaveItem`]: request, group,
-//! block, page, hash), never pinned buffers, so a queued save holds no staging memory (G5).
+//! block, page, hash), never pinned buffers, so a queued save holds no staging memory.
 //!
 //! `window_first` (R21, `TRTLLM_MOONCAKE_STORE_WINDOW_FIRST`) is a constructor argument: off,
 //! window pages join the full-attention class and the two are saved first in first out.
 //!
 //! # Invariants
 //!
-//! - **I1** `len() <= capacity()` after every call.
-//! - **I2** [`SaveQueue::pop`] returns the queued entry with the smallest [`SaveKey`].
-//! - **I3** `seq` grows by one with every push, so keys are unique and a class is first in
-//!   first out.
-//! - **I4** Accounting, per priority: `pushed == popped + dropped + removed + queued`; every
-//!   pushed item leaves exactly once, and every dropped or removed item is handed back.
-//! - **I5** A push into a full queue drops exactly one entry: the oldest of the lowest class,
-//!   or the incoming item when its class ranks below every queued entry.
-//! - **I6** With `window_first` off, window and full-attention saves share one class; the
-//!   counters still use each item's own priority.
+//! - **`save_order::I1`** `len() <= capacity()` after every call.
+//! - **`save_order::I2`** [`SaveQueue::pop`] returns the queued entry with the smallest
+//!   [`SaveKey`].
+//! - **`save_order::I3`** `seq` grows by one with every push, so keys are unique and a class is
+//!   first in first out.
+//! - **`save_order::I4`** Accounting, per priority: `pushed == popped + dropped + removed +
+//!   queued`; every pushed item leaves exactly once, and every dropped or removed item is handed
+//!   back.
+//! - **`save_order::I5`** A push into a full queue drops exactly one entry: the oldest of the
+//!   lowest class, or the incoming item when its class ranks below every queued entry.
+//! - **`save_order::I6`** With `window_first` off, window and full-attention saves share one class;
+//!   the counters still use each item's own priority.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -48,7 +50,7 @@ use crate::core::layout::GroupId;
 /// What kind of save an item is. The order between kinds is defined once, by [`SaveKey`].
 ///
 /// `SavePriority` deliberately has no `Ord` of its own, so no second ordering can drift from
-/// the one in `SaveKey` (STYLE G5).
+/// the one in `SaveKey`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SavePriority {
     /// A window group's page at a prompt's last chunk (R17).
@@ -78,7 +80,7 @@ impl SavePriority {
 pub struct SaveKey {
     /// The class the queue filed the item under (see [`SaveQueue::class_of`]).
     class: SavePriority,
-    /// Push sequence number, one more for every push (I3).
+    /// Push sequence number, one more for every push (`save_order::I3`).
     seq: u64,
 }
 
@@ -150,7 +152,7 @@ pub struct SaveItem {
 pub struct Prioritized<T> {
     /// The item.
     pub item: T,
-    /// The priority it was pushed with (not the class it was filed under, I6).
+    /// The priority it was pushed with (not the class it was filed under, `save_order::I6`).
     pub priority: SavePriority,
 }
 
@@ -216,7 +218,7 @@ impl PerPriority {
     }
 }
 
-/// Counters the saver reports (STYLE G12), by the priority each item was pushed with.
+/// Counters the saver reports, by the priority each item was pushed with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SaveQueueCounters {
     /// Items pushed, dropped incoming ones included.
@@ -230,13 +232,13 @@ pub struct SaveQueueCounters {
 }
 
 /// A bounded priority queue of planned saves; see the module doc for the order, the
-/// shedding rule and the invariants I1-I6.
+/// shedding rule and the invariants `save_order::I1`-I6.
 #[derive(Debug)]
 pub struct SaveQueue<T = SaveItem> {
     capacity: NonZeroUsize,
     /// R21: whether window pages get a class ahead of full-attention blocks.
     window_first: bool,
-    /// The next push's sequence number; a plain field, the queue has one owner (G5).
+    /// The next push's sequence number; a plain field, the queue has one owner.
     next_seq: u64,
     entries: BTreeMap<SaveKey, Prioritized<T>>,
     counters: SaveQueueCounters,
@@ -245,7 +247,7 @@ pub struct SaveQueue<T = SaveItem> {
 impl<T> SaveQueue<T> {
     /// An empty queue holding at most `capacity` items. With `window_first` (R21, on by
     /// default in the configuration) window pages form their own class ahead of
-    /// full-attention blocks; off, the two share one class (I6).
+    /// full-attention blocks; off, the two share one class (`save_order::I6`).
     pub fn new(capacity: NonZeroUsize, window_first: bool) -> Self {
         Self {
             capacity,
@@ -257,7 +259,7 @@ impl<T> SaveQueue<T> {
     }
 
     /// The class an item of `priority` is filed under: itself, except window pages with
-    /// `window_first` off, which join the full-attention class (I6).
+    /// `window_first` off, which join the full-attention class (`save_order::I6`).
     pub fn class_of(&self, priority: SavePriority) -> SavePriority {
         match priority {
             SavePriority::Window if !self.window_first => SavePriority::Full,
@@ -265,10 +267,10 @@ impl<T> SaveQueue<T> {
         }
     }
 
-    /// Queues `item`. Never blocks (R22): when the queue is full, exactly one entry is
-    /// dropped and handed back (I5): the oldest entry of the lowest class queued, or the
-    /// incoming item itself if its class ranks below every queued entry. An incoming item of
-    /// the same class as the lowest queued one is newer, so the older queued entry goes.
+    /// Queues `item`. Never blocks (R22): when the queue is full, exactly one entry is dropped and
+    /// handed back (`save_order::I5`): the oldest entry of the lowest class queued, or the incoming
+    /// item itself if its class ranks below every queued entry. An incoming item of the same class
+    /// as the lowest queued one is newer, so the older queued entry goes.
     pub fn push(&mut self, item: T, priority: SavePriority) -> PushOutcome<T> {
         let key = SaveKey::new(self.class_of(priority), self.next_seq);
         self.next_seq += 1;
@@ -295,7 +297,7 @@ impl<T> SaveQueue<T> {
             .map_or(last, |(victim, _)| *victim);
         let dropped = self.entries.remove(&oldest_of_lowest);
         self.entries.insert(key, incoming);
-        debug_assert!(self.entries.len() <= self.capacity.get(), "I1");
+        debug_assert!(self.entries.len() <= self.capacity.get(), "save_order::I1");
         match dropped {
             Some(dropped) => {
                 self.counters.dropped.add_one(dropped.priority);
@@ -305,7 +307,7 @@ impl<T> SaveQueue<T> {
         }
     }
 
-    /// Takes the next save: the entry with the smallest [`SaveKey`] (I2).
+    /// Takes the next save: the entry with the smallest [`SaveKey`] (`save_order::I2`).
     pub fn pop(&mut self) -> Option<T> {
         let (_, next) = self.entries.pop_first()?;
         self.counters.popped.add_one(next.priority);
@@ -346,7 +348,7 @@ impl<T> SaveQueue<T> {
         self.entries.is_empty()
     }
 
-    /// The most items the queue holds (I1).
+    /// The most items the queue holds (`save_order::I1`).
     pub fn capacity(&self) -> usize {
         self.capacity.get()
     }
@@ -446,7 +448,7 @@ mod tests {
                 full: 2,
                 resave: 2
             },
-            "I6"
+            "save_order::I6"
         );
         Ok(())
     }
@@ -484,7 +486,7 @@ mod tests {
             shed(1, Full),
             "then the oldest full block"
         );
-        assert_eq!(queue.len(), 3, "I1");
+        assert_eq!(queue.len(), 3, "save_order::I1");
         assert_eq!(pop_all(&mut queue), vec![4, 5, 6]);
         assert_eq!(
             queue.counters().dropped,
@@ -631,7 +633,7 @@ mod tests {
             assert_eq!(
                 counters.pushed.get(priority),
                 left,
-                "I4 for {}",
+                "save_order::I4 for {}",
                 priority.as_str()
             );
         }
@@ -655,8 +657,8 @@ mod tests {
     }
 }
 
-/// Property tests of the order (I2, I3) and of shedding and accounting against a naive model
-/// (I1, I4, I5), with fixed seeds.
+/// Property tests of the order (`save_order::I2`, `save_order::I3`) and of shedding and accounting
+/// against a naive model (`save_order::I1`, `save_order::I4`, `save_order::I5`), with fixed seeds.
 #[cfg(test)]
 mod proptests {
     use std::collections::BTreeSet;
@@ -709,7 +711,7 @@ mod proptests {
             .map(|(index, _)| index)
     }
 
-    /// What the model says a push into a full queue must drop (I5).
+    /// What the model says a push into a full queue must drop (`save_order::I5`).
     fn expected_shed(model: &mut Vec<ModelEntry>, incoming: ModelEntry) -> PushOutcome<u64> {
         let lowest = model.iter().map(|entry| entry.1).max().unwrap_or(0);
         if incoming.1 > lowest {
@@ -723,7 +725,7 @@ mod proptests {
         })
     }
 
-    /// Items that left the queue, to check each leaves exactly once (I4).
+    /// Items that left the queue, to check each leaves exactly once (`save_order::I4`).
     #[derive(Default)]
     struct Left {
         ids: BTreeSet<u64>,
@@ -731,7 +733,11 @@ mod proptests {
 
     impl Left {
         fn record(&mut self, id: u64) -> Result<(), TestCaseError> {
-            prop_assert!(self.ids.insert(id), "I4: item {} left twice", id);
+            prop_assert!(
+                self.ids.insert(id),
+                "save_order::I4: item {} left twice",
+                id
+            );
             Ok(())
         }
     }
@@ -743,7 +749,7 @@ mod proptests {
                 + counters.dropped.get(priority)
                 + counters.removed.get(priority)
                 + queue.queued().get(priority);
-            prop_assert_eq!(counters.pushed.get(priority), left, "I4");
+            prop_assert_eq!(counters.pushed.get(priority), left, "save_order::I4");
         }
         Ok(())
     }
@@ -766,7 +772,7 @@ mod proptests {
                         expected_shed(&mut model, incoming)
                     };
                     let got = queue.push(incoming.0, priority);
-                    prop_assert_eq!(&got, &want, "I5");
+                    prop_assert_eq!(&got, &want, "save_order::I5");
                     if let Some(dropped) = got.into_dropped() {
                         left.record(dropped.item)?;
                     }
@@ -777,7 +783,7 @@ mod proptests {
                         .map(|(index, _)| index)
                         .map(|index| model.remove(index).0);
                     let got = queue.pop();
-                    prop_assert_eq!(got, want, "I2: smallest key first");
+                    prop_assert_eq!(got, want, "save_order::I2: smallest key first");
                     if let Some(id) = got {
                         left.record(id)?;
                     }
@@ -790,7 +796,7 @@ mod proptests {
                     }
                 }
             }
-            prop_assert!(queue.len() <= queue.capacity(), "I1");
+            prop_assert!(queue.len() <= queue.capacity(), "save_order::I1");
             prop_assert_eq!(queue.len(), model.len());
             check_accounting(&queue)?;
         }
@@ -800,7 +806,7 @@ mod proptests {
         prop_assert_eq!(
             left.ids.len(),
             usize::try_from(next_id).unwrap_or(usize::MAX),
-            "I4"
+            "save_order::I4"
         );
         check_accounting(&queue)
     }
@@ -826,7 +832,7 @@ mod proptests {
             let mut previous: Option<(u8, u64)> = None;
             while let Some(key) = queue.peek_key() {
                 let id = queue.pop().ok_or(TestCaseError::fail("peeked but empty"))?;
-                prop_assert_eq!(key.seq(), id, "I3: seq is the push order");
+                prop_assert_eq!(key.seq(), id, "save_order::I3: seq is the push order");
                 let index = usize::try_from(id).unwrap_or(usize::MAX);
                 let position = (rank(priorities[index], window_first), id);
                 prop_assert!(previous.is_none_or(|p| p < position), "{:?} after {:?}", position, previous);

@@ -1,5 +1,5 @@
 //! [`HostArena`]: a slab allocator of host memory for pool objects that copy streams can DMA
-//! straight from and into (issue 7, zero-copy loads and saves).
+//! straight from and into (zero-copy loads and saves).
 //!
 //! The embedded pool keeps every object in a [`HostSlot`] from one arena. On the CUDA
 //! backend ([`Device::host_arena`](super::Device::host_arena)) the arena's memory is pinned
@@ -30,21 +30,21 @@
 //!
 //! # Invariants
 //!
-//! - A1. A slot's byte range `ptr..ptr + class_bytes` lies inside one chunk, and the chunk
+//! - `arena::A1`. A slot's byte range `ptr..ptr + class_bytes` lies inside one chunk, and the chunk
 //!   stays allocated while the slot lives (the slot holds the arena's inner `Arc`, which
 //!   owns every chunk).
-//! - A2. No two live slots overlap: a slot place (chunk, index) is handed out by popping it
-//!   off a free list or by advancing a chunk's fresh cursor past it, never both, and is
-//!   pushed back only by the drop of the one slot that held it.
-//! - A3. A slot place is on at most one free list, once, and never while a slot owns it.
-//! - A4. Every byte of a slot is initialized: chunks are zeroed when carved, and a reused
+//! - `arena::A2`. No two live slots overlap: a slot place (chunk, index) is handed out by popping
+//!   it off a free list or by advancing a chunk's fresh cursor past it, never both, and is pushed
+//!   back only by the drop of the one slot that held it.
+//! - `arena::A3`. A slot place is on at most one free list, once, and never while a slot owns it.
+//! - `arena::A4`. Every byte of a slot is initialized: chunks are zeroed when carved, and a reused
 //!   slot keeps the bytes its last owner left.
-//! - A5. Every slot starts on a [`SLOT_ALIGN`]-byte boundary.
-//! - A6. `live_slots + free_slots` equals the slots of every chunk carved so far.
+//! - `arena::A5`. Every slot starts on a [`SLOT_ALIGN`]-byte boundary.
+//! - `arena::A6`. `live_slots + free_slots` equals the slots of every chunk carved so far.
 //!
 //! A copy stream that DMAs from or into a slot must hold the slot (or a [`SharedSlot`]
-//! clone) until the copy has completed; that keeps the memory allocated and unreused (A1,
-//! A2).
+//! clone) until the copy has completed; that keeps the memory allocated and unreused (`arena::A1`,
+//! `arena::A2`).
 
 use std::alloc::{self, Layout};
 use std::collections::HashMap;
@@ -63,7 +63,7 @@ use super::error::GpuError;
 /// least one.
 pub const ARENA_CHUNK_BYTES: usize = 64 << 20;
 
-/// Alignment of every slot start, and the granularity of size classes (A5).
+/// Alignment of every slot start, and the granularity of size classes (`arena::A5`).
 pub const SLOT_ALIGN: usize = 64;
 
 /// A slab allocator of host memory for pool objects; a cheap `Clone` (an `Arc`) whose clones
@@ -73,7 +73,7 @@ pub struct HostArena {
     inner: Arc<ArenaInner>,
 }
 
-/// What every arena handle and every slot shares; owns the chunks (A1).
+/// What every arena handle and every slot shares; owns the chunks (`arena::A1`).
 struct ArenaInner {
     /// Where chunks come from.
     source: ChunkSource,
@@ -103,14 +103,14 @@ struct ArenaState {
     chunk_bytes: usize,
     /// Slots owned by a [`HostSlot`] now.
     live_slots: usize,
-    /// Slots that can be handed out without carving (A6).
+    /// Slots that can be handed out without carving (`arena::A6`).
     free_slots: usize,
 }
 
 /// One size class: its freed slots and the chunks not fully handed out yet.
 #[derive(Default)]
 struct SizeClass {
-    /// Freed slot places, most recently freed last (A3).
+    /// Freed slot places, most recently freed last (`arena::A3`).
     free: Vec<SlotPlace>,
     /// Chunks of this class with slots never handed out, newest last.
     fresh: Vec<FreshRun>,
@@ -145,7 +145,7 @@ struct Chunk {
 // SAFETY: a chunk owns its allocation like a `Box<[u8]>`; the raw pointers are addresses
 // into it, and heap and pinned memory may be used and freed from any thread.
 unsafe impl Send for Chunk {}
-// SAFETY: `&Chunk` gives no access to the bytes; slots reach them only under A1-A3.
+// SAFETY: `&Chunk` gives no access to the bytes; slots reach them only under `arena::A1`-A3.
 unsafe impl Sync for Chunk {}
 
 /// The allocation behind a chunk.
@@ -167,8 +167,8 @@ impl Drop for ChunkMemory {
     fn drop(&mut self) {
         match self {
             Self::Heap { raw, layout } => {
-                // SAFETY: `raw` came from `alloc_zeroed(layout)` and is freed once, here; no
-                // slot uses it, since every slot holds the arena that owns this chunk (A1).
+                // SAFETY: `raw` came from `alloc_zeroed(layout)` and is freed once, here; no slot
+                // uses it, since every slot holds the arena that owns this chunk (`arena::A1`).
                 unsafe { alloc::dealloc(raw.as_ptr(), *layout) };
             }
             #[cfg(feature = "cuda")]
@@ -186,7 +186,7 @@ pub struct ArenaStats {
     pub chunk_bytes: usize,
     /// Slots owned by a [`HostSlot`] now.
     pub live_slots: usize,
-    /// Slots ready to hand out without carving: freed ones and never-used ones (A6).
+    /// Slots ready to hand out without carving: freed ones and never-used ones (`arena::A6`).
     pub free_slots: usize,
 }
 
@@ -225,7 +225,7 @@ impl HostArena {
 
     /// A slot of exactly `len` bytes, from the free list of its size class, the class's
     /// newest chunk, or a new chunk (module workflow, step 2). Its bytes are initialized:
-    /// zero in a new chunk, whatever the last owner left in a reused slot (A4).
+    /// zero in a new chunk, whatever the last owner left in a reused slot (`arena::A4`).
     ///
     /// # Errors
     /// [`GpuError::EmptyArenaSlot`] for `len == 0`; [`GpuError::SizeOverflow`] when `len`
@@ -299,8 +299,9 @@ fn class_bytes(len: usize) -> Result<usize, GpuError> {
 }
 
 impl ArenaState {
-    /// Hands out a slot of `class_bytes`: the most recently freed one, else the next fresh
-    /// one of the class's newest chunk; `None` when the class needs a new chunk (A2, A3).
+    /// Hands out a slot of `class_bytes`: the most recently freed one, else the next fresh one of
+    /// the class's newest chunk; `None` when the class needs a new chunk (`arena::A2`,
+    /// `arena::A3`).
     fn take_slot(&mut self, class_bytes: usize) -> Option<(SlotPlace, NonNull<u8>)> {
         let class = self.classes.get_mut(&class_bytes)?;
         let place = if let Some(place) = class.free.pop() {
@@ -325,7 +326,11 @@ impl ArenaState {
     /// Adds a freshly carved chunk of `slots` slots to its class.
     fn add_chunk(&mut self, slots: usize, chunk: Chunk) {
         let class_bytes = chunk.class_bytes;
-        debug_assert_eq!(chunk.bytes, slots * class_bytes, "A1: whole slots only");
+        debug_assert_eq!(
+            chunk.bytes,
+            slots * class_bytes,
+            "arena::A1: whole slots only"
+        );
         self.chunk_bytes += chunk.bytes;
         self.free_slots += slots;
         self.chunks.push(chunk);
@@ -337,7 +342,7 @@ impl ArenaState {
         self.classes.entry(class_bytes).or_default().fresh.push(run);
     }
 
-    /// Puts a dropped slot's place back on its class's free list (A3).
+    /// Puts a dropped slot's place back on its class's free list (`arena::A3`).
     fn release(&mut self, class_bytes: usize, place: SlotPlace) {
         let class = self.classes.entry(class_bytes).or_default();
         class.free.push(place);
@@ -348,7 +353,7 @@ impl ArenaState {
 
 impl Chunk {
     /// Allocates a zeroed chunk of `slots` slots of `class_bytes` from `source`, starting on
-    /// a [`SLOT_ALIGN`] boundary (A4, A5). `slot_len` only labels the error.
+    /// a [`SLOT_ALIGN`] boundary (`arena::A4`, `arena::A5`). `slot_len` only labels the error.
     fn allocate(
         source: &ChunkSource,
         slot_len: usize,
@@ -401,10 +406,10 @@ impl Chunk {
         let offset = place.index * class_bytes;
         debug_assert!(
             offset + class_bytes <= self.bytes,
-            "A1: slot past its chunk"
+            "arena::A1: slot past its chunk"
         );
         // SAFETY: `place.index` is below the chunk's slot count (it came from a fresh run or
-        // a free list of this class), so `offset + class_bytes <= bytes` (A1).
+        // a free list of this class), so `offset + class_bytes <= bytes` (`arena::A1`).
         unsafe { self.base.add(offset) }
     }
 }
@@ -427,7 +432,7 @@ struct SlotOwner {
     place: SlotPlace,
 }
 
-/// The unique owner of `len` bytes of arena memory, like a `Box<[u8]>` (A2). Dropping it
+/// The unique owner of `len` bytes of arena memory, like a `Box<[u8]>` (`arena::A2`). Dropping it
 /// puts the slot back on its class's free list.
 pub struct HostSlot {
     /// The first byte; dangling (never read) for an empty slot.
@@ -437,7 +442,7 @@ pub struct HostSlot {
     owner: Option<SlotOwner>,
 }
 
-// SAFETY: a slot owns its bytes exclusively (A2) inside a chunk that may be used from any
+// SAFETY: a slot owns its bytes exclusively (`arena::A2`) inside a chunk that may be used from any
 // thread; its drop only takes the arena's lock.
 unsafe impl Send for HostSlot {}
 // SAFETY: `&HostSlot` gives only `&[u8]` and the read-only address.
@@ -495,9 +500,9 @@ impl Deref for HostSlot {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr + len` lies in a live chunk (A1; dangling with `len == 0` for an
-        // empty slot), is initialized (A4) and owned by this slot alone (A2); `&self`
-        // excludes writers.
+        // SAFETY: `ptr..ptr + len` lies in a live chunk (`arena::A1`; dangling with `len == 0` for
+        // an empty slot), is initialized (`arena::A4`) and owned by this slot alone (`arena::A2`);
+        // `&self` excludes writers.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -594,7 +599,7 @@ mod tests {
         let mut ranges: Vec<(usize, usize)> = slots.iter().map(class_range).collect();
         ranges.sort_unstable();
         for pair in ranges.windows(2) {
-            assert!(pair[0].1 <= pair[1].0, "A2: {pair:?} overlap");
+            assert!(pair[0].1 <= pair[1].0, "arena::A2: {pair:?} overlap");
         }
     }
 
@@ -603,11 +608,14 @@ mod tests {
         let arena = HostArena::heap_with_chunk_bytes(4096);
         let mut slot = arena.alloc(100)?;
         assert_eq!(slot.len(), 100);
-        assert!(slot.iter().all(|&b| b == 0), "A4: a new chunk is zeroed");
+        assert!(
+            slot.iter().all(|&b| b == 0),
+            "arena::A4: a new chunk is zeroed"
+        );
         slot.copy_from_slice(&[7; 100]);
         assert_eq!(&slot[..], &[7; 100][..]);
         assert!(!slot.is_pinned() && !arena.is_pinned());
-        assert_eq!(slot.as_ptr().addr() % SLOT_ALIGN, 0, "A5");
+        assert_eq!(slot.as_ptr().addr() % SLOT_ALIGN, 0, "arena::A5");
         let shared = slot.share();
         assert_eq!(shared.clone().len(), 100);
         assert_eq!(&shared[..], &[7; 100][..]);
@@ -662,7 +670,7 @@ mod tests {
         assert_eq!(again.as_ptr().addr(), address);
         assert!(
             again.iter().all(|&b| b == 9),
-            "A4: a reused slot keeps old bytes"
+            "arena::A4: a reused slot keeps old bytes"
         );
         assert_eq!(arena.stats(), stats);
         Ok(())
@@ -726,8 +734,8 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, rng_seed: proptest::test_runner::RngSeed::Fixed(0x6172_656e), ..ProptestConfig::default() })]
 
-        /// Random alloc/free sequences: live slots never overlap (A2), keep their bytes,
-        /// are aligned (A5), and the counts add up (A6).
+        /// Random alloc/free sequences: live slots never overlap (`arena::A2`), keep their bytes,
+        /// are aligned (`arena::A5`), and the counts add up (`arena::A6`).
         #[test]
         fn random_allocs_and_frees_keep_the_invariants(ops in prop::collection::vec(arb_op(), 1..120)) {
             let arena = HostArena::heap_with_chunk_bytes(512);
@@ -754,7 +762,7 @@ mod tests {
                 let mut ranges: Vec<(usize, usize)> = slots.iter().map(|s| class_range(s)).collect();
                 ranges.sort_unstable();
                 for pair in ranges.windows(2) {
-                    prop_assert!(pair[0].1 <= pair[1].0, "A2: {:?} overlap", pair);
+                    prop_assert!(pair[0].1 <= pair[1].0, "arena::A2: {:?} overlap", pair);
                 }
                 for (slot, stamp) in &live {
                     prop_assert!(slot.iter().all(|b| b == stamp));
@@ -767,7 +775,7 @@ mod tests {
                 }).sum();
                 prop_assert_eq!(ready, stats.free_slots);
                 let chunk_slots: usize = state.chunks.iter().map(|c| c.bytes / c.class_bytes).sum();
-                prop_assert_eq!(chunk_slots, stats.live_slots + stats.free_slots, "A6");
+                prop_assert_eq!(chunk_slots, stats.live_slots + stats.free_slots, "arena::A6");
                 let chunk_bytes: usize = state.chunks.iter().map(|c| c.bytes).sum();
                 prop_assert_eq!(chunk_bytes, stats.chunk_bytes);
             }

@@ -18,15 +18,15 @@
 //! the stream and an event is recorded after them; `wait` sleeps on the event.
 //!
 //! Invariants:
-//! - V1. Validation comes first: a copy naming a missing page, slot or object, a range
+//! - `checked::V1`. Validation comes first: a copy naming a missing page, slot or object, a range
 //!   outside its page, slot or object, or two copies writing the same byte reject the
 //!   whole submission before any byte moves ([`CheckedSubmitError`] returns the memory).
-//! - V2. The host memory is reachable only through the [`CheckedInFlight`] until the copies
-//!   and the kernel are done (its event field drops first and synchronizes, as I3).
-//! - V3. Lent objects are read-only: they are not a [`HostTarget`], so a gather into them
-//!   does not compile.
-//! - V4. Checksum `i` is that of copy `i`'s page range, computed on the device side: after
-//!   the copy for a scatter, before it for a gather.
+//! - `checked::V2`. The host memory is reachable only through the [`CheckedInFlight`] until the
+//!   copies and the kernel are done (its event field drops first and synchronizes, as `gpu::I3`).
+//! - `checked::V3`. Lent objects are read-only: they are not a [`HostTarget`], so a gather into
+//!   them does not compile.
+//! - `checked::V4`. Checksum `i` is that of copy `i`'s page range, computed on the device side:
+//!   after the copy for a scatter, before it for a gather.
 
 use super::arena::{HostSlot, SharedSlot};
 use super::copy::{locate_page, CopyDirection, PageCopy};
@@ -37,10 +37,10 @@ use super::stream::{CopyStream, StreamId};
 /// Host memory a checked submission reads payloads from: a [`StagingPool`] (copies name
 /// slots) or a pool's objects (`Vec<SharedSlot>` lent for a load, `Vec<HostSlot>` to fill
 /// for a save; copies name objects by index). Owned by the submission until it completes
-/// (V2).
+/// (`checked::V2`).
 pub trait HostSide: Send {
     /// The byte range `offset..offset + len` of slot or object `index`, as (object index,
-    /// start): the start is absolute in the staging buffer for a staging pool (V1).
+    /// start): the start is absolute in the staging buffer for a staging pool (`checked::V1`).
     ///
     /// # Errors
     /// [`GpuError::StagingSlotOutOfRange`], [`GpuError::StagingRangeOutOfSlot`],
@@ -51,7 +51,7 @@ pub trait HostSide: Send {
     fn source(&self, copy: &ResolvedCopy) -> &[u8];
 }
 
-/// Host memory a checked submission may also write (a gather): not lent objects (V3).
+/// Host memory a checked submission may also write (a gather): not lent objects (`checked::V3`).
 pub trait HostTarget: HostSide {
     /// The bytes a validated copy writes.
     fn target(&mut self, copy: &ResolvedCopy) -> &mut [u8];
@@ -142,7 +142,7 @@ fn locate_object(
 }
 
 /// One validated copy: the page (pool index, page) and the host range. Made only by the
-/// checked submissions' validation (V1); opaque outside the device layer.
+/// checked submissions' validation (`checked::V1`); opaque outside the device layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResolvedCopy {
     /// Pool index in the device geometry.
@@ -164,7 +164,7 @@ impl ResolvedCopy {
     }
 }
 
-/// A checked submission refused before any byte moved (V1), with its memory.
+/// A checked submission refused before any byte moved (`checked::V1`), with its memory.
 #[derive(Debug)]
 pub struct CheckedSubmitError<M> {
     /// The untouched host memory.
@@ -194,7 +194,7 @@ pub(crate) enum CheckedEvent {
 #[must_use = "an in-flight copy holds its host memory; call wait() to get it back"]
 #[derive(Debug)]
 pub struct CheckedInFlight<M> {
-    /// Declared first so it drops (and synchronizes) before `memory` (V2).
+    /// Declared first so it drops (and synchronizes) before `memory` (`checked::V2`).
     event: CheckedEvent,
     memory: M,
     lens: Vec<usize>,
@@ -203,9 +203,9 @@ pub struct CheckedInFlight<M> {
 }
 
 impl<M> CheckedInFlight<M> {
-    /// Blocks until the copies and checksums are done; returns the memory and one
-    /// checksum per copy, in order (V4). On failure the destination bytes must be treated
-    /// as not written (I6).
+    /// Blocks until the copies and checksums are done; returns the memory and one checksum per
+    /// copy, in order (`checked::V4`). On failure the destination bytes must be treated as not
+    /// written (`gpu::I6`).
     ///
     /// Call it on a loader's or saver's own thread, never on a shared actix arbiter.
     pub fn wait(self) -> (M, Result<Vec<u64>, GpuError>) {
@@ -247,11 +247,11 @@ impl<M> CheckedInFlight<M> {
 
 impl CopyStream {
     /// Copies payloads from `memory` (a staging pool or lent objects) into device pages,
-    /// then checksums each page range that was written (module workflow, V4).
+    /// then checksums each page range that was written (module workflow, `checked::V4`).
     ///
     /// # Errors
-    /// A [`CheckedSubmitError`] with the untouched memory when the device is poisoned or a
-    /// copy is invalid (V1). Failures after that are reported by [`CheckedInFlight::wait`].
+    /// A [`CheckedSubmitError`] with the untouched memory when the device is poisoned or a copy is
+    /// invalid (`checked::V1`). Failures after that are reported by [`CheckedInFlight::wait`].
     pub fn scatter_checked<M: HostSide>(
         &mut self,
         memory: M,
@@ -270,7 +270,7 @@ impl CopyStream {
     }
 
     /// Checksums each page range, then copies it into `memory` (a staging pool or fresh
-    /// object buffers; lent objects cannot be written, V3).
+    /// object buffers; lent objects cannot be written, `checked::V3`).
     ///
     /// # Errors
     /// As [`scatter_checked`](Self::scatter_checked).
@@ -291,7 +291,7 @@ impl CopyStream {
         Ok(self.in_flight(CopyDirection::DeviceToHost, event, memory, &resolved))
     }
 
-    /// Validation (V1), counting a rejection.
+    /// Validation (`checked::V1`), counting a rejection.
     fn resolve_checked(
         &mut self,
         direction: CopyDirection,
@@ -308,7 +308,7 @@ impl CopyStream {
         resolved
     }
 
-    /// Issues validated copies (or takes an injected failure, H3) and counts them.
+    /// Issues validated copies (or takes an injected failure, `host::H3`) and counts them.
     fn issue_checked(
         &mut self,
         direction: CopyDirection,
@@ -359,7 +359,8 @@ impl CopyStream {
     }
 }
 
-/// Validates every copy against the device geometry and the host memory (V1, V3).
+/// Validates every copy against the device geometry and the host memory (`checked::V1`,
+/// `checked::V3`).
 fn resolve_all(
     device: &super::Device,
     direction: CopyDirection,

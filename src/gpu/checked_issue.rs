@@ -1,6 +1,6 @@
 //! The backend half of checked submissions (`checked.rs`): the host backend copies and
 //! checksums inside the call; CUDA queues one copy per page, the checksum kernel and the
-//! copy of its results, then records an event (K2 as for plain submissions).
+//! copy of its results, then records an event (`cuda::K2` as for plain submissions).
 
 use super::checked::{CheckedEvent, HostAccess, ResolvedCopy};
 use super::copy::CopyDirection;
@@ -11,12 +11,12 @@ use super::stream::{StreamBackend, StreamId};
 
 impl Device {
     /// Issues validated copies of a checked submission on `stream` (which this device
-    /// made), with the page checksums (V4).
+    /// made), with the page checksums (`checked::V4`).
     ///
     /// # Errors
     /// [`GpuError::BackendMismatch`] for a stream of another backend; on CUDA
     /// `GpuError::Driver` while queueing (a sticky one poisons); the stream has been
-    /// synchronized by then, so no queued copy still touches `memory` (K2).
+    /// synchronized by then, so no queued copy still touches `memory` (`cuda::K2`).
     #[cfg_attr(
         not(feature = "cuda"),
         expect(
@@ -65,7 +65,7 @@ impl Device {
     }
 }
 
-/// Host backend: copy each page range, then checksum the page (V4).
+/// Host backend: copy each page range, then checksum the page (`checked::V4`).
 fn host_checked(
     host: &HostDevice,
     copies: &[ResolvedCopy],
@@ -88,7 +88,7 @@ fn host_checked(
 }
 
 /// CUDA: each copy as (pool, page, host pointer, bytes); pointers stay valid while the
-/// in-flight owns `memory` (V2).
+/// in-flight owns `memory` (`checked::V2`).
 #[cfg(feature = "cuda")]
 fn cuda_copies(copies: &[ResolvedCopy], mut memory: HostAccess<'_>) -> Vec<super::cuda::HostCopy> {
     copies

@@ -5,7 +5,7 @@
 //! 1. A loader or the saver lists one [`PageCopy`] per page: which page of which group,
 //!    and where its payload sits in staging (a slot, and an offset past the object header).
 //! 2. [`plan_copies`] resolves each copy to absolute byte ranges ([`CopyRun`]), checks every
-//!    bound (I4), rejects overlapping destinations (I5), then coalesces neighbours.
+//!    bound (`gpu::I4`), rejects overlapping destinations (`gpu::I5`), then coalesces neighbours.
 //! 3. A backend issues one transfer per run: on CUDA one `cuMemcpy*Async` each, on the host
 //!    backend one `copy_from_slice` per page touched.
 //!
@@ -14,10 +14,10 @@
 //! device ranges and their staging ranges are back to back, in the same group.
 //!
 //! Invariants:
-//! - C1. Every run lies inside its group's region and inside the staging buffer.
-//! - C2. The planned runs move exactly the bytes the copy list names: each destination byte
+//! - `copy::C1`. Every run lies inside its group's region and inside the staging buffer.
+//! - `copy::C2`. The planned runs move exactly the bytes the copy list names: each destination byte
 //!   gets the same source byte (proptest `c2_coalescing_moves_the_same_bytes`).
-//! - C3. No two neighbouring output runs could be merged (runs are sorted by group, device
+//! - `copy::C3`. No two neighbouring output runs could be merged (runs are sorted by group, device
 //!   offset, staging offset; each is merged into its predecessor whenever possible).
 
 use std::fmt;
@@ -95,7 +95,7 @@ impl CopyRun {
         self.staging_offset + self.len
     }
 
-    /// Whether `next` continues this run in both memories (C3).
+    /// Whether `next` continues this run in both memories (`copy::C3`).
     fn continues_with(&self, next: &Self) -> bool {
         self.group == next.group
             && self.device_end() == next.device_offset
@@ -108,10 +108,10 @@ impl CopyRun {
 /// An empty list plans no runs. The result is sorted by group, then device offset.
 ///
 /// # Errors
-/// The first invalid copy's error (I4): [`GpuError::UnknownGroup`],
+/// The first invalid copy's error (`gpu::I4`): [`GpuError::UnknownGroup`],
 /// [`GpuError::PageOutOfRange`], [`GpuError::CopyLengthInvalid`],
 /// [`GpuError::StagingSlotOutOfRange`], [`GpuError::StagingRangeOutOfSlot`]; or
-/// [`GpuError::OverlappingCopies`] when two copies write the same destination byte (I5).
+/// [`GpuError::OverlappingCopies`] when two copies write the same destination byte (`gpu::I5`).
 pub fn plan_copies(
     direction: CopyDirection,
     pages: &PageGeometry,
@@ -127,7 +127,7 @@ pub fn plan_copies(
 }
 
 /// The pool index and spec of a copy's page, once the page exists and the length is
-/// `1..=page_bytes` (C1).
+/// `1..=page_bytes` (`copy::C1`).
 ///
 /// # Errors
 /// [`GpuError::UnknownGroup`], [`GpuError::PageOutOfRange`], [`GpuError::CopyLengthInvalid`].
@@ -147,7 +147,7 @@ pub(crate) fn locate_page(
     Ok((pool_index, pool))
 }
 
-/// Checks one copy against both geometries and turns it into absolute byte ranges (C1).
+/// Checks one copy against both geometries and turns it into absolute byte ranges (`copy::C1`).
 fn resolve(
     pages: &PageGeometry,
     staging: StagingGeometry,
@@ -175,7 +175,7 @@ fn resolve(
     })
 }
 
-/// Rejects two runs that write the same destination byte (I5): device bytes for
+/// Rejects two runs that write the same destination byte (`gpu::I5`): device bytes for
 /// host-to-device, staging bytes for device-to-host. Sources may overlap freely.
 fn check_disjoint_destinations(direction: CopyDirection, runs: &[CopyRun]) -> Result<(), GpuError> {
     // (group, start, end) of each destination; staging is one buffer for every group.
@@ -200,9 +200,9 @@ fn check_disjoint_destinations(direction: CopyDirection, runs: &[CopyRun]) -> Re
 }
 
 /// Sorts runs by group and device offset and merges each run into its predecessor when it
-/// continues it in both memories (C2, C3).
+/// continues it in both memories (`copy::C2`, `copy::C3`).
 ///
-/// Reordering is safe because the destinations of one submission are disjoint (I5) and
+/// Reordering is safe because the destinations of one submission are disjoint (`gpu::I5`) and
 /// sources are never written by the same submission.
 pub fn coalesce(mut runs: Vec<CopyRun>) -> Vec<CopyRun> {
     runs.sort_by_key(|run| (run.group, run.device_offset, run.staging_offset));
@@ -404,7 +404,8 @@ mod tests {
             ..Config::default()
         })]
 
-        /// C2 and C3 on random copy lists (invalid and overlapping lists are dropped).
+        /// `copy::C2` and `copy::C3` on random copy lists (invalid and overlapping lists are
+        /// dropped).
         #[test]
         fn c2_coalescing_moves_the_same_bytes(
             copies in arb_copies(),
@@ -429,7 +430,7 @@ mod tests {
             prop_assert_eq!(total(&one_by_one), total(&planned));
             prop_assert!(planned.len() <= copies.len());
             for pair in planned.windows(2) {
-                prop_assert!(!pair[0].continues_with(&pair[1]), "C3: {:?}", pair);
+                prop_assert!(!pair[0].continues_with(&pair[1]), "copy::C3: {:?}", pair);
             }
         }
     }

@@ -11,7 +11,7 @@
 //!    [`Device::read_page`]; loaders and the saver move pages only through their stream.
 //!
 //! `Device` is a cheap `Clone` (an `Arc`); it is `Send + Sync`. Dispatch is a closed enum
-//! over backends, so CUDA is a variant and a match arm, never a trait object (STYLE A5).
+//! over backends, so CUDA is a variant and a match arm, never a trait object.
 //! On CUDA, every call makes the device's primary context current on the calling thread
 //! first, so callers on any thread need no setup.
 
@@ -71,11 +71,11 @@ pub(crate) enum Backend {
 struct Shared {
     geometry: PageGeometry,
     backend: Backend,
-    /// Set once by [`Device::poison`], never cleared (I7).
+    /// Set once by [`Device::poison`], never cleared (`gpu::I7`).
     poisoned: AtomicBool,
     /// Source of [`StreamId`]s, so log lines can tell streams apart.
     next_stream: AtomicU32,
-    /// Submissions still to fail, set by [`Device::inject_copy_failures`] (H3).
+    /// Submissions still to fail, set by [`Device::inject_copy_failures`] (`host::H3`).
     pending_copy_failures: AtomicU32,
 }
 
@@ -256,7 +256,7 @@ impl Device {
     /// Test aid: the next `copies` submissions (each `scatter` or `gather` call that passes
     /// validation) fail, on any stream of this device, on either backend. A failed
     /// submission moves no bytes, and its `InFlight::wait` reports [`GpuError::CopyFailed`]
-    /// (I6). Calls add up.
+    /// (`gpu::I6`). Calls add up.
     ///
     /// Meant for tests that show a failed copy becomes a failed load (R25); production code
     /// never calls it.
@@ -268,7 +268,7 @@ impl Device {
 
     /// Marks the device unusable after an unrecoverable error (for CUDA, a sticky context
     /// error, which the backend detects by itself). Every later call that starts device work
-    /// fails with [`GpuError::Poisoned`] (I7). Copies already issued still complete or fail
+    /// fails with [`GpuError::Poisoned`] (`gpu::I7`). Copies already issued still complete or fail
     /// on their own.
     pub fn poison(&self) {
         if !self.shared.poisoned.swap(true, Ordering::AcqRel) {
@@ -281,7 +281,7 @@ impl Device {
         self.shared.poisoned.load(Ordering::Acquire)
     }
 
-    /// Fails with [`GpuError::Poisoned`] once the device is poisoned (I7).
+    /// Fails with [`GpuError::Poisoned`] once the device is poisoned (`gpu::I7`).
     pub(crate) fn ensure_usable(&self) -> Result<(), GpuError> {
         if self.is_poisoned() {
             return Err(GpuError::Poisoned);
@@ -289,7 +289,7 @@ impl Device {
         Ok(())
     }
 
-    /// Poisons the device when `result` is a sticky driver error (I7); passes it through.
+    /// Poisons the device when `result` is a sticky driver error (`gpu::I7`); passes it through.
     #[cfg(feature = "cuda")]
     pub(crate) fn poison_if_sticky<T>(&self, result: Result<T, GpuError>) -> Result<T, GpuError> {
         if let Err(error) = &result {
@@ -300,7 +300,7 @@ impl Device {
         result
     }
 
-    /// Consumes one injected failure, if any is pending (H3).
+    /// Consumes one injected failure, if any is pending (`host::H3`).
     pub(crate) fn take_copy_failure(&self) -> bool {
         self.shared
             .pending_copy_failures
@@ -309,13 +309,13 @@ impl Device {
     }
 
     /// Issues planned runs of one submission on `stream` (which this device made). The
-    /// host backend copies now, one page lock at a time (H2); CUDA queues one async copy
-    /// per run and records an event after them (K2). The runs come from `plan_copies`
-    /// against this device (C1).
+    /// host backend copies now, one page lock at a time (`host::H2`); CUDA queues one async copy
+    /// per run and records an event after them (`cuda::K2`). The runs come from `plan_copies`
+    /// against this device (`copy::C1`).
     ///
     /// # Errors
     /// The staging pool and the error when the submission could not be issued; no issued
-    /// copy still touches the pool then (K2). [`GpuError::UnknownGroup`] only if a run
+    /// copy still touches the pool then (`cuda::K2`). [`GpuError::UnknownGroup`] only if a run
     /// names a group of another device; on CUDA `GpuError::Driver` (a sticky one poisons).
     pub(crate) fn issue(
         &self,
@@ -360,7 +360,7 @@ impl Device {
         &self.shared.backend
     }
 
-    /// Resolves each run's group to its pool index (K1), so no copy starts unless all can.
+    /// Resolves each run's group to its pool index (`cuda::K1`), so no copy starts unless all can.
     fn resolve_runs(&self, runs: &[CopyRun]) -> Result<Vec<(usize, CopyRun)>, GpuError> {
         runs.iter()
             .map(|run| Ok((self.shared.geometry.index_of(run.group)?, *run)))

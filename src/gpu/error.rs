@@ -4,15 +4,15 @@
 //! Workflow: validation errors (unknown group, page or slot out of range, bad lengths,
 //! overlapping destinations) are found before any byte moves and come back from
 //! `CopyStream::scatter` / `gather` as a [`SubmitError`] together with the untouched staging
-//! pool (invariant I4 of the module docs). Failures of a copy that was issued come back
+//! pool (`gpu::I4`). Failures of a copy that was issued come back
 //! from `InFlight::wait` as [`GpuError::CopyFailed`]. Once a device is poisoned, every call
-//! fails with [`GpuError::Poisoned`] (I7).
+//! fails with [`GpuError::Poisoned`] (`gpu::I7`).
 //!
 //! Opening a device reports why CUDA cannot be used ([`GpuError::CudaNotBuilt`],
 //! [`GpuError::CudaDriverMissing`], `GpuError::CudaInit`, [`GpuError::CudaNoDevice`]),
 //! each message naming `device.kind = "host"` as the setting that works without a GPU.
 //! With the `cuda` feature, driver failures keep `cudarc::driver::DriverError` as their
-//! `#[source]` (`GpuError::Driver`, `GpuError::CudaCopyFailed`; STYLE G10); no variant
+//! `#[source]` (`GpuError::Driver`, `GpuError::CudaCopyFailed`); no variant
 //! carries a `String` built from another error.
 
 use crate::core::layout::GroupId;
@@ -149,7 +149,7 @@ pub enum GpuError {
     },
 
     /// Two copies of one submission write overlapping destination bytes, so the result
-    /// would depend on their order (invariant I5).
+    /// would depend on their order (`gpu::I5`).
     #[error("copies {first} and {second} of one submission write overlapping destination bytes")]
     OverlappingCopies {
         /// Index of one copy in the submitted list.
@@ -174,7 +174,7 @@ pub enum GpuError {
         chunk_bytes: usize,
     },
 
-    /// An issued copy failed; its destination bytes must be treated as not written (I6).
+    /// An issued copy failed; its destination bytes must be treated as not written (`gpu::I6`).
     #[error("{direction} copy of {bytes} bytes on stream {stream} failed")]
     CopyFailed {
         /// The stream the copy ran on.
@@ -185,7 +185,7 @@ pub enum GpuError {
         bytes: usize,
     },
 
-    /// The device met an unrecoverable error earlier and rejects all new work (I7).
+    /// The device met an unrecoverable error earlier and rejects all new work (`gpu::I7`).
     #[error("device is poisoned by an earlier unrecoverable error and rejects new work")]
     Poisoned,
 
@@ -248,7 +248,7 @@ pub enum GpuError {
     },
 
     /// An issued copy failed in the CUDA driver; its destination must be treated as not
-    /// written, and may be partly written (I6).
+    /// written, and may be partly written (`gpu::I6`).
     #[cfg(feature = "cuda")]
     #[error("{direction} copy of {bytes} bytes on stream {stream} failed in the cuda driver")]
     CudaCopyFailed {
@@ -348,7 +348,7 @@ impl GpuError {
     }
 
     /// Whether the error is a sticky CUDA error that leaves the context unusable, so the
-    /// device must be poisoned (I7). Always `false` without the `cuda` feature.
+    /// device must be poisoned (`gpu::I7`). Always `false` without the `cuda` feature.
     pub fn is_sticky(&self) -> bool {
         match self {
             #[cfg(feature = "cuda")]
@@ -368,7 +368,7 @@ impl GpuError {
 
 /// A rejected copy submission: the reason, and the staging pool handed back untouched.
 ///
-/// `scatter` and `gather` take the staging pool by value (invariant I3); a rejection must
+/// `scatter` and `gather` take the staging pool by value (`gpu::I3`); a rejection must
 /// not lose it, so it travels back inside the error, the way `std::sync::mpsc::SendError`
 /// returns the value it could not send.
 #[derive(Debug, thiserror::Error)]

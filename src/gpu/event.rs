@@ -1,4 +1,4 @@
-//! In-flight copies: the completion handle a loader's own thread waits on (STYLE G9).
+//! In-flight copies: the completion handle a loader's own thread waits on.
 //!
 //! Workflow:
 //! 1. `CopyStream::scatter` / `gather` returns an [`InFlight`] that owns the staging pool.
@@ -8,9 +8,9 @@
 //!    already done and `wait` returns at once.
 //! 3. `wait` gives back the staging pool and the outcome; the loader replies with a message.
 //!
-//! Invariant I3 (module docs): the staging pool is reachable only through the `InFlight`
+//! Invariant `gpu::I3`: the staging pool is reachable only through the `InFlight`
 //! until the copy is complete. Fields drop in declaration order, and `event` is declared
-//! before `staging`: the CUDA completion's `Drop` synchronizes its event (queue.rs Q1), so
+//! before `staging`: the CUDA completion's `Drop` synchronizes its event (`cuda::queue::Q1`), so
 //! dropping an `InFlight` without waiting still never frees staging memory under a
 //! running copy.
 
@@ -44,7 +44,7 @@ impl CopyEvent {
 #[must_use = "an in-flight copy holds the staging pool; call wait() to get it back"]
 #[derive(Debug)]
 pub struct InFlight {
-    /// Declared first so it drops before `staging` (I3).
+    /// Declared first so it drops before `staging` (`gpu::I3`).
     event: CopyEvent,
     staging: StagingPool,
     stream: StreamId,
@@ -101,11 +101,11 @@ impl InFlight {
     /// Blocks until the copy finishes, then returns the staging pool and the outcome.
     ///
     /// Call it on the loader's own completion thread or in `spawn_blocking`, never on a
-    /// shared actix arbiter (STYLE G9). On failure the destination bytes must be treated as
-    /// not written (I6): the host backend leaves them unchanged; on CUDA they may be partly
+    /// shared actix arbiter (a wait there would stall other actors). On failure the destination bytes must be treated as
+    /// not written (`gpu::I6`): the host backend leaves them unchanged; on CUDA they may be partly
     /// written.
     pub fn wait(self) -> (StagingPool, Result<(), GpuError>) {
-        // Blocks until the copy is done (or failed); only then is staging released (I3).
+        // Blocks until the copy is done (or failed); only then is staging released (`gpu::I3`).
         let outcome = self.event.finish();
         (self.staging, outcome)
     }

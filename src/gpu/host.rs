@@ -1,19 +1,19 @@
 //! The host-memory backend: device pages in ordinary heap memory, copies as `memcpy`,
-//! completion at once. It is the CPU backend of STYLE G8 (what the style guide calls
-//! `fake.rs`), and what every actor test and the replay simulator run on.
+//! completion at once. It is the CPU backend behind the same API as CUDA, and what every
+//! actor test and the replay simulator run on.
 //!
 //! This is the bottom layer of the sandwich for the host backend; the CUDA backend's bottom
 //! layer is `cuda/driver.rs` (cudarc driver calls) instead. Callers above (`Device`,
-//! `CopyStream`) have already bounds-checked every access (I1, C1), so nothing here
+//! `CopyStream`) have already bounds-checked every access (`gpu::I1`, `copy::C1`), so nothing here
 //! re-validates, and no `unsafe` is needed.
 //!
 //! Invariants:
-//! - H1. Each page has its own lock; concurrent work on different pages never contends,
-//!   and work on one page is serialized (I2).
-//! - H2. No code path holds two page locks at once, so the backend cannot deadlock.
-//! - H3. An injected copy failure (`Device::inject_copy_failures`, counted on the device for
-//!   every backend) is taken before any byte moves, so a failed copy leaves its
-//!   destination unchanged (I6).
+//! - `host::H1`. Each page has its own lock; concurrent work on different pages never contends,
+//!   and work on one page is serialized (`gpu::I2`).
+//! - `host::H2`. No code path holds two page locks at once, so the backend cannot deadlock.
+//! - `host::H3`. An injected copy failure (`Device::inject_copy_failures`, counted on the device
+//!   for every backend) is taken before any byte moves, so a failed copy leaves its destination
+//!   unchanged (`gpu::I6`).
 
 use std::fmt;
 
@@ -22,7 +22,7 @@ use parking_lot::RwLock;
 use super::copy::{CopyDirection, CopyRun};
 use super::pages::PageGeometry;
 
-/// One group's pages. Pages are separate allocations so each gets its own lock (H1).
+/// One group's pages. Pages are separate allocations so each gets its own lock (`host::H1`).
 struct HostPagePool {
     page_bytes: usize,
     pages: Vec<RwLock<Box<[u8]>>>,
@@ -78,8 +78,8 @@ impl HostDevice {
         crate::core::object::checksum(&self.pools[pool].pages[page as usize].read()[..len])
     }
 
-    /// Moves one run's bytes, one page lock at a time (H2). `pool` is the run's group's
-    /// index; the run lies inside the region and the staging buffer (C1).
+    /// Moves one run's bytes, one page lock at a time (`host::H2`). `pool` is the run's group's
+    /// index; the run lies inside the region and the staging buffer (`copy::C1`).
     pub(crate) fn copy_run(
         &self,
         direction: CopyDirection,

@@ -1,5 +1,5 @@
 //! Device memory and copies: page pools per layer group, staging pools, copy streams and
-//! completion handles (DESIGN sections 2 and 7; STYLE G8, G9). Two backends sit behind
+//! completion handles (`docs/DESIGN.md` sections 2 and 7). Two backends sit behind
 //! one API: host memory (always built) and CUDA through cudarc (feature `cuda`).
 //!
 //! # The three-layer sandwich
@@ -40,35 +40,35 @@
 //!
 //! - [`Device`] is `Clone + Send + Sync` (an `Arc`); clones share the same pages.
 //! - [`StagingPool`] and [`CopyStream`] are not `Clone` and have one owner each: one loader
-//!   or the saver. No `Arc<Mutex<..>>` around them (STYLE G9).
+//!   or the saver. No `Arc<Mutex<..>>` around them.
 //! - Submitting a copy moves the staging pool into the [`InFlight`]; `wait` moves it back,
 //!   and a rejected submission returns it inside [`SubmitError`].
 //!
 //! # Invariants
 //!
-//! - I1. Every page access and every copy is bounds-checked against the device's
+//! - `gpu::I1`. Every page access and every copy is bounds-checked against the device's
 //!   [`PageGeometry`] and the pool's [`StagingGeometry`] before any byte moves.
-//! - I2. Different pages may be read and written from any threads at once. On the host
+//! - `gpu::I2`. Different pages may be read and written from any threads at once. On the host
 //!   backend each page has its own lock, so accesses to one page are serialized. On CUDA
 //!   the caller must not target one page from two places at once; the reservation protocol
 //!   (engine, loaders, saver) guarantees that.
-//! - I3. Nobody touches staging memory while a copy reads or writes it: the pool is owned by
+//! - `gpu::I3`. Nobody touches staging memory while a copy reads or writes it: the pool is owned by
 //!   the [`InFlight`] until `wait` returns it, and an `InFlight` dropped without waiting
 //!   finishes its copy before the memory is freed.
-//! - I4. A submission is validated as a whole; a rejected submission moves no bytes and
+//! - `gpu::I4`. A submission is validated as a whole; a rejected submission moves no bytes and
 //!   hands the staging pool back untouched.
-//! - I5. The destinations of one submission are disjoint, so its copies may be coalesced
+//! - `gpu::I5`. The destinations of one submission are disjoint, so its copies may be coalesced
 //!   and reordered ([`plan_copies`]) without changing the bytes moved.
-//! - I6. A copy that fails reports [`GpuError::CopyFailed`] from `wait`, and its destination
+//! - `gpu::I6`. A copy that fails reports [`GpuError::CopyFailed`] from `wait`, and its destination
 //!   must be treated as not written. The host backend moves no byte of a failed copy (the
 //!   destination keeps its old contents); CUDA may leave it partly written (the error is
 //!   then `CudaCopyFailed`). A loader reports such a load as failed and never as computed
 //!   (R25).
-//! - I7. [`Device::poison`] marks the device unusable after an unrecoverable error; from then
-//!   on every call that starts device work fails with [`GpuError::Poisoned`]. Poison is
-//!   never cleared (fjall's `PoisonDart`). The CUDA backend poisons by itself when a driver
-//!   call reports a sticky error ([`GpuError::is_sticky`]).
-//! - I8. `InFlight::wait` blocks; it runs on a loader's own completion thread or in
+//! - `gpu::I7`. [`Device::poison`] marks the device unusable after an unrecoverable error; from
+//!   then on every call that starts device work fails with [`GpuError::Poisoned`]. Poison is never
+//!   cleared (fjall's `PoisonDart`). The CUDA backend poisons by itself when a driver call reports
+//!   a sticky error ([`GpuError::is_sticky`]).
+//! - `gpu::I8`. `InFlight::wait` blocks; it runs on a loader's own completion thread or in
 //!   `spawn_blocking`, never on a shared arbiter.
 //!
 //! # Test aid

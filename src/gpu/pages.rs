@@ -1,5 +1,5 @@
 //! Page pools: the device's page address space, one pool of equal-sized pages per layer
-//! group (DESIGN section 1, "Page").
+//! group (`docs/DESIGN.md` section 1, "Page").
 //!
 //! Workflow:
 //! 1. The caller describes each group's pool with a [`PagePoolSpec`] (page size from the
@@ -9,9 +9,9 @@
 //!    is resolved and bounds-checked through [`PageGeometry::locate`] before a byte moves.
 //!
 //! Invariants:
-//! - P1. Every group has at most one pool.
-//! - P2. `page_bytes >= 1` and `num_pages >= 1` for every pool.
-//! - P3. `page_bytes * num_pages` fits in `usize` for every pool, so byte offsets computed
+//! - `pages::P1`. Every group has at most one pool.
+//! - `pages::P2`. `page_bytes >= 1` and `num_pages >= 1` for every pool.
+//! - `pages::P3`. `page_bytes * num_pages` fits in `usize` for every pool, so byte offsets computed
 //!   from a checked page index never overflow.
 
 use crate::core::layout::GroupId;
@@ -37,12 +37,15 @@ impl PagePoolSpec {
 
     /// Byte offset of `page` inside the pool. The caller has checked `page < num_pages`.
     pub(crate) fn page_offset(&self, page: u32) -> usize {
-        debug_assert!(page < self.num_pages, "P3 needs a checked page index");
+        debug_assert!(
+            page < self.num_pages,
+            "pages::P3 needs a checked page index"
+        );
         page as usize * self.page_bytes
     }
 }
 
-/// The validated set of page pools of one device (P1..P3).
+/// The validated set of page pools of one device (`pages::P1`..P3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PageGeometry {
     /// Sorted by group, so lookups are a binary search and the order is stable.
@@ -53,8 +56,8 @@ impl PageGeometry {
     /// Validates `specs` and sorts them by group.
     ///
     /// # Errors
-    /// [`GpuError::NoPagePools`] for an empty list, [`GpuError::DuplicateGroup`] (P1),
-    /// [`GpuError::EmptyPagePool`] (P2), [`GpuError::SizeOverflow`] (P3).
+    /// [`GpuError::NoPagePools`] for an empty list, [`GpuError::DuplicateGroup`] (`pages::P1`),
+    /// [`GpuError::EmptyPagePool`] (`pages::P2`), [`GpuError::SizeOverflow`] (`pages::P3`).
     pub fn new(specs: &[PagePoolSpec]) -> Result<Self, GpuError> {
         if specs.is_empty() {
             return Err(GpuError::NoPagePools);

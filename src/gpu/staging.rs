@@ -1,12 +1,12 @@
 //! Staging pools: CPU-accessible buffers of fixed-size slots between the pool transport and
-//! device pages (DESIGN R23, R24; STYLE G9).
+//! device pages (R23, R24). Each staging pool has one owner: a loader or the saver.
 //!
 //! Workflow (a load):
 //! 1. A loader gets one pool from `Device::staging_pool` at start and owns it by value.
 //! 2. The pool transport fills slots (a batch get into registered memory: the transport
 //!    registers [`StagingPool::as_mut_ptr`] / [`StagingPool::len`] once).
 //! 3. The loader verifies each object header in [`StagingPool::slot`] (R5), then moves the
-//!    pool into `CopyStream::scatter`; `InFlight::wait` hands it back (invariant I3).
+//!    pool into `CopyStream::scatter`; `InFlight::wait` hands it back (`gpu::I3`).
 //!
 //! A save runs the other way with the saver's own pool: `gather`, wait, then put slots.
 //!
@@ -17,8 +17,8 @@
 //! copies of neighbouring slots coalesce.
 //!
 //! Invariants:
-//! - S1. `slot_bytes >= 1`, `slots >= 1`, and `slot_bytes * slots` fits in `usize`.
-//! - S2. Only the owner can touch the bytes: the pool is not `Clone`, and shared access
+//! - `staging::S1`. `slot_bytes >= 1`, `slots >= 1`, and `slot_bytes * slots` fits in `usize`.
+//! - `staging::S2`. Only the owner can touch the bytes: the pool is not `Clone`, and shared access
 //!   goes through `&self` / `&mut self` like any owned buffer.
 
 use std::fmt;
@@ -27,7 +27,7 @@ use std::slice::ChunksExactMut;
 
 use super::error::GpuError;
 
-/// The shape of a staging pool: slot size and slot count (S1).
+/// The shape of a staging pool: slot size and slot count (`staging::S1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StagingGeometry {
     slot_bytes: usize,
@@ -39,7 +39,7 @@ impl StagingGeometry {
     ///
     /// # Errors
     /// [`GpuError::EmptyStagingPool`] when either number is zero, [`GpuError::SizeOverflow`]
-    /// when the total does not fit in `usize` (S1).
+    /// when the total does not fit in `usize` (`staging::S1`).
     pub fn new(slot_bytes: usize, slots: u32) -> Result<Self, GpuError> {
         if slot_bytes == 0 || slots == 0 {
             return Err(GpuError::EmptyStagingPool { slot_bytes, slots });
@@ -64,7 +64,7 @@ impl StagingGeometry {
         self.slots
     }
 
-    /// Bytes of the whole pool (fits by S1).
+    /// Bytes of the whole pool (fits by `staging::S1`).
     pub fn total_bytes(&self) -> usize {
         self.slot_bytes * self.slots as usize
     }
@@ -85,7 +85,7 @@ impl StagingGeometry {
     }
 }
 
-/// Where the bytes live. A closed enum over backends (STYLE A5).
+/// Where the bytes live. A closed enum over backends, not a trait object.
 enum StagingMemory {
     /// An ordinary heap buffer (host backend).
     Host(Box<[u8]>),
@@ -97,7 +97,7 @@ enum StagingMemory {
 /// A CPU-accessible buffer of fixed-size slots, owned by value by one loader or the saver.
 ///
 /// Made only by `Device::staging_pool`, so on CUDA every pool is pinned memory of the right
-/// context. Not `Clone` (S2); `Debug` prints the shape, not the bytes.
+/// context. Not `Clone` (`staging::S2`); `Debug` prints the shape, not the bytes.
 pub struct StagingPool {
     geometry: StagingGeometry,
     memory: StagingMemory,
@@ -141,7 +141,7 @@ impl StagingPool {
         self.bytes().len()
     }
 
-    /// Always `false`: a pool has at least one slot of at least one byte (S1).
+    /// Always `false`: a pool has at least one slot of at least one byte (`staging::S1`).
     pub fn is_empty(&self) -> bool {
         self.bytes().is_empty()
     }

@@ -1,11 +1,11 @@
 //! Copy streams: the ordered queue on which one loader (or the saver) issues its copies
-//! (STYLE G9: one stream per loader, one for saves, no `Arc<Mutex<..>>` around them).
+//! (one stream per loader, one for saves, no `Arc<Mutex<..>>` around them).
 //!
 //! Workflow (a load; a save is the same with `gather`):
 //! 1. The loader owns a [`CopyStream`] from `Device::stream` and its staging pool.
-//! 2. It calls [`CopyStream::scatter`] with the pool and one [`PageCopy`] per page. The
-//!    stream validates and plans the copies ([`plan_copies`], I4, I5), issues one transfer
-//!    per planned run, and returns an [`InFlight`] that owns the pool (I3).
+//! 2. It calls [`CopyStream::scatter`] with the pool and one [`PageCopy`] per page. The stream
+//!    validates and plans the copies ([`plan_copies`], `gpu::I4`, `gpu::I5`), issues one transfer
+//!    per planned run, and returns an [`InFlight`] that owns the pool (`gpu::I3`).
 //! 3. The loader hands the `InFlight` to its own completion thread, which calls
 //!    `InFlight::wait` and replies with the staging pool and the outcome.
 //!
@@ -14,7 +14,7 @@
 //! with one `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` per planned run, an event is
 //! recorded with blocking sync, and `wait` sleeps on that event.
 //!
-//! Counters count at submission, on the owner's thread, with no atomics (STYLE G12);
+//! Counters count at submission, on the owner's thread, with no atomics;
 //! failures that surface only at `wait` are counted by whoever waits.
 
 use std::fmt;
@@ -152,7 +152,7 @@ impl CopyStream {
     ///
     /// # Errors
     /// A [`SubmitError`] holding the untouched staging pool when the device is poisoned or
-    /// any copy is invalid (see [`plan_copies`]); no byte has moved then (I4). A failure
+    /// any copy is invalid (see [`plan_copies`]); no byte has moved then (`gpu::I4`). A failure
     /// after validation is reported by [`InFlight::wait`] instead.
     pub fn scatter(
         &mut self,
@@ -203,7 +203,7 @@ impl CopyStream {
         }
         let bytes = runs.iter().map(|run| run.len).sum();
         if self.device.take_copy_failure() {
-            // H3: an injected failure is taken before any byte moves, on every backend.
+            // `host::H3`: an injected failure is taken before any byte moves, on every backend.
             self.counters.issue_failures += 1;
             let failed = GpuError::CopyFailed {
                 stream: self.id,

@@ -8,16 +8,16 @@
 //! one `cuMemcpy2DAsync` with those strides as pitches.
 //!
 //! Invariants:
-//! - T1. Runs cover the copies in order, each exactly once.
-//! - T2. Within a run of two or more, every copy has the run's length, and copy `i` of the
-//!   run is at `host + i * host_stride` and `device + i * device_stride`, both strides at
-//!   least the length (so rows never overlap).
-//! - T3. The host stride exceeds the length by at most [`MAX_HOST_GAP`]: rows sit next to
-//!   each other in one host allocation (the driver refuses a 2D copy whose host rows span
+//! - `strided::T1`. Runs cover the copies in order, each exactly once.
+//! - `strided::T2`. Within a run of two or more, every copy has the run's length, and copy `i` of
+//!   the run is at `host + i * host_stride` and `device + i * device_stride`, both strides at least
+//!   the length (so rows never overlap).
+//! - `strided::T3`. The host stride exceeds the length by at most [`MAX_HOST_GAP`]: rows sit next
+//!   to each other in one host allocation (the driver refuses a 2D copy whose host rows span
 //!   separate pinned allocations).
 
-/// Most bytes between the end of one host row and the start of the next (T3): room for an
-/// object header and slot rounding, far less than the gap between separate allocations.
+/// Most bytes between the end of one host row and the start of the next (`strided::T3`): room for
+/// an object header and slot rounding, far less than the gap between separate allocations.
 pub(crate) const MAX_HOST_GAP: u64 = 4096;
 
 /// One run: `count` copies from index `first`, `len` bytes each, strides between rows.
@@ -34,7 +34,7 @@ pub(crate) struct StridedRun {
 }
 
 /// Splits `copies` (host address, device address, length), in order, into strided runs
-/// (T1, T2).
+/// (`strided::T1`, `strided::T2`).
 pub(crate) fn strided_runs(copies: &[(u64, u64, usize)]) -> Vec<StridedRun> {
     let mut runs: Vec<StridedRun> = Vec::new();
     for (index, &(host, device, len)) in copies.iter().enumerate() {
@@ -130,7 +130,7 @@ mod tests {
     }
 
     proptest! {
-        /// T1 and T2 for arbitrary copy lists.
+        /// `strided::T1` and `strided::T2` for arbitrary copy lists.
         #[test]
         fn runs_cover_every_copy_in_order_with_exact_addresses(
             copies in prop::collection::vec((0_u64..4096, 0_u64..4096, 1_usize..64), 0..40)

@@ -1,4 +1,4 @@
-//! Typed messages, one file per receiving actor (STYLE G3).
+//! Typed messages, one file per receiving actor.
 //!
 //! Every message says who sends it, what the receiver guarantees, its reply, and what
 //! happens when the receiver is gone. Commands are imperative, events past tense.

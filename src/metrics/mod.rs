@@ -22,7 +22,7 @@
 //!    run on the server's thread and talk to the actors by message.
 //! 2. Counters are totals since the connector started: monotone across scrapes.
 //! 3. Every sample carries `connector="<label>"`; names follow
-//!    `kv_connector_<subsystem>_<what>_{total,seconds,bytes}` (STYLE G12).
+//!    `kv_connector_<subsystem>_<what>_{total,seconds,bytes}`.
 //!
 //! A scrape, like `ConnectorHandle::stats`, folds the actors' current interval counters
 //! into the reporter's totals, so the next periodic INFO report covers the time since the

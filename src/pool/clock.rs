@@ -1,4 +1,4 @@
-//! Injectable milliseconds clocks for pool leases (DESIGN section 10).
+//! Injectable milliseconds clocks for pool leases (`docs/DESIGN.md` section 10).
 //!
 //! A pool grants a lease of `kv_lease_ttl` on every probe and get, and an object under a
 //! lease is never evicted. Lease expiry compares against a clock the pool is given, so
@@ -10,8 +10,8 @@
 //!   `Arc<ManualClock>` while the pool holds the same clock as `Arc<dyn PoolClock>`.
 //!
 //! Invariants:
-//! - I1. [`SystemClock::now_ms`] never decreases.
-//! - I2. [`ManualClock::now_ms`] returns exactly the last value set or advanced to.
+//! - `clock::I1`. [`SystemClock::now_ms`] never decreases.
+//! - `clock::I2`. [`ManualClock::now_ms`] returns exactly the last value set or advanced to.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -27,7 +27,7 @@ pub trait PoolClock: Send + Sync {
 /// Monotonic wall time in milliseconds since this clock was created.
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
-    /// The origin; `Instant` is monotonic, which gives I1.
+    /// The origin; `Instant` is monotonic, which gives `clock::I1`.
     started: Instant,
 }
 

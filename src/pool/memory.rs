@@ -1,4 +1,4 @@
-//! The embedded in-process memory pool: the default [`Pool`] (DESIGN section 10).
+//! The embedded in-process memory pool: the default [`Pool`] (`docs/DESIGN.md` section 10).
 //!
 //! Objects live in this process's memory as [`SharedSlot`]s of the pool's [`HostArena`],
 //! under a capacity in bytes, and are evicted by Mooncake's model
@@ -9,7 +9,7 @@
 //! The arena is ordinary heap memory ([`MemoryPool::new`]) or, for zero-copy transfers on
 //! CUDA, pinned memory ([`MemoryPool::with_arena`] with `device.host_arena()`): a loader
 //! then DMAs a lent object straight to the device, and a saver DMAs pages straight into an
-//! object buffer it commits (issue 7).
+//! object buffer it commits.
 //!
 //! # Workflow of one call
 //!
@@ -32,28 +32,29 @@
 //!
 //! # Why one lock and not shards
 //!
-//! Eviction needs a global least-recently-used order and a global byte count (I1). Shards
-//! would need either a pass that locks every shard, or per-shard capacities that evict from
-//! a full shard while others have room. With copies outside the lock, the few threads that
-//! use a pool (two or more loaders, a saver, the planner) spend little time inside it, so
-//! one `parking_lot` mutex is the simpler correct choice.
+//! Eviction needs a global least-recently-used order and a global byte count (`pool::memory::I1`).
+//! Shards would need either a pass that locks every shard, or per-shard capacities that evict from
+//! a full shard while others have room. With copies outside the lock, the few threads that use a
+//! pool (two or more loaders, a saver, the planner) spend little time inside it, so one
+//! `parking_lot` mutex is the simpler correct choice.
 //!
 //! # Invariants
 //!
 //! Whenever the lock is free:
 //!
-//! - I1. `used_bytes` is the sum of stored payload sizes and is at most `capacity_bytes`.
-//! - I2. The key map and the LRU index hold the same objects; an object's tick is its key in
-//!   the index, and ticks grow with every access, so the index is least recently accessed
-//!   first.
-//! - I3. A stored payload never changes (objects are immutable; a put of a present key is
-//!   refused).
-//! - I4. Counters: `objects == puts - evicted_objects` and
+//! - `pool::memory::I1`. `used_bytes` is the sum of stored payload sizes and is at most
+//!   `capacity_bytes`.
+//! - `pool::memory::I2`. The key map and the LRU index hold the same objects; an object's tick is
+//!   its key in the index, and ticks grow with every access, so the index is least recently
+//!   accessed first.
+//! - `pool::memory::I3`. A stored payload never changes (objects are immutable; a put of a present
+//!   key is refused).
+//! - `pool::memory::I4`. Counters: `objects == puts - evicted_objects` and
 //!   `used_bytes == bytes_written - evicted_bytes`.
-//! - I5. A get or a put copies the payload exactly once, outside the lock; a lend or a
-//!   commit copies nothing.
-//! - I6. A stored payload's last handle is never dropped under the lock (evicted payloads
-//!   and refused commits are dropped after unlocking), so the arena's lock is never taken
+//! - `pool::memory::I5`. A get or a put copies the payload exactly once, outside the lock; a lend
+//!   or a commit copies nothing.
+//! - `pool::memory::I6`. A stored payload's last handle is never dropped under the lock (evicted
+//!   payloads and refused commits are dropped after unlocking), so the arena's lock is never taken
 //!   inside the pool's.
 
 use std::collections::{BTreeMap, HashMap};
@@ -80,14 +81,14 @@ pub struct MemoryPool {
 
 /// The pool's objects, LRU index and counters.
 struct PoolState {
-    /// Key to payload and current tick (I2).
+    /// Key to payload and current tick (`pool::memory::I2`).
     objects: HashMap<Arc<str>, StoredObject, Xxh3DefaultBuilder>,
-    /// Tick to object, least recently accessed first (I2). Holds what eviction reads, so a
-    /// pass walks this index alone.
+    /// Tick to object, least recently accessed first (`pool::memory::I2`). Holds what eviction
+    /// reads, so a pass walks this index alone.
     lru: BTreeMap<u64, LruSlot>,
     /// The next access stamp; strictly increasing, so ticks never tie.
     next_tick: u64,
-    /// Sum of stored payload sizes (I1).
+    /// Sum of stored payload sizes (`pool::memory::I1`).
     used_bytes: u64,
     /// Running counters; `used_bytes`, `capacity_bytes` and `objects` are filled in by
     /// [`MemoryPool::counters`].
@@ -96,7 +97,7 @@ struct PoolState {
 
 /// One stored object as the key map sees it.
 struct StoredObject {
-    /// The payload; cloned (not copied) under the lock by readers and lenders (I5).
+    /// The payload; cloned (not copied) under the lock by readers and lenders (`pool::memory::I5`).
     value: SharedSlot,
     /// Its key in the LRU index.
     tick: u64,
@@ -183,7 +184,7 @@ impl MemoryPool {
         })
     }
 
-    /// Stores one object; the payload is copied here, before the lock (I5).
+    /// Stores one object; the payload is copied here, before the lock (`pool::memory::I5`).
     fn put_one(&self, key: &str, value: &[u8]) -> Result<(), PoolError> {
         let mut slot = self.object_slot(value.len())?;
         slot.copy_from_slice(value);
@@ -199,7 +200,7 @@ impl MemoryPool {
             .state
             .lock()
             .store(&self.policy, key, value, now_ms, &mut released);
-        // The lock is released: free the evicted or refused payloads now (I6).
+        // The lock is released: free the evicted or refused payloads now (`pool::memory::I6`).
         drop(released);
         result
     }
@@ -216,7 +217,8 @@ impl MemoryPool {
         Ok(value)
     }
 
-    /// Reads one object into `buffer`; the copy runs after the lock is released (I5).
+    /// Reads one object into `buffer`; the copy runs after the lock is released
+    /// (`pool::memory::I5`).
     fn get_one(&self, key: &str, buffer: &mut [u8], lease_until: u64) -> Result<usize, PoolError> {
         let value = {
             let mut state = self.state.lock();
@@ -276,7 +278,10 @@ impl PoolState {
         self.next_tick += 1;
         let old_tick = std::mem::replace(&mut object.tick, tick);
         let slot = self.lru.remove(&old_tick);
-        debug_assert!(slot.is_some(), "I2: object without an LRU slot");
+        debug_assert!(
+            slot.is_some(),
+            "pool::memory::I2: object without an LRU slot"
+        );
         if let Some(mut slot) = slot {
             slot.lease_expires_ms = slot.lease_expires_ms.max(lease_until);
             self.lru.insert(tick, slot);
@@ -291,8 +296,9 @@ impl PoolState {
         }
     }
 
-    /// Evicts what the policy says and inserts the object; evicted payloads, and the value
-    /// itself when refused, go to `released` so the caller frees them after unlocking (I6).
+    /// Evicts what the policy says and inserts the object; evicted payloads, and the value itself
+    /// when refused, go to `released` so the caller frees them after unlocking
+    /// (`pool::memory::I6`).
     fn store(
         &mut self,
         policy: &EvictionPolicy,
@@ -304,7 +310,7 @@ impl PoolState {
         if self.objects.contains_key(&*key) {
             self.counters.put_existing += 1;
             released.push(value);
-            return Err(PoolError::AlreadyExists); // I3
+            return Err(PoolError::AlreadyExists); // `pool::memory::I3`
         }
         let size_bytes = byte_len(value.len());
         let oldest_first = self.lru.iter().map(|(&tick, slot)| EvictionEntry {
@@ -339,13 +345,16 @@ impl PoolState {
         self.used_bytes += size_bytes;
         self.counters.puts += 1;
         self.counters.bytes_written += size_bytes;
-        debug_assert!(self.used_bytes <= policy.capacity_bytes, "I1");
+        debug_assert!(self.used_bytes <= policy.capacity_bytes, "pool::memory::I1");
         Ok(())
     }
 
     fn evict(&mut self, tick: u64, evicted: &mut Vec<SharedSlot>) {
         let Some(slot) = self.lru.remove(&tick) else {
-            debug_assert!(false, "I2: victim tick {tick} not in the LRU index");
+            debug_assert!(
+                false,
+                "pool::memory::I2: victim tick {tick} not in the LRU index"
+            );
             return;
         };
         if let Some(object) = self.objects.remove(&slot.key) {
@@ -621,7 +630,7 @@ mod tests {
         assert_eq!(
             pool.arena().stats().live_slots,
             1,
-            "I6: the refused slot went back"
+            "pool::memory::I6: the refused slot went back"
         );
         Ok(())
     }
@@ -763,7 +772,8 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(0x006d_656d), ..ProptestConfig::default() })]
 
-        /// The pool holds exactly what the naive model holds after every op (I1, I2, I4).
+        /// The pool holds exactly what the naive model holds after every op (`pool::memory::I1`,
+        /// `pool::memory::I2`, `pool::memory::I4`).
         #[test]
         fn pool_matches_the_reference_model(ops in prop::collection::vec(arb_op(), 1..80)) {
             let (pool, clock) = pool(200).map_err(|e| TestCaseError::fail(e.to_string()))?;

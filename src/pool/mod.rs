@@ -1,4 +1,4 @@
-//! The pool trait and the embedded in-process memory pool (DESIGN section 10).
+//! The pool trait and the embedded in-process memory pool (`docs/DESIGN.md` section 10).
 //!
 //! A pool is the shared object store the runtime saves KV pages to and loads them from:
 //! Mooncake Store, or [`MemoryPool`], the default, in this process. Both implement [`Pool`],
@@ -25,7 +25,7 @@
 //! 1. Build a pool once (`MemoryPool::new` or the Mooncake backend) with a [`PoolClock`].
 //! 2. The planner probes with `exists`, the saver writes with `put` (after `exists`, R19) or
 //!    refreshes with `touch`, loaders read with `get_into` into staging memory.
-//! 3. Zero-copy, where the backend offers it (the memory pool; issue 7): loaders call
+//! 3. Zero-copy, where the backend offers it (the memory pool): loaders call
 //!    [`Pool::lend`] and move the stored objects themselves to the device; the saver calls
 //!    [`Pool::alloc_objects`], fills the buffers (pages by DMA, headers by the CPU) and stores
 //!    them with [`Pool::commit_objects`]. A backend that answers `None` (Mooncake, the

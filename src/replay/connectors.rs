@@ -72,7 +72,7 @@ pub struct ConnectorReport {
     pub saves_skipped_present: u64,
     /// Saves shed by the bounded save queue (R22).
     pub saves_dropped: u64,
-    /// Save pages enqueued; accounting (issue 8): `saves_enqueued = pages_saved +
+    /// Save pages enqueued; accounting: `saves_enqueued = pages_saved +
     /// saves_skipped_present + saves_dropped + saves_failed`.
     pub saves_enqueued: u64,
     /// Save pages that could not be stored.

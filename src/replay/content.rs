@@ -1,5 +1,5 @@
 //! Deterministic KV content: what computing a block writes into its page, so that every
-//! page loaded from the pool can be checked (DESIGN section 11, "KV content is
+//! page loaded from the pool can be checked (`docs/DESIGN.md` section 11, "KV content is
 //! deterministic").
 //!
 //! A page's bytes are a function of (layer group, shard, chain hash) only:
@@ -16,11 +16,11 @@
 //! rejected is never what computing the block gives (R18).
 //!
 //! Invariants:
-//! - C1. Equal (group, shard, hash) give equal bytes, on every machine and run; any
+//! - `content::C1`. Equal (group, shard, hash) give equal bytes, on every machine and run; any
 //!   difference in one of them gives different bytes (up to 64-bit seed collisions).
-//! - C2. A replicated group's page has the same bytes on every rank (its shard is
+//! - `content::C2`. A replicated group's page has the same bytes on every rank (its shard is
 //!   `replicated`); a per-rank group's pages differ between ranks.
-//! - C3. No filled page equals a stale or a draft page (a splitmix64 stream is never 8
+//! - `content::C3`. No filled page equals a stale or a draft page (a splitmix64 stream is never 8
 //!   equal bytes for a whole page of 64 bytes or more), and a stale page differs from a
 //!   draft page.
 
@@ -31,10 +31,10 @@ use crate::core::keys::Shard;
 use crate::core::layout::{GroupId, LayerGroup};
 use crate::gpu::{Device, GpuError};
 
-/// The byte a page holds while its block is not fully computed (C3).
+/// The byte a page holds while its block is not fully computed (`content::C3`).
 pub const STALE_BYTE: u8 = 0xA5;
 
-/// The byte a page holds while it carries draft tokens that are not verified (C3).
+/// The byte a page holds while it carries draft tokens that are not verified (`content::C3`).
 pub const DRAFT_BYTE: u8 = 0x5D;
 
 /// Domain tag in every seed, so page content never collides with other xxh3 uses.
@@ -43,7 +43,7 @@ const CONTENT_DOMAIN: &[u8; 8] = b"kvc-page";
 /// The golden-ratio increment of splitmix64.
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// The seed of a page's content (C1).
+/// The seed of a page's content (`content::C1`).
 pub fn page_seed(group: GroupId, shard: Shard, hash: &BlockHash) -> u64 {
     let (world, rank) = match shard {
         Shard::Rank { world, rank } => (world, rank),
@@ -78,12 +78,12 @@ pub fn fill_page(out: &mut [u8], seed: u64) {
     tail.copy_from_slice(&next()[..len]);
 }
 
-/// Fills `out` with the stale pattern (C3).
+/// Fills `out` with the stale pattern (`content::C3`).
 pub fn fill_stale(out: &mut [u8]) {
     out.fill(STALE_BYTE);
 }
 
-/// Fills `out` with the draft pattern (C3).
+/// Fills `out` with the draft pattern (`content::C3`).
 pub fn fill_draft(out: &mut [u8]) {
     out.fill(DRAFT_BYTE);
 }
@@ -93,7 +93,7 @@ pub fn fill_draft(out: &mut [u8]) {
 pub struct ContentGroup {
     /// The group's id (its page pool on every device).
     pub id: GroupId,
-    /// Whether its pages are identical on every rank (C2).
+    /// Whether its pages are identical on every rank (`content::C2`).
     pub replicated: bool,
 }
 
@@ -106,7 +106,7 @@ impl ContentGroup {
         }
     }
 
-    /// The shard of this group's page on `rank` (C2).
+    /// The shard of this group's page on `rank` (`content::C2`).
     pub fn shard(&self, world_size: u32, rank: u32) -> Shard {
         if self.replicated {
             Shard::Replicated
@@ -325,7 +325,7 @@ mod tests {
                 mismatched: 0
             }
         );
-        // Rank pages differ (C2: per-rank group).
+        // Rank pages differ (`content::C2`: per-rank group).
         assert_ne!(
             devices[0].read_page_to_vec(GroupId(0), 1)?,
             devices[1].read_page_to_vec(GroupId(0), 1)?

@@ -1,5 +1,5 @@
 //! The cost model of simulated time: how long prefill chunks, decoding and prefix loads
-//! take on one serving instance (DESIGN section 11, "time is simulated").
+//! take on one serving instance (`docs/DESIGN.md` section 11, "time is simulated").
 //!
 //! Simulated time is kept in whole microseconds ([`SimMicros`]) so that the event order
 //! of a replay is exact and reproducible; the model itself works in seconds.

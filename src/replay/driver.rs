@@ -1,5 +1,5 @@
 //! The replay driver: instances sharing one pool, routing, the simulated clock and the
-//! event loop (DESIGN section 11, "Deployment").
+//! event loop (`docs/DESIGN.md` section 11, "Deployment").
 //!
 //! Workflow ([`run_replay`]):
 //! 1. size the deployment and build the pool ([`Deployment`]); per instance open one
@@ -37,10 +37,10 @@
 //! go into the bucket of the simulated time they happened at.
 //!
 //! Invariants:
-//! - D1. The simulated clock never moves backwards, and never jumps while an idle
+//! - `replay::driver::D1`. The simulated clock never moves backwards, and never jumps while an idle
 //!   instance waits on its connector.
-//! - D2. For a deterministic connector, the same workload and parameters give the same
-//!   report (but `wall_seconds` and `connector_step_us`).
+//! - `replay::driver::D2`. For a deterministic connector, the same workload and parameters give the
+//!   same report (but `wall_seconds` and `connector_step_us`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -420,7 +420,7 @@ impl<'w> Driver<'w> {
                     continue;
                 }
             }
-            // Only connectors can move things on (D1): wait in real time.
+            // Only connectors can move things on (`replay::driver::D1`): wait in real time.
             let since = *stalled_since.get_or_insert_with(Instant::now);
             let waiting_on = if blocked.is_empty() {
                 (0..self.engines.len()).collect()

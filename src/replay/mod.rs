@@ -1,4 +1,4 @@
-//! `kv-connector replay`: drives the runtime the way a serving deployment would (DESIGN
+//! `kv-connector replay`: drives the runtime the way a serving deployment would (`docs/DESIGN.md`
 //! section 11) and reports what the connector achieved.
 //!
 //! Workflow of a replay:

@@ -22,10 +22,10 @@
 //! backends replay the same.
 //!
 //! Invariants:
-//! - M1. Clients close before the master stops (`close`, and the field order for drops on
-//!   an error path).
-//! - M2. Every process started here is stopped by its PID (`MooncakeMaster`'s I1), never by
-//!   name.
+//! - `replay::mooncake::M1`. Clients close before the master stops (`close`, and the field order
+//!   for drops on an error path).
+//! - `replay::mooncake::M2`. Every process started here is stopped by its PID
+//!   (`mooncake::master::I1`), never by name.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ static MASTER_LOGS: AtomicU64 = AtomicU64::new(0);
 /// A replay's Mooncake pool: one client per instance, and the master if this process
 /// started it.
 pub struct MooncakeDeployment {
-    /// One client per instance; dropped (closed) before the master (M1).
+    /// One client per instance; dropped (closed) before the master (`replay::mooncake::M1`).
     clients: Vec<Arc<MooncakePool>>,
     /// The master this process started, `None` with `--master`.
     master: Option<MooncakeMaster>,
@@ -113,8 +113,8 @@ impl MooncakeDeployment {
         self.segment_bytes.saturating_mul(clients)
     }
 
-    /// Closes every client concurrently, then stops the master if this process started it
-    /// (module workflow 3, M1). Failures are logged: the replay's results stand.
+    /// Closes every client concurrently, then stops the master if this process started it (module
+    /// workflow 3, `replay::mooncake::M1`). Failures are logged: the replay's results stand.
     pub fn close(mut self) {
         std::thread::scope(|scope| {
             for client in &self.clients {

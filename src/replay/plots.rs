@@ -1,4 +1,4 @@
-//! `replay --report-dir DIR`: the JSON report, the timeline and four PNG plots (issue 9).
+//! `replay --report-dir DIR`: the JSON report, the timeline and four PNG plots.
 //!
 //! ## Workflow ([`write_report_dir`])
 //!

@@ -1,4 +1,4 @@
-//! The replay report: one JSON object (`--json`) and a summary table (DESIGN section 11,
+//! The replay report: one JSON object (`--json`) and a summary table (`docs/DESIGN.md` section 11,
 //! "Output").
 //!
 //! Simulated figures (everything under `sim`, TTFT, throughput) come from the cost model;
@@ -28,7 +28,7 @@
 //! `throughput_rps`, `computed_tokens`}), `ttft_p50_speedup`, `ttft_p99_speedup`,
 //! `throughput_ratio`, `computed_tokens_ratio`}.
 //!
-//! Accounting (issue 8, [`ReplayReport::accounting_closed`]): `saves_enqueued =
+//! Accounting ([`ReplayReport::accounting_closed`]): `saves_enqueued =
 //! saves_done + saves_skipped_present + saves_dropped + saves_failed` and `loads_started =
 //! loads_done + loads_failed`, where `loads_*` and `saves_*` come from the connectors and
 //! `loads_failed` from the engines (they agree when every failed load reached its engine).

@@ -19,10 +19,10 @@
 //!      `replay::mooncake`). Its leases run on real time: the manual clock does not apply.
 //!
 //! Invariants:
-//! - S1. Stored page bytes are `>= 64` and a multiple of 64 whenever `F < 1`.
-//! - S2. All instances' device pages fit the host memory limit, or setup fails naming a
+//! - `setup::S1`. Stored page bytes are `>= 64` and a multiple of 64 whenever `F < 1`.
+//! - `setup::S2`. All instances' device pages fit the host memory limit, or setup fails naming a
 //!   scale that fits.
-//! - S3. Every instance has a pool (`Deployment::pools[instance]`); [`Deployment::close`]
+//! - `setup::S3`. Every instance has a pool (`Deployment::pools[instance]`); [`Deployment::close`]
 //!   closes what the replay started, after the connectors have stopped.
 
 use std::sync::Arc;
@@ -91,7 +91,7 @@ pub struct Deployment {
     pub stored_page_bytes: Vec<(GroupId, usize)>,
     /// Bytes all devices allocate.
     pub device_bytes: u64,
-    /// The pool each instance's connector uses, index = instance (S3): the one memory
+    /// The pool each instance's connector uses, index = instance (`setup::S3`): the one memory
     /// pool, or that instance's Mooncake client.
     pub pools: Vec<Arc<dyn Pool>>,
     /// `"memory"` or `"mooncake"`.
@@ -105,7 +105,7 @@ pub struct Deployment {
     mooncake: Option<super::mooncake::MooncakeDeployment>,
 }
 
-/// Stored bytes of a page of `full` bytes at `scale` (S1).
+/// Stored bytes of a page of `full` bytes at `scale` (`setup::S1`).
 #[expect(
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss,
@@ -126,7 +126,7 @@ impl Deployment {
     /// # Errors
     ///
     /// [`ReplayError::InvalidSetting`] for a scale outside `(0, 1]` or zero pages,
-    /// [`ReplayError::DeviceMemoryTooLarge`] (S2), [`ReplayError::UnsupportedPool`] for
+    /// [`ReplayError::DeviceMemoryTooLarge`] (`setup::S2`), [`ReplayError::UnsupportedPool`] for
     /// Mooncake in a build without the feature, [`ReplayError::MooncakeSegmentTooSmall`],
     /// `ReplayError::Mooncake` when its master or clients do not start, or the layout's
     /// and pool's errors.
@@ -260,7 +260,7 @@ impl Deployment {
         })
     }
 
-    /// Closes what the replay started for its pool (S3): Mooncake's clients, then its
+    /// Closes what the replay started for its pool (`setup::S3`): Mooncake's clients, then its
     /// master. Call it after every connector has stopped; the memory pool needs nothing.
     pub fn close(self) {
         #[cfg(feature = "mooncake")]

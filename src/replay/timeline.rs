@@ -1,4 +1,4 @@
-//! Time series of a replay, per simulated time bucket, for `replay --report-dir` (issue 9).
+//! Time series of a replay, per simulated time bucket, for `replay --report-dir`.
 //!
 //! The driver asks for a timeline with
 //! [`run_replay_with_timeline`](super::driver::run_replay_with_timeline); without it nothing

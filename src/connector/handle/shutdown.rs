@@ -1,5 +1,5 @@
 //! The shutdown protocol of [`ConnectorHandle`]: the stop order of `crate::actors`,
-//! bounded by `saver.shutdown_drain_timeout_ms` (issue 8).
+//! bounded by `saver.shutdown_drain_timeout_ms`.
 //!
 //! Workflow ([`ConnectorHandle::close`]): stop admitting lookups; wait for in-flight loads;
 //! settle queued saves; take the final stats, counting what the deadline cut off

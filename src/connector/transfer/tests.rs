@@ -278,7 +278,7 @@ impl Pool for WrongAnswers {
     }
 }
 
-/// Issue 8 (bad input): a get answered with another byte count than the object's, larger
+/// Bad input: a get answered with another byte count than the object's, larger
 /// than the staging slot, or with no answers at all fails the load (R25) without a panic,
 /// and the destination page keeps its bytes (no unverified page reaches the device).
 #[test]
@@ -315,7 +315,7 @@ fn a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25() {
     }
 }
 
-/// Issue 8 (bad input): a put answered with no results counts every page failed, never
+/// Bad input: a put answered with no results counts every page failed, never
 /// stored.
 #[test]
 fn a_put_without_answers_counts_the_saves_failed() {

@@ -8,11 +8,11 @@
 //! binary, so `--model NAME` works from any directory) or a file given by the user.
 //!
 //! Invariants of a layout that passed [`Layout::validate`]:
-//! - I1. at least one group; group ids unique; `T >= 1`; world size `>= 1`;
-//! - I2. every group's page is at least one byte;
-//! - I3. a window group has `W >= 1` and `S < W`; a full group has no window fields;
-//! - I4. no layer is listed twice within one model (target or draft);
-//! - I5. KV heads split evenly over the ranks (or are replicated when fewer than ranks).
+//! - `layout::I1`. at least one group; group ids unique; `T >= 1`; world size `>= 1`;
+//! - `layout::I2`. every group's page is at least one byte;
+//! - `layout::I3`. a window group has `W >= 1` and `S < W`; a full group has no window fields;
+//! - `layout::I4`. no layer is listed twice within one model (target or draft);
+//! - `layout::I5`. KV heads split evenly over the ranks (or are replicated when fewer than ranks).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -51,7 +51,7 @@ fn eagle_preset_adds_a_draft_group_of_its_own_r6() -> Result<(), LayoutError> {
     let draft = &eagle.groups[1];
     assert_eq!(draft.role, ModelRole::Draft);
     assert_eq!(draft.attention(), Attention::Full);
-    // Draft layer 0 is not target layer 0 (I4 is per model).
+    // Draft layer 0 is not target layer 0 (`layout::I4` is per model).
     assert_eq!(draft.layers, vec![0]);
     // One layer x K,V x 8 heads x 128 x bf16 x 32 tokens.
     assert_eq!(eagle.page_bytes(draft)?, 2 * 8 * 128 * 2 * 32);

@@ -9,15 +9,15 @@ use crate::core::layout::GroupId;
 /// The invariant [`Ledger::check_invariants`](super::Ledger::check_invariants) found broken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LedgerInvariant {
-    /// I1: no page reserved twice.
+    /// `ledger::I1`: no page reserved twice.
     PageHeldOnce,
-    /// I2: `free + reserved == capacity`.
+    /// `ledger::I2`: `free + reserved == capacity`.
     Budget,
-    /// I3: one live reservation per request.
+    /// `ledger::I3`: one live reservation per request.
     OnePerRequest,
-    /// I4: token ranges well formed and covering every held page.
+    /// `ledger::I4`: token ranges well formed and covering every held page.
     TokenRanges,
-    /// I5: the finished set matches the finished states.
+    /// `ledger::I5`: the finished set matches the finished states.
     FinishedSet,
 }
 
@@ -33,7 +33,7 @@ impl fmt::Display for LedgerInvariant {
     }
 }
 
-/// Errors of the reservation ledger. Every refused call changed nothing (I8).
+/// Errors of the reservation ledger. Every refused call changed nothing (`ledger::I8`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {
     /// The ledger was built with `tokens_per_block == 0`.
@@ -107,7 +107,7 @@ pub enum LedgerError {
         /// The page.
         page: PageIndex,
     },
-    /// A page is held by another live reservation (I1).
+    /// A page is held by another live reservation (`ledger::I1`).
     #[error("reservation {id}: page {page} of group {group} is held by reservation {holder}")]
     PageHeld {
         /// The reservation refused.
@@ -119,7 +119,7 @@ pub enum LedgerError {
         /// The live reservation holding it.
         holder: ReservationId,
     },
-    /// The group's page budget cannot cover the reservation (I2).
+    /// The group's page budget cannot cover the reservation (`ledger::I2`).
     #[error(
         "reservation {id} needs {requested} pages of group {group} but {available} are free; \
          raise the group's reservation page budget or offer fewer tokens"
@@ -140,7 +140,7 @@ pub enum LedgerError {
         /// The id.
         id: ReservationId,
     },
-    /// A load can start only from `Reserved` (I6).
+    /// A load can start only from `Reserved` (`ledger::I6`).
     #[error("reservation {id} cannot start a load in state {state}")]
     NotReserved {
         /// The reservation.

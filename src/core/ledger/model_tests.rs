@@ -17,7 +17,8 @@ use crate::core::ledger::{
 const T: u64 = 4;
 const FULL: GroupId = GroupId(0);
 const WINDOW: GroupId = GroupId(1);
-/// Budgets smaller than the page-index space, so both I1 and I2 refusals happen.
+/// Budgets smaller than the page-index space, so both `ledger::I1` and `ledger::I2` refusals
+/// happen.
 const BUDGETS: [(GroupId, usize); 2] = [(FULL, 10), (WINDOW, 5)];
 
 #[derive(Clone, Debug)]
@@ -367,7 +368,7 @@ fn same_state(ledger: &Ledger, model: &Model) -> Result<(), TestCaseError> {
         for page in &pages {
             prop_assert!(
                 held.insert((page.group, page.page)),
-                "I1: {:?} reserved twice",
+                "ledger::I1: {:?} reserved twice",
                 page
             );
         }
@@ -377,12 +378,16 @@ fn same_state(ledger: &Ledger, model: &Model) -> Result<(), TestCaseError> {
             .iter()
             .flat_map(Clone::clone)
             .collect();
-        prop_assert_eq!(&tokens, &entry.tokens, "I4");
+        prop_assert_eq!(&tokens, &entry.tokens, "ledger::I4");
     }
     for (group, capacity) in BUDGETS {
         let reserved = model.in_use(group, None);
-        prop_assert_eq!(ledger.reserved_pages(group), Some(reserved), "I2");
-        prop_assert_eq!(ledger.free_pages(group), Some(capacity - reserved), "I2");
+        prop_assert_eq!(ledger.reserved_pages(group), Some(reserved), "ledger::I2");
+        prop_assert_eq!(
+            ledger.free_pages(group),
+            Some(capacity - reserved),
+            "ledger::I2"
+        );
     }
     Ok(())
 }
@@ -410,7 +415,7 @@ fn apply(
         Op::StartLoad { id } => {
             let got = ledger.start_load(ReservationId(id)).ok();
             let want = model.start_load(id);
-            prop_assert_eq!(got.is_some(), want.is_some(), "I6");
+            prop_assert_eq!(got.is_some(), want.is_some(), "ledger::I6");
             if let (Some(ticket), Some(instance)) = (got, want) {
                 tickets.push((ticket, instance));
             }
@@ -423,7 +428,7 @@ fn apply(
                 LoadResult::Filled
             };
             let want = model.complete(ticket.id().0, instance, result);
-            prop_assert_eq!(ledger.complete(ticket, result), want, "I7");
+            prop_assert_eq!(ledger.complete(ticket, result), want, "ledger::I7");
         }
         Op::Complete { .. } => {}
         Op::Release { id, start, len } => {
@@ -431,7 +436,7 @@ fn apply(
             prop_assert_eq!(ledger.release(ReservationId(id), start, start + len), want);
         }
         Op::TakeFinished => {
-            prop_assert_eq!(ledger.take_finished(), model.take_finished(), "I5");
+            prop_assert_eq!(ledger.take_finished(), model.take_finished(), "ledger::I5");
         }
         Op::ForgetRequest { request } => {
             prop_assert_eq!(

@@ -48,7 +48,7 @@ fn random_pages(rng: &mut SplitMix64, first_block: u64, blocks: u64) -> Vec<Rese
     pages
 }
 
-/// I1 and I2 from the public views only.
+/// `ledger::I1` and `ledger::I2` from the public views only.
 fn check_public_views(ledger: &Ledger) {
     let mut seen = std::collections::HashSet::new();
     let mut in_use = std::collections::BTreeMap::new();
@@ -56,16 +56,24 @@ fn check_public_views(ledger: &Ledger) {
         for page in ledger.pages(id).unwrap_or_default() {
             assert!(
                 seen.insert((page.group, page.page)),
-                "I1: {page:?} reserved twice"
+                "ledger::I1: {page:?} reserved twice"
             );
-            assert_eq!(ledger.holder_of(page.group, page.page), Some(id), "I1");
+            assert_eq!(
+                ledger.holder_of(page.group, page.page),
+                Some(id),
+                "ledger::I1"
+            );
             *in_use.entry(page.group).or_insert(0) += 1;
         }
     }
     for (group, capacity) in GROUPS {
         let reserved = in_use.get(&group).copied().unwrap_or(0);
-        assert_eq!(ledger.reserved_pages(group), Some(reserved), "I2");
-        assert_eq!(ledger.free_pages(group), Some(capacity - reserved), "I2");
+        assert_eq!(ledger.reserved_pages(group), Some(reserved), "ledger::I2");
+        assert_eq!(
+            ledger.free_pages(group),
+            Some(capacity - reserved),
+            "ledger::I2"
+        );
     }
 }
 
@@ -93,7 +101,7 @@ fn step(ledger: &mut Ledger, rng: &mut SplitMix64, tickets: &mut Vec<LoadTicket>
             let start = first_block * 4 + rng.below(4);
             let tokens = start..(first_block + blocks) * 4;
             let id = ReservationId(rng.below(IDS));
-            // Refusals are expected; I8 says they change nothing, checked below.
+            // Refusals are expected; `ledger::I8` says they change nothing, checked below.
             let _ = ledger.reserve(RequestId(rng.below(6)), id, pages, tokens);
         }
         2 | 3 => {
@@ -122,7 +130,7 @@ fn step(ledger: &mut Ledger, rng: &mut SplitMix64, tickets: &mut Vec<LoadTicket>
         }
         6 => {
             for (finished, _) in ledger.take_finished() {
-                assert_eq!(ledger.state(finished), None, "I5: handed over");
+                assert_eq!(ledger.state(finished), None, "ledger::I5: handed over");
             }
         }
         _ => {
@@ -165,7 +173,7 @@ fn i1_i2_seeded_random_operations_keep_every_invariant() -> Result<(), LedgerErr
             assert_eq!(
                 ledger.free_pages(group),
                 Some(capacity),
-                "I2: all pages back"
+                "ledger::I2: all pages back"
             );
         }
         ledger.check_invariants()?;

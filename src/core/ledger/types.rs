@@ -1,5 +1,5 @@
 //! The ledger's vocabulary: pages, tickets, load results, states and the outcomes of its
-//! calls. See the parent module for the workflow and the invariants I1-I8.
+//! calls. See the parent module for the workflow and the invariants `ledger::I1`-I8.
 
 use std::fmt;
 
@@ -74,7 +74,7 @@ pub enum LoadResult {
     Failed(LoadFailure),
 }
 
-/// Where a live reservation stands (I6: only `Reserved -> Loading -> Filled | Failed`).
+/// Where a live reservation stands (`ledger::I6`: only `Reserved -> Loading -> Filled | Failed`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReservationState {
     /// Pages are set aside; no loader has it yet.
@@ -144,7 +144,7 @@ impl StaleReason {
 pub enum CompletionDisposition {
     /// The reservation is now `Filled` or `Failed` and will be reported by `take_finished`.
     Accepted,
-    /// Ignored; nothing changed but a counter (I7).
+    /// Ignored; nothing changed but a counter (`ledger::I7`).
     Stale {
         /// Why the completion no longer applies.
         reason: StaleReason,
@@ -182,7 +182,7 @@ pub enum ReleaseOutcome {
     NotLive,
 }
 
-/// Counters the reservation manager reports (STYLE G12).
+/// Counters the reservation manager reports (plain fields; the actor owns them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LedgerCounters {
     /// Reservations accepted, replacements included.

@@ -1,4 +1,4 @@
-//! Read-only views of the ledger for the actors and tests, and the I1-I5 self-check.
+//! Read-only views of the ledger for the actors and tests, and the `ledger::I1`-I5 self-check.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -27,17 +27,17 @@ impl Ledger {
         self.live.get(&id).map(|entry| entry.pages.as_slice())
     }
 
-    /// The token ranges live reservation `id` still holds (sorted, disjoint; I4).
+    /// The token ranges live reservation `id` still holds (sorted, disjoint; `ledger::I4`).
     pub fn reserved_tokens(&self, id: ReservationId) -> Option<&[Range<u64>]> {
         self.live.get(&id).map(|entry| entry.tokens.as_slice())
     }
 
-    /// The live reservation of `request`, if any (I3).
+    /// The live reservation of `request`, if any (`ledger::I3`).
     pub fn reservation_of(&self, request: RequestId) -> Option<ReservationId> {
         self.by_request.get(&request).copied()
     }
 
-    /// The live reservation holding `page` of `group`, if any (I1).
+    /// The live reservation holding `page` of `group`, if any (`ledger::I1`).
     pub fn holder_of(&self, group: GroupId, page: PageIndex) -> Option<ReservationId> {
         self.page_holder.get(&(group, page)).copied()
     }
@@ -52,7 +52,7 @@ impl Ledger {
         self.budgets.get(&group).map(|budget| budget.free)
     }
 
-    /// Pages of `group` held by live reservations (`capacity - free`, I2).
+    /// Pages of `group` held by live reservations (`capacity - free`, `ledger::I2`).
     pub fn reserved_pages(&self, group: GroupId) -> Option<usize> {
         self.budgets
             .get(&group)
@@ -74,7 +74,7 @@ impl Ledger {
         self.counters
     }
 
-    /// Checks I1-I5 over the whole ledger; linear in its size, meant for tests.
+    /// Checks `ledger::I1`-I5 over the whole ledger; linear in its size, meant for tests.
     ///
     /// # Errors
     ///

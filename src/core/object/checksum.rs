@@ -12,13 +12,13 @@
 //! ```
 //!
 //! Properties:
-//! - C1. Each step of `term` is a bijection of `w_i` (xor with a constant, xorshift, a
+//! - `checksum::C1`. Each step of `term` is a bijection of `w_i` (xor with a constant, xorshift, a
 //!   multiply by an odd constant), so changing any single word always changes the checksum;
 //!   two or more changed words collide with probability about 2^-64.
-//! - C2. The index enters every term, so swapped or shifted words change the checksum.
-//! - C3. The sum is order-free: a GPU block reduces its threads' partial sums in any order
-//!   and gets the same value (`src/gpu/cuda/checksum.ll` computes exactly this).
-//! - C4. The length is folded in, so trailing zero bytes are not silently accepted.
+//! - `checksum::C2`. The index enters every term, so swapped or shifted words change the checksum.
+//! - `checksum::C3`. The sum is order-free: a GPU block reduces its threads' partial sums in any
+//!   order and gets the same value (`src/gpu/cuda/checksum.ll` computes exactly this).
+//! - `checksum::C4`. The length is folded in, so trailing zero bytes are not silently accepted.
 
 /// Multiplier of the word index in each term's key.
 pub const WORD_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -29,7 +29,7 @@ pub const MIX: u64 = 0xBF58_476D_1CE4_E5B9;
 /// Multiplier of the payload length.
 pub const LEN_KEY: u64 = 0x94D0_49BB_1331_11EB;
 
-/// One word's term (C1, C2).
+/// One word's term (`checksum::C1`, `checksum::C2`).
 #[inline]
 pub fn word_term(word: u64, index: u64) -> u64 {
     let keyed = word ^ index.wrapping_mul(WORD_KEY).wrapping_add(WORD_SALT);
@@ -112,7 +112,7 @@ mod tests {
         assert_ne!(
             checksum(&[0; 8]),
             checksum(&[0; 16]),
-            "C4: length folded in"
+            "checksum::C4: length folded in"
         );
     }
 

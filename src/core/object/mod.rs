@@ -20,8 +20,8 @@
 //! over the bytes that landed in the page ([`check_checksum`]).
 //!
 //! Invariants:
-//! - I1. the header has a fixed size, so the payload sits at a fixed, aligned offset;
-//! - I2. [`open`] accepts an object only if every header field equals what the caller
+//! - `object::I1`. the header has a fixed size, so the payload sits at a fixed, aligned offset;
+//! - `object::I2`. [`open`] accepts an object only if every header field equals what the caller
 //!   expects and the checksum matches the payload; anything else is a typed
 //!   [`ObjectError`], which the loader counts as `corrupt` and treats as a miss (R5).
 
@@ -238,7 +238,7 @@ pub fn seal_with_checksum(
         checksum: payload_checksum,
     };
     header_area.fill(0);
-    // The fixed-width header is 59 bytes, so it always fits the 64-byte area (I1).
+    // The fixed-width header is 59 bytes, so it always fits the 64-byte area (`object::I1`).
     bincode::encode_into_slice(header, header_area, wire_config()).map_err(|_| {
         ObjectError::BufferTooSmall {
             len: HEADER_BYTES,
@@ -248,7 +248,7 @@ pub fn seal_with_checksum(
     Ok(total)
 }
 
-/// Checks an object against what the caller asked for and returns its payload (I2).
+/// Checks an object against what the caller asked for and returns its payload (`object::I2`).
 ///
 /// `expected_payload_len` is the page size of the group; `object` may be longer than the
 /// object (a staging slot), but not shorter.
@@ -268,7 +268,7 @@ pub fn open<'a>(
 
 /// Checks every header field of an object against what the caller asked for, and its
 /// length, without reading the payload; returns the stored payload checksum, which the
-/// caller must compare ([`check_checksum`]) with the checksum of the bytes it uses (I2).
+/// caller must compare ([`check_checksum`]) with the checksum of the bytes it uses (`object::I2`).
 ///
 /// # Errors
 /// The first mismatch found, as an [`ObjectError`].

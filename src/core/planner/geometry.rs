@@ -3,12 +3,12 @@
 //! Everything here is arithmetic on block indices; it knows nothing of what is present.
 //! Invariants, established by [`Geometry::new`]:
 //!
-//! - G-I1: `tokens_per_block >= 1`, `probe_chunk_items >= 1`, at least one group, group
+//! - `geometry::I1`: `tokens_per_block >= 1`, `probe_chunk_items >= 1`, at least one group, group
 //!   ids unique, every window `W >= 1` with `S < W`.
-//! - G-I2: `first_candidate <= candidate_end`, and `candidate_end * T <= P - 1` whenever
+//! - `geometry::I2`: `first_candidate <= candidate_end`, and `candidate_end * T <= P - 1` whenever
 //!   there is a candidate, so no resume point reaches the block holding the last prompt
 //!   token.
-//! - G-I3: every block a window span of an end block `k <= candidate_end` names is below
+//! - `geometry::I3`: every block a window span of an end block `k <= candidate_end` names is below
 //!   `k`, so every probe item lies in `[0, candidate_end)`.
 
 use std::ops::Range;
@@ -26,7 +26,7 @@ pub(super) struct WindowSpec {
     pub(super) sink_blocks: usize,
 }
 
-/// The validated request (G-I1..G-I3).
+/// The validated request (`geometry::I1`..G-I3).
 #[derive(Clone, Debug)]
 pub(super) struct Geometry {
     /// `T`.
@@ -52,7 +52,7 @@ pub(super) struct Geometry {
 }
 
 impl Geometry {
-    /// Validates a request (G-I1) and derives the candidate range (G-I2).
+    /// Validates a request (`geometry::I1`) and derives the candidate range (`geometry::I2`).
     pub(super) fn new(request: LookupRequest) -> Result<Self, PlanError> {
         let LookupRequest {
             tokens_per_block,
@@ -116,7 +116,7 @@ impl Geometry {
 
     /// The blocks of `window` needed to resume at end block `end_block` (R12): the sink
     /// blocks and the blocks overlapping `[max(0, e-W), e)`, as two disjoint ascending
-    /// ranges, both below `end_block` (G-I3). Sink blocks at or past `e` are not needed:
+    /// ranges, both below `end_block` (`geometry::I3`). Sink blocks at or past `e` are not needed:
     /// the engine computes those tokens.
     pub(super) fn window_ranges(&self, window: WindowSpec, end_block: usize) -> [Range<usize>; 2] {
         let sinks = 0..window.sink_blocks.min(end_block);
@@ -152,7 +152,7 @@ impl Geometry {
     }
 }
 
-/// Checks the groups (G-I1) and splits them into full positions and window specs.
+/// Checks the groups (`geometry::I1`) and splits them into full positions and window specs.
 fn split_groups(
     groups: &[PlannerGroup],
     tokens_per_block: usize,

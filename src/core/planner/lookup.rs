@@ -19,20 +19,20 @@
 //!
 //! Invariants (cited in the code and the tests):
 //!
-//! - L-I1: an item goes `Unprobed -> InFlight -> Present | Absent`, never back, so it is
-//!   issued in at most one round (R14, P6).
-//! - L-I2: at most one round is outstanding; [`Lookup::next_round`] returns it again
+//! - `lookup::I1`: an item goes `Unprobed -> InFlight -> Present | Absent`, never back, so it is
+//!   issued in at most one round (R14, `planner::P6`).
+//! - `lookup::I2`: at most one round is outstanding; [`Lookup::next_round`] returns it again
 //!   until it is recorded.
-//! - L-I3: after the initial round is recorded every full item is known, so `H` never
+//! - `lookup::I3`: after the initial round is recorded every full item is known, so `H` never
 //!   changes again and the walk needs at most one more round.
-//! - L-I4: every fallback round but the last holds exactly `probe_chunk_items` items.
+//! - `lookup::I4`: every fallback round but the last holds exactly `probe_chunk_items` items.
 
 use super::geometry::Geometry;
 use super::{
     LookupOutcome, LookupPlan, LookupRequest, PlanError, ProbeItem, ProbeRound, RoundId, RoundKind,
 };
 
-/// What the lookup knows about one item (L-I1).
+/// What the lookup knows about one item (`lookup::I1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ItemState {
     /// Never issued.
@@ -95,7 +95,7 @@ struct PendingRound {
 #[derive(Clone, Debug)]
 pub struct Lookup {
     geometry: Geometry,
-    /// `[group position][block]` for blocks below the candidate end (G-I3).
+    /// `[group position][block]` for blocks below the candidate end (`geometry::I3`).
     states: Vec<Vec<ItemState>>,
     initial_issued: bool,
     pending: Option<PendingRound>,
@@ -135,7 +135,7 @@ impl Lookup {
 
     /// The next round to probe, or `None` once the lookup is settled.
     ///
-    /// While a round is outstanding this returns that same round again (L-I2): probe it
+    /// While a round is outstanding this returns that same round again (`lookup::I2`): probe it
     /// once, record it once.
     pub fn next_round(&mut self) -> Option<ProbeRound> {
         if let Some(pending) = &self.pending {
@@ -191,7 +191,7 @@ impl Lookup {
             });
         }
         for (&(pos, block), &is_present) in pending.slots.iter().zip(present) {
-            debug_assert_eq!(self.states[pos][block], ItemState::InFlight, "L-I1");
+            debug_assert_eq!(self.states[pos][block], ItemState::InFlight, "lookup::I1");
             self.states[pos][block] = if is_present {
                 ItemState::Present
             } else {
@@ -350,7 +350,7 @@ impl Lookup {
     }
 
     /// R13: scans end blocks from `top` (or the remembered fallback top) down to just
-    /// above the local match, collecting at most `probe_chunk_items` items (L-I4).
+    /// above the local match, collecting at most `probe_chunk_items` items (`lookup::I4`).
     fn fallback(&mut self, hit_blocks: usize, top: usize, mode: Mode) -> Step {
         let first = self.geometry.first_candidate;
         let limit = self.geometry.probe_chunk_items;
@@ -1074,7 +1074,7 @@ mod tests {
 
     /// Counter-example from `test_proptest_prefix_monotone` run with fallback off (the
     /// shrunk case had four groups; this is the hand-reduced one): a longer full hit moves
-    /// the walk past the only complete window. planner.md (P9) states monotonicity only
+    /// the walk past the only complete window. planner.md (`planner::P9`) states monotonicity only
     /// with fallback on, where the planner recovers the earlier window.
     #[test]
     fn test_reproduce_no_fallback_is_not_prefix_monotone() -> TestResult {

@@ -1,5 +1,5 @@
 //! The lookup planner: for one request, which blocks to probe in the pool and then which
-//! prefix to offer (DESIGN section 5, R10-R15; STYLE G7).
+//! prefix to offer (`docs/DESIGN.md` section 5, R10-R15).
 //!
 //! The planner knows nothing of keys, shards or the pool. It speaks in probe items
 //! `(block index, group)`; the caller (the lookup-planner actor) turns each item into the
@@ -31,7 +31,7 @@
 //! Window blocks are probed even below the local match (a complete window is a fact
 //! about the pool, and window pages are saved only at prompt ends, R17) but never loaded
 //! there (R15: the engine holds them). `src/core/planner.md` lists the decisions the
-//! rules leave open, the lease trade-off of the rounds, and the properties (P1..P12) the
+//! rules leave open, the lease trade-off of the rounds, and the properties (`planner::P1`..P12) the
 //! planner keeps; tests cite them by number.
 //!
 //! ## Vocabulary used in this module

@@ -168,21 +168,21 @@ fn any_case() -> impl Strategy<Value = (LookupRequest, Presence)> {
 proptest! {
     #![proptest_config(config(2048))]
 
-    /// P1-P8, P10 against uniform oracles.
+    /// `planner::P1`-P8, `planner::P10` against uniform oracles.
     #[test]
     fn test_proptest_post_conditions_uniform((request, present) in uniform_cases()) {
         let trace = run(&request, &present)?;
         check_post_conditions(&request, &present, &trace).map_err(TestCaseError::fail)?;
     }
 
-    /// P1-P8, P10 against oracles shaped like saved prompts.
+    /// `planner::P1`-P8, `planner::P10` against oracles shaped like saved prompts.
     #[test]
     fn test_proptest_post_conditions_saved_prompts((request, present) in saved_cases()) {
         let trace = run(&request, &present)?;
         check_post_conditions(&request, &present, &trace).map_err(TestCaseError::fail)?;
     }
 
-    /// P9: adding present items never lowers `e` with window fallback on (which
+    /// `planner::P9`: adding present items never lowers `e` with window fallback on (which
     /// includes every full-only layout: fallback plays no part there).
     #[test]
     fn test_proptest_prefix_monotone((request, present) in any_case(), extra in bits(0.2)) {
@@ -197,7 +197,7 @@ proptest! {
             "e fell from {} to {}", fewer.plan.resume_tokens, added.plan.resume_tokens);
     }
 
-    /// P11: finishing after any number of rounds decides exactly as R10-R15 would on the
+    /// `planner::P11`: finishing after any number of rounds decides exactly as R10-R15 would on the
     /// items seen present, so it never loads an unseen block.
     #[test]
     fn test_proptest_early_finish((request, present) in any_case(), max_rounds in 0usize..=4) {
@@ -215,7 +215,7 @@ proptest! {
         }
     }
 
-    /// P10: identical input and answers give identical rounds and plans.
+    /// `planner::P10`: identical input and answers give identical rounds and plans.
     #[test]
     fn test_proptest_stable((request, present) in any_case()) {
         let first = run(&request, &present)?;
@@ -224,7 +224,7 @@ proptest! {
     }
 }
 
-/// P1-P8 for every presence set of small hybrid layouts (one full, one window group),
+/// `planner::P1`-P8 for every presence set of small hybrid layouts (one full, one window group),
 /// checked against the brute-force reference.
 #[test]
 fn test_exhaustive_small_hybrid_layouts() -> Result<(), String> {

@@ -1,6 +1,6 @@
 //! Test support for the planner: a driver that answers rounds from a presence set, a
 //! brute-force reference of R10-R15 written independently of the planner (in tokens,
-//! straight from DESIGN section 5), and the post-condition checks of `planner.md`.
+//! straight from `docs/DESIGN.md` section 5), and the post-condition checks of `planner.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -136,7 +136,7 @@ pub(super) fn drive(request: LookupRequest, present: &Presence) -> Result<Trace,
     drive_at_most(request, present, usize::MAX)
 }
 
-/// `(c_lo, c_hi)` straight from DESIGN section 5.
+/// `(c_lo, c_hi)` straight from `docs/DESIGN.md` section 5.
 pub(super) fn candidate_range(request: &LookupRequest) -> (usize, usize) {
     let t = request.tokens_per_block;
     let first = request.local_match_tokens / t;
@@ -250,8 +250,8 @@ pub(super) fn reference_loads(request: &LookupRequest, e: usize) -> Vec<GroupLoa
         .collect()
 }
 
-/// Checks P1-P8 and P12 of `planner.md` for one finished trace of `request` against
-/// `present`. Returns a description of the first violation.
+/// Checks `planner::P1`-P8 and `planner::P12` of `planner.md` for one finished trace of `request`
+/// against `present`. Returns a description of the first violation.
 pub(super) fn check_post_conditions(
     request: &LookupRequest,
     present: &Presence,
@@ -260,53 +260,54 @@ pub(super) fn check_post_conditions(
     let plan = &trace.plan;
     let t = request.tokens_per_block;
     let (first, end) = candidate_range(request);
-    // P1: only blocks seen present are loaded.
+    // `planner::P1`: only blocks seen present are loaded.
     let seen = trace.seen_present();
     for load in &plan.loads {
         for &block in &load.blocks {
             if !seen.contains(&(block, load.group)) {
                 return Err(format!(
-                    "P1: loads block {block} of group {} unseen",
+                    "planner::P1: loads block {block} of group {} unseen",
                     load.group
                 ));
             }
         }
     }
-    // P2, P3: resume point.
+    // `planner::P2`, `planner::P3`: resume point.
     let e = plan.resume_tokens;
     let offers = plan.outcome.offers();
     if offers && (e > end * t || e >= request.prompt_tokens) {
         return Err(format!(
-            "P2: resumes at {e}, past the last full block before token P-1"
+            "planner::P2: resumes at {e}, past the last full block before token P-1"
         ));
     }
     if e % t != 0 || offers != (e > request.local_match_tokens) {
         return Err(format!(
-            "P3: resume {e} not aligned or not above local match"
+            "planner::P3: resume {e} not aligned or not above local match"
         ));
     }
     if !offers && !plan.loads.is_empty() {
-        return Err("P3: loads without an offer".into());
+        return Err("planner::P3: loads without an offer".into());
     }
     if plan.offered_tokens != e - request.local_match_tokens {
-        return Err("P3: offered tokens differ from e - L".into());
+        return Err("planner::P3: offered tokens differ from e - L".into());
     }
-    // P4: R10-R13.
+    // `planner::P4`: R10-R13.
     let (outcome, expected_e, hit_tokens) = reference(request, present);
     if (plan.outcome, e, plan.full_hit_tokens) != (outcome, expected_e, hit_tokens) {
         return Err(format!(
-            "P4: got {:?} at {e} (H*T {}), reference {outcome:?} at {expected_e} (H*T {hit_tokens})",
+            "planner::P4: got {:?} at {e} (H*T {}), reference {outcome:?} at {expected_e} \
+             (H*T {hit_tokens})",
             plan.outcome, plan.full_hit_tokens
         ));
     }
-    // P5: R15.
+    // `planner::P5`: R15.
     if offers && plan.loads != reference_loads(request, e) {
-        return Err(format!("P5: loads {:?}", plan.loads));
+        return Err(format!("planner::P5: loads {:?}", plan.loads));
     }
     check_probing(request, trace, first, end)
 }
 
-/// P6-P8 and the counters: what was probed, in how many rounds and chunks.
+/// `planner::P6`-P8 and the counters: what was probed, in how many rounds and chunks.
 fn check_probing(
     request: &LookupRequest,
     trace: &Trace,
@@ -317,12 +318,12 @@ fn check_probing(
     let probed = trace.probed();
     let unique: BTreeSet<_> = probed.iter().collect();
     if unique.len() != probed.len() {
-        return Err("P6: an item was probed twice".into());
+        return Err("planner::P6: an item was probed twice".into());
     }
     for item in &probed {
         let group = request.groups.iter().find(|group| group.id == item.group);
         let Some(group) = group else {
-            return Err(format!("P6: unknown group {}", item.group));
+            return Err(format!("planner::P6: unknown group {}", item.group));
         };
         let floor = if group.kind == PlannerGroupKind::Full {
             first
@@ -331,13 +332,13 @@ fn check_probing(
         };
         if item.block < floor || item.block >= end {
             return Err(format!(
-                "P6: probed block {} of group {}",
+                "planner::P6: probed block {} of group {}",
                 item.block, item.group
             ));
         }
     }
     if trace.rounds.iter().any(|round| round.items().is_empty()) {
-        return Err("P6: empty round".into());
+        return Err("planner::P6: empty round".into());
     }
     let windows = request
         .groups
@@ -352,7 +353,10 @@ fn check_probing(
         (true, _, true) => 2 + (windows * end).div_ceil(chunk),
     };
     if trace.rounds.len() > bound {
-        return Err(format!("P7: {} rounds, bound {bound}", trace.rounds.len()));
+        return Err(format!(
+            "planner::P7: {} rounds, bound {bound}",
+            trace.rounds.len()
+        ));
     }
     let kinds: Vec<RoundKind> = trace.rounds.iter().map(ProbeRound::kind).collect();
     let walks = trace.count(RoundKind::Walk);
@@ -363,9 +367,9 @@ fn check_probing(
         && (walks == 0 || plan.full_hit_tokens < end * request.tokens_per_block)
         && (request.window_fallback || trace.count(RoundKind::Fallback) == 0);
     if !in_order {
-        return Err(format!("P7: round kinds {kinds:?}"));
+        return Err(format!("planner::P7: round kinds {kinds:?}"));
     }
-    // P8: chunks, and full fallback rounds but the last.
+    // `planner::P8`: chunks, and full fallback rounds but the last.
     let fallback: Vec<&ProbeRound> = trace
         .rounds
         .iter()
@@ -382,7 +386,7 @@ fn check_probing(
             .iter()
             .any(|round| round.chunks().any(|c| c.len() > chunk))
     {
-        return Err("P8: chunk sizes".into());
+        return Err("planner::P8: chunk sizes".into());
     }
     if plan.rounds != trace.rounds.len() || plan.probed_items != probed.len() {
         return Err("counters differ from the trace".into());
@@ -390,7 +394,7 @@ fn check_probing(
     check_no_needless_probe(request, trace, first, end)
 }
 
-/// P12: the initial round probes only full candidates and the windows of the walk from
+/// `planner::P12`: the initial round probes only full candidates and the windows of the walk from
 /// the candidate end; every later item belongs to the window of a resume point that,
 /// given the answers so far, could still win: in the walk range for a walk round, below
 /// it for a fallback round, not ruled out by an absent item, not yet known complete,
@@ -413,7 +417,7 @@ fn check_no_needless_probe(
         for item in round.items() {
             if !allowed.contains(&(item.block, item.group)) {
                 return Err(format!(
-                    "P12: {:?} round {} probes block {} of group {} needlessly",
+                    "planner::P12: {:?} round {} probes block {} of group {} needlessly",
                     round.kind(),
                     round.id(),
                     item.block,
@@ -428,7 +432,7 @@ fn check_no_needless_probe(
     Ok(())
 }
 
-/// The candidate range and final `H` of one lookup, for P12.
+/// The candidate range and final `H` of one lookup, for `planner::P12`.
 struct Scan<'a> {
     request: &'a LookupRequest,
     first: usize,

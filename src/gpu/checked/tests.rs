@@ -1,4 +1,4 @@
-//! Checked submissions on the host backend (V1-V4).
+//! Checked submissions on the host backend (`checked::V1`-V4).
 
 use super::*;
 use crate::core::layout::GroupId;

@@ -2,8 +2,8 @@
 //! thread calls into the backend.
 //!
 //! Workflow:
-//! 1. [`probe`] checks that the driver library loads (D1), runs `cuInit` and counts devices;
-//!    `Device::open` uses it for `auto` and to turn "no driver" into a clear error.
+//! 1. [`probe`] checks that the driver library loads (`cuda::driver::D1`), runs `cuInit` and counts
+//!    devices; `Device::open` uses it for `auto` and to turn "no driver" into a clear error.
 //! 2. [`Context::retain`] retains the primary context of a device (`cuDevicePrimaryCtxRetain`),
 //!    the one the CUDA runtime and frameworks share, so pages are visible to the engine.
 //! 3. Every backend entry point (allocation, copy submission, wait, free) first calls
@@ -11,10 +11,10 @@
 //!    need no setup of their own.
 //!
 //! Invariants:
-//! - X1. A [`Context`] holds exactly one retain; `Drop` releases it. Every RAII type that
-//!   frees driver objects holds an `Arc<Context>`, so the context outlives them all.
-//! - X2. `make_current` is called before every driver call that uses the context; it is a
-//!   cheap thread-local store in the driver.
+//! - `cuda::context::X1`. A [`Context`] holds exactly one retain; `Drop` releases it. Every RAII
+//!   type that frees driver objects holds an `Arc<Context>`, so the context outlives them all.
+//! - `cuda::context::X2`. `make_current` is called before every driver call that uses the context;
+//!   it is a cheap thread-local store in the driver.
 
 use std::ffi::c_int;
 use std::fmt;
@@ -29,8 +29,8 @@ pub(crate) struct DriverProbe {
     pub devices: u32,
 }
 
-/// Checks, in order, that `libcuda` loads (D1), that `cuInit` succeeds, and that at least
-/// one device exists. Never panics, also on machines without a driver.
+/// Checks, in order, that `libcuda` loads (`cuda::driver::D1`), that `cuInit` succeeds, and that at
+/// least one device exists. Never panics, also on machines without a driver.
 ///
 /// # Errors
 /// [`GpuError::CudaDriverMissing`], [`GpuError::CudaInit`] or [`GpuError::CudaNoDevice`].
@@ -49,7 +49,7 @@ pub(crate) fn probe() -> Result<DriverProbe, GpuError> {
     }
 }
 
-/// One retain of a device's primary context (X1).
+/// One retain of a device's primary context (`cuda::context::X1`).
 pub(crate) struct Context {
     device: RawDevice,
     raw: RawContext,
@@ -94,12 +94,13 @@ impl Context {
         Ok(retained)
     }
 
-    /// Binds the context to the calling thread (X2).
+    /// Binds the context to the calling thread (`cuda::context::X2`).
     ///
     /// # Errors
     /// [`GpuError::Driver`] from `cuCtxSetCurrent`.
     pub(crate) fn make_current(&self) -> Result<(), GpuError> {
-        // SAFETY: `self` holds a retain of this context (X1), so the handle is live.
+        // SAFETY: `self` holds a retain of this context (`cuda::context::X1`), so the handle is
+        // live.
         unsafe { driver::context_set_current(self.raw) }
             .map_err(GpuError::driver("cuCtxSetCurrent"))
     }
@@ -112,8 +113,8 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: balances the one retain this value holds (X1); every user of the context
-        // holds an `Arc<Context>`, so none is left.
+        // SAFETY: balances the one retain this value holds (`cuda::context::X1`); every user of the
+        // context holds an `Arc<Context>`, so none is left.
         if let Err(error) = unsafe { driver::primary_context_release(self.device) } {
             tracing::warn!(ordinal = self.ordinal, %error, "releasing the cuda primary context failed");
         }

@@ -7,9 +7,11 @@
 //! `context.rs`, `memory.rs` and `queue.rs` are their only callers and uphold those contracts.
 //!
 //! Invariants:
-//! - D1. Nothing here is called before [`library_present`] returned `true`: cudarc's lazy
-//!   loader panics when `libcuda` is missing, so `Device::open` checks presence first.
-//! - D2. No function here keeps a pointer past its return; ownership lives in the RAII layer.
+//! - `cuda::driver::D1`. Nothing here is called before [`library_present`] returned `true`:
+//!   cudarc's lazy loader panics when `libcuda` is missing, so `Device::open` checks presence
+//!   first.
+//! - `cuda::driver::D2`. No function here keeps a pointer past its return; ownership lives in the
+//!   RAII layer.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::MaybeUninit;
@@ -22,7 +24,7 @@ pub(crate) use sys::{CUcontext as RawContext, CUdevice as RawDevice};
 pub(crate) use sys::{CUdeviceptr as DevicePtr, CUevent as RawEvent, CUstream as RawStream};
 pub(crate) use sys::{CUfunction as RawFunction, CUmodule as RawModule};
 
-/// Whether the CUDA driver library (`libcuda.so`) can be loaded (D1). Never panics.
+/// Whether the CUDA driver library (`libcuda.so`) can be loaded (`cuda::driver::D1`). Never panics.
 pub(crate) fn library_present() -> bool {
     // SAFETY: `is_culib_present` only tries `dlopen` on the candidate library names and
     // drops each handle it opened; it calls no driver function.
@@ -32,7 +34,7 @@ pub(crate) fn library_present() -> bool {
 /// `cuInit(0)`: initializes the driver API in this process (idempotent).
 pub(crate) fn init() -> Result<(), DriverError> {
     // SAFETY: `cuInit` takes a flags value that must be 0 and touches no caller memory;
-    // the library is present (D1).
+    // the library is present (`cuda::driver::D1`).
     unsafe { sys::cuInit(0) }.result()
 }
 
@@ -394,7 +396,7 @@ pub(crate) unsafe fn launch_kernel(
 }
 
 /// Whether `error` leaves the context unusable ("sticky"): every later call in the
-/// process fails the same way, so the device must be poisoned (module I7).
+/// process fails the same way, so the device must be poisoned (`gpu::I7`).
 pub(crate) fn is_sticky(error: DriverError) -> bool {
     use sys::CUresult as R;
     matches!(

@@ -12,11 +12,11 @@
 //!    page's `split` block sums and applies `finish` (`core::object::checksum`).
 //!
 //! Invariants:
-//! - G1. Pages handed to the kernel start at 8-byte aligned device addresses (page pools
+//! - `kernel::I1`. Pages handed to the kernel start at 8-byte aligned device addresses (page pools
 //!   are `cuMemAlloc` allocations and CUDA devices refuse page sizes that are not a
 //!   multiple of 8), so its 8-byte loads are aligned.
-//! - G2. A scratch is used by one submission at a time: it is taken from the stream's free
-//!   list at submission and given back only after the submission's event completed.
+//! - `kernel::I2`. A scratch is used by one submission at a time: it is taken from the stream's
+//!   free list at submission and given back only after the submission's event completed.
 
 use std::ffi::{c_uint, c_void, CStr};
 use std::fmt;
@@ -105,7 +105,7 @@ impl ChecksumKernel {
         let host = scratch.host.as_mut_ptr();
         // SAFETY: the pinned list (`stage` wrote it) and the device scratch are both at
         // least `list_bytes` long; the scratch is owned by this submission until its event
-        // completes (G2), so nobody writes the pinned list meanwhile.
+        // completes (`kernel::I2`), so nobody writes the pinned list meanwhile.
         unsafe { driver::memcpy_to_device_async(device, host, list_bytes, stream.raw()) }
             .map_err(GpuError::driver("cuMemcpyHtoDAsync"))?;
         let grid = c_uint::try_from(blocks).map_err(|_| GpuError::ChecksumKernelInvalid {
@@ -119,7 +119,7 @@ impl ChecksumKernel {
         ];
         // SAFETY: four parameters matching the kernel's (three device pointers, one u32),
         // each pointing at a live local; the addresses lie in the scratch allocation and
-        // the pages (G1), which stay allocated until the event completes (the submission
+        // the pages (`kernel::I1`), which stay allocated until the event completes (the submission
         // holds the device); the stream is live in the current context.
         unsafe {
             driver::launch_kernel(
@@ -132,7 +132,7 @@ impl ChecksumKernel {
         }
         .map_err(GpuError::driver("cuLaunchKernel"))?;
         // SAFETY: the pinned result area starts `list_bytes` into the host scratch and holds
-        // `blocks` words; no one reads it before the event completes (G2).
+        // `blocks` words; no one reads it before the event completes (`kernel::I2`).
         unsafe {
             driver::memcpy_to_host_async(host.add(list_bytes), sums, blocks * 8, stream.raw())
         }
@@ -159,7 +159,7 @@ impl fmt::Debug for ChecksumKernel {
     }
 }
 
-/// Device and pinned memory for one checked submission's page list and block sums (G2).
+/// Device and pinned memory for one checked submission's page list and block sums (`kernel::I2`).
 pub(crate) struct ChecksumScratch {
     device: DeviceRegion,
     host: PinnedBuffer,

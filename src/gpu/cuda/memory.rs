@@ -7,12 +7,13 @@
 //! Both free themselves on `Drop`, after making their context current.
 //!
 //! Invariants:
-//! - M1. A region's address range `ptr..ptr + bytes` is one live allocation while the value
-//!   lives; callers bounds-check offsets against the geometry before any copy (module I1).
-//! - M2. A pinned buffer is initialized (zeroed) at allocation and owned like a
+//! - `cuda::memory::M1`. A region's address range `ptr..ptr + bytes` is one live allocation while
+//!   the value lives; callers bounds-check offsets against the geometry before any copy
+//!   (`gpu::I1`).
+//! - `cuda::memory::M2`. A pinned buffer is initialized (zeroed) at allocation and owned like a
 //!   `Box<[u8]>`: `&self` gives `&[u8]`, `&mut self` gives `&mut [u8]`.
-//! - M3. Pinned memory is cached (flags 0, never `CU_MEMHOSTALLOC_WRITECOMBINED`): the pool
-//!   transport and the header checks read staging with the CPU.
+//! - `cuda::memory::M3`. Pinned memory is cached (flags 0, never `CU_MEMHOSTALLOC_WRITECOMBINED`):
+//!   the pool transport and the header checks read staging with the CPU.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use super::driver::{self, DevicePtr};
 use crate::gpu::error::GpuError;
 use crate::gpu::pages::PagePoolSpec;
 
-/// One layer group's page memory on the device (M1).
+/// One layer group's page memory on the device (`cuda::memory::M1`).
 pub(crate) struct DeviceRegion {
     context: Arc<Context>,
     ptr: DevicePtr,
@@ -37,10 +38,11 @@ impl DeviceRegion {
     /// # Errors
     /// [`GpuError::Driver`] from `cuMemAlloc` (out of device memory) or `cuMemsetD8`.
     pub(crate) fn zeroed(context: Arc<Context>, spec: &PagePoolSpec) -> Result<Self, GpuError> {
-        // P3: the geometry checked that the product fits.
+        // `pages::P3`: the geometry checked that the product fits.
         let bytes = spec.pool_bytes().unwrap_or(usize::MAX);
         let region = Self::allocate(context, bytes, spec.page_bytes)?;
-        // SAFETY: `ptr..ptr + bytes` is the allocation just made (M1); its context is current.
+        // SAFETY: `ptr..ptr + bytes` is the allocation just made (`cuda::memory::M1`); its context
+        // is current.
         unsafe { driver::mem_set(region.ptr, 0, bytes) }.map_err(GpuError::driver("cuMemsetD8"))?;
         // The memset runs on the legacy default stream, which the loaders' non-blocking
         // streams do not wait for: finish it before any stream can touch the pages.
@@ -72,13 +74,17 @@ impl DeviceRegion {
     }
 
     /// The device address `offset` bytes into the region. The caller has checked
-    /// `offset <= bytes` (M1).
+    /// `offset <= bytes` (`cuda::memory::M1`).
     pub(crate) fn address(&self, offset: usize) -> DevicePtr {
-        debug_assert!(offset <= self.bytes, "M1 needs a checked offset");
+        debug_assert!(
+            offset <= self.bytes,
+            "cuda::memory::M1 needs a checked offset"
+        );
         self.ptr + offset as DevicePtr
     }
 
-    /// The device address of page `page`. The caller has checked `page < num_pages` (M1).
+    /// The device address of page `page`. The caller has checked `page < num_pages`
+    /// (`cuda::memory::M1`).
     pub(crate) fn page_address(&self, page: u32) -> DevicePtr {
         self.address(page as usize * self.page_bytes)
     }
@@ -105,7 +111,7 @@ impl fmt::Debug for DeviceRegion {
     }
 }
 
-/// Page-locked, cached host memory for staging (M2, M3).
+/// Page-locked, cached host memory for staging (`cuda::memory::M2`, `cuda::memory::M3`).
 pub(crate) struct PinnedBuffer {
     context: Arc<Context>,
     ptr: *mut u8,
@@ -115,11 +121,11 @@ pub(crate) struct PinnedBuffer {
 // SAFETY: the buffer is owned exclusively, like a `Box<[u8]>`; pinned memory may be freed
 // from any thread once its context is made current, which `Drop` does.
 unsafe impl Send for PinnedBuffer {}
-// SAFETY: `&PinnedBuffer` only hands out `&[u8]` (M2), which is safe to share.
+// SAFETY: `&PinnedBuffer` only hands out `&[u8]` (`cuda::memory::M2`), which is safe to share.
 unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
-    /// Allocates `len` (at least 1) bytes of pinned memory and zeroes them (M2).
+    /// Allocates `len` (at least 1) bytes of pinned memory and zeroes them (`cuda::memory::M2`).
     ///
     /// # Errors
     /// [`GpuError::Driver`] from `cuMemHostAlloc` (out of pinnable memory).
@@ -134,8 +140,8 @@ impl PinnedBuffer {
 
     /// The whole buffer.
     pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` initialized bytes while `self` lives (M2), and
-        // `&self` excludes writers.
+        // SAFETY: `ptr` is valid for `len` initialized bytes while `self` lives
+        // (`cuda::memory::M2`), and `&self` excludes writers.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
@@ -157,7 +163,7 @@ impl Drop for PinnedBuffer {
             return;
         }
         // SAFETY: freed once, here; no copy uses it, since an in-flight copy owns the
-        // staging pool and finishes before releasing it (module I3).
+        // staging pool and finishes before releasing it (`gpu::I3`).
         if let Err(error) = unsafe { driver::host_free(self.ptr) } {
             tracing::warn!(bytes = self.len, %error, "freeing pinned staging memory failed");
         }

@@ -6,7 +6,7 @@
 //!  Device, StagingPool, CopyStream, InFlight   (safe API, closed enums over backends)
 //!      v
 //!  CudaDevice (this file)      one DeviceRegion per page pool, an engine stream
-//!  context.rs                  primary context retain, made current on every entry (X2)
+//!  context.rs                  primary context retain, current on each entry (`cuda::context::X2`)
 //!  memory.rs                   DeviceRegion (cuMemAlloc), PinnedBuffer (cuMemHostAlloc 0)
 //!  queue.rs                    CudaStream, CudaEvent, PendingCopy
 //!      v
@@ -27,12 +27,13 @@
 //!    before any loader or saver stream can see it.
 //!
 //! Invariants:
-//! - K1. Regions are in [`PageGeometry::pools`] order, so a pool index from the geometry
-//!   indexes `regions`; every offset is bounds-checked by the caller (module I1).
-//! - K2. A submission is queued as a whole or not at all from the caller's view: if queueing
-//!   a run fails, the stream is synchronized before the staging pool is handed back with
-//!   the error, so no queued run still touches it (module I3, I6).
-//! - K3. The context is made current at the start of every entry point (X2).
+//! - `cuda::K1`. Regions are in [`PageGeometry::pools`] order, so a pool index from the geometry
+//!   indexes `regions`; every offset is bounds-checked by the caller (`gpu::I1`).
+//! - `cuda::K2`. A submission is queued as a whole or not at all from the caller's view: if
+//!   queueing a run fails, the stream is synchronized before the staging pool is handed back with
+//!   the error, so no queued run still touches it (`gpu::I3`, `gpu::I6`).
+//! - `cuda::K3`. The context is made current at the start of every entry point
+//!   (`cuda::context::X2`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -60,13 +61,13 @@ use super::strided::strided_runs;
 #[derive(Debug)]
 pub(crate) struct CudaDevice {
     context: Arc<Context>,
-    /// In the order of [`PageGeometry::pools`] (K1).
+    /// In the order of [`PageGeometry::pools`] (`cuda::K1`).
     regions: Vec<DeviceRegion>,
     /// Carries `write_page` / `read_page`; synchronized by each of them (workflow step 4).
     engine_stream: CudaStream,
     /// The page checksum kernel of checked submissions (`kernel.rs`).
     kernel: ChecksumKernel,
-    /// Scratch of finished checked submissions, reused by the next ones (G2).
+    /// Scratch of finished checked submissions, reused by the next ones (`kernel::I2`).
     scratch: parking_lot::Mutex<Vec<ChecksumScratch>>,
 }
 
@@ -74,10 +75,10 @@ pub(crate) struct CudaDevice {
 const SPARE_SCRATCHES: usize = 32;
 
 /// One page copy of a checked submission: the page and the host bytes (kept alive by the
-/// submission, `checked.rs` V2).
+/// submission, `checked::V2`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HostCopy {
-    /// Pool index (K1).
+    /// Pool index (`cuda::K1`).
     pub(crate) pool: usize,
     /// Page in the pool (checked against the geometry).
     pub(crate) page: u32,
@@ -95,7 +96,7 @@ impl CudaDevice {
     /// [`GpuError::CudaDriverMissing`], [`GpuError::CudaInit`], [`GpuError::CudaNoDevice`],
     /// or [`GpuError::Driver`] (e.g. out of device memory).
     pub(crate) fn open(ordinal: u32, geometry: &PageGeometry) -> Result<Self, GpuError> {
-        // G1: the checksum kernel reads pages in aligned 8-byte words.
+        // `kernel::I1`: the checksum kernel reads pages in aligned 8-byte words.
         if let Some(spec) = geometry
             .pools()
             .iter()
@@ -150,7 +151,7 @@ impl CudaDevice {
     }
 
     /// Overwrites page `page` of pool `pool` with `bytes` (one page) and waits until they
-    /// are on the device. The caller checked the page and the length (K1).
+    /// are on the device. The caller checked the page and the length (`cuda::K1`).
     ///
     /// # Errors
     /// [`GpuError::Driver`] from the copy or the synchronize.
@@ -158,7 +159,7 @@ impl CudaDevice {
         self.context.make_current()?;
         let dst = self.regions[pool].page_address(page);
         let stream = self.engine_stream.raw();
-        // SAFETY: the range was bounds-checked against the region (K1); `bytes` is borrowed
+        // SAFETY: the range was bounds-checked against the region (`cuda::K1`); `bytes` is borrowed
         // until the synchronize below returns, so it outlives the copy.
         unsafe { driver::memcpy_to_device_async(dst, bytes.as_ptr(), bytes.len(), stream) }
             .map_err(GpuError::driver("cuMemcpyHtoDAsync"))?;
@@ -173,20 +174,20 @@ impl CudaDevice {
         self.context.make_current()?;
         let src = self.regions[pool].page_address(page);
         let stream = self.engine_stream.raw();
-        // SAFETY: the range was bounds-checked (K1); `out` is exclusively borrowed until
+        // SAFETY: the range was bounds-checked (`cuda::K1`); `out` is exclusively borrowed until
         // the synchronize below returns, so nothing else touches it during the copy.
         unsafe { driver::memcpy_to_host_async(out.as_mut_ptr(), src, out.len(), stream) }
             .map_err(GpuError::driver("cuMemcpyDtoHAsync"))?;
         self.engine_stream.synchronize()
     }
 
-    /// Queues one copy per run on `stream` and records an event after them (K2).
+    /// Queues one copy per run on `stream` and records an event after them (`cuda::K2`).
     /// `runs[i].0` is the run's pool index; the runs were planned against this device's
-    /// geometry and the staging geometry of `staging` (C1).
+    /// geometry and the staging geometry of `staging` (`copy::C1`).
     ///
     /// # Errors
     /// [`GpuError::Driver`] when creating the event, queueing a run or recording fails;
-    /// the stream has been synchronized by then (K2).
+    /// the stream has been synchronized by then (`cuda::K2`).
     pub(crate) fn issue(
         &self,
         stream: &CudaStream,
@@ -203,7 +204,7 @@ impl CudaDevice {
         match queued {
             Ok(()) => Ok(event),
             Err(error) => {
-                // K2: runs already queued must finish before the staging pool goes back.
+                // `cuda::K2`: runs already queued must finish before the staging pool goes back.
                 if let Err(sync_error) = stream.synchronize() {
                     tracing::warn!(error = %sync_error, "synchronizing after a failed submission failed");
                 }
@@ -225,9 +226,9 @@ impl CudaDevice {
         let host = &mut staging[run.staging_offset..run.staging_end()];
         match direction {
             CopyDirection::HostToDevice => {
-                // SAFETY: the device range lies in the region (C1, K1); the staging range
-                // lies in the pool's pinned memory, which the `InFlight` owns and nobody
-                // touches until the recorded event completes (module I3).
+                // SAFETY: the device range lies in the region (`copy::C1`, `cuda::K1`); the staging
+                // range lies in the pool's pinned memory, which the `InFlight` owns and nobody
+                // touches until the recorded event completes (`gpu::I3`).
                 unsafe {
                     driver::memcpy_to_device_async(device, host.as_ptr(), run.len, stream.raw())
                 }
@@ -235,8 +236,8 @@ impl CudaDevice {
             }
             CopyDirection::DeviceToHost => {
                 // SAFETY: as above; the staging range is written only by this copy until
-                // the event completes (I3), and the destinations of one submission are
-                // disjoint (I5).
+                // the event completes (`gpu::I3`), and the destinations of one submission are
+                // disjoint (`gpu::I5`).
                 unsafe {
                     driver::memcpy_to_host_async(host.as_mut_ptr(), device, run.len, stream.raw())
                 }
@@ -247,14 +248,14 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    /// Queues a checked submission (`checked.rs`): for a scatter the page copies and then
-    /// the checksum kernel, for a gather the kernel and then the copies (V4); then the copy
-    /// of the kernel's results and an event. Returns the event and the scratch that will
-    /// hold the results.
+    /// Queues a checked submission (`checked.rs`): for a scatter the page copies and then the
+    /// checksum kernel, for a gather the kernel and then the copies (`checked::V4`); then the copy
+    /// of the kernel's results and an event. Returns the event and the scratch that will hold the
+    /// results.
     ///
     /// # Errors
     /// [`GpuError::Driver`] from an allocation, a copy, the launch or the event; the
-    /// stream has been synchronized by then (K2).
+    /// stream has been synchronized by then (`cuda::K2`).
     pub(crate) fn issue_checked(
         &self,
         stream: &CudaStream,
@@ -283,7 +284,7 @@ impl CudaDevice {
         match queued {
             Ok(()) => Ok((event, scratch)),
             Err(error) => {
-                // K2: what was queued finishes before the memory goes back.
+                // `cuda::K2`: what was queued finishes before the memory goes back.
                 if let Err(sync_error) = stream.synchronize() {
                     tracing::warn!(error = %sync_error, "synchronizing after a failed submission failed");
                 }
@@ -318,10 +319,11 @@ impl CudaDevice {
                 usize::try_from(run.device_stride).unwrap_or(usize::MAX),
             );
             let to_device = direction == CopyDirection::HostToDevice;
-            // SAFETY: row i of the run is copy `run.first + i` (strided.rs T2): its page range
-            // was checked against the geometry (K1) and its host range against the memory the
-            // in-flight owns until the event completes (checked.rs V1, V2); rows never overlap
-            // (T2) and destinations of one submission are disjoint (V1).
+            // SAFETY: row i of the run is copy `run.first + i` (`strided::T2`): its page range was
+            // checked against the geometry (`cuda::K1`) and its host range against the memory the
+            // in-flight owns until the event completes (`checked::V1`, `checked::V2`); rows never
+            // overlap (`strided::T2`) and destinations of one submission are disjoint
+            // (`checked::V1`).
             let queued = unsafe {
                 driver::memcpy_2d_async(
                     to_device,
@@ -358,15 +360,15 @@ impl CudaDevice {
     ) -> Result<(), GpuError> {
         match direction {
             CopyDirection::HostToDevice => {
-                // SAFETY: the page range was checked against the geometry (K1) and the
+                // SAFETY: the page range was checked against the geometry (`cuda::K1`) and the
                 // host range against its memory, which the in-flight owns until the event
-                // completes and nobody writes meanwhile (checked.rs V1, V2).
+                // completes and nobody writes meanwhile (`checked::V1`, `checked::V2`).
                 unsafe { driver::memcpy_to_device_async(device, copy.host, copy.len, stream.raw()) }
                     .map_err(GpuError::driver("cuMemcpyHtoDAsync"))
             }
             CopyDirection::DeviceToHost => {
-                // SAFETY: as above; the host range is written only by this copy until the
-                // event completes, and the destinations of one submission are disjoint (V1).
+                // SAFETY: as above; the host range is written only by this copy until the event
+                // completes, and the destinations of one submission are disjoint (`checked::V1`).
                 unsafe { driver::memcpy_to_host_async(copy.host, device, copy.len, stream.raw()) }
                     .map_err(GpuError::driver("cuMemcpyDtoHAsync"))
             }
@@ -388,7 +390,7 @@ impl CudaDevice {
         }
     }
 
-    /// Keeps a finished submission's scratch for the next one (G2).
+    /// Keeps a finished submission's scratch for the next one (`kernel::I2`).
     pub(crate) fn recycle_scratch(&self, scratch: ChecksumScratch) {
         let mut spares = self.scratch.lock();
         if spares.len() < SPARE_SCRATCHES {
@@ -397,7 +399,7 @@ impl CudaDevice {
     }
 }
 
-/// Whether `error` came from the driver and leaves the context unusable (module I7).
+/// Whether `error` came from the driver and leaves the context unusable (`gpu::I7`).
 pub(crate) fn is_sticky(error: cudarc::driver::DriverError) -> bool {
     driver::is_sticky(error)
 }

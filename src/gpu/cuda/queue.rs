@@ -9,11 +9,11 @@
 //!    caller's thread (a loader's own thread), then reports success or the driver error.
 //!
 //! Invariants:
-//! - Q1. A [`PendingCopy`] that is dropped without `wait` still synchronizes its event
-//!   first, so the staging memory it guards is never freed under a running copy (module I3).
-//! - Q2. A [`CudaStream`] synchronizes before it is destroyed, so no copy it queued runs
-//!   after its owner is gone.
-//! - Q3. A sticky driver error seen while waiting poisons the device (module I7).
+//! - `cuda::queue::Q1`. A [`PendingCopy`] that is dropped without `wait` still synchronizes its
+//!   event first, so the staging memory it guards is never freed under a running copy (`gpu::I3`).
+//! - `cuda::queue::Q2`. A [`CudaStream`] synchronizes before it is destroyed, so no copy it queued
+//!   runs after its owner is gone.
+//! - `cuda::queue::Q3`. A sticky driver error seen while waiting poisons the device (`gpu::I7`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use crate::gpu::device::Device;
 use crate::gpu::error::GpuError;
 use crate::gpu::stream::StreamId;
 
-/// One non-blocking driver stream, owned by one `CopyStream` (Q2).
+/// One non-blocking driver stream, owned by one `CopyStream` (`cuda::queue::Q2`).
 pub(crate) struct CudaStream {
     context: Arc<Context>,
     raw: RawStream,
@@ -71,7 +71,8 @@ impl Drop for CudaStream {
         if self.context.make_current().is_err() {
             return;
         }
-        // Q2: nothing this stream queued may outlive it; errors were reported by waits.
+        // `cuda::queue::Q2`: nothing this stream queued may outlive it; errors were reported by
+        // waits.
         let _ = self.synchronize();
         // SAFETY: destroyed once, here, after its work finished.
         if let Err(error) = unsafe { driver::stream_destroy(self.raw) } {
@@ -157,7 +158,8 @@ impl fmt::Debug for CudaEvent {
     }
 }
 
-/// A submission queued on a CUDA stream, waiting for its event (Q1, Q3).
+/// A submission queued on a CUDA stream, waiting for its event (`cuda::queue::Q1`,
+/// `cuda::queue::Q3`).
 #[derive(Debug)]
 pub(crate) struct PendingCopy {
     event: CudaEvent,
@@ -194,7 +196,7 @@ impl PendingCopy {
         self.finished || self.event.is_complete()
     }
 
-    /// Blocks on the event, then reports the outcome; poisons on sticky errors (Q3).
+    /// Blocks on the event, then reports the outcome; poisons on sticky errors (`cuda::queue::Q3`).
     ///
     /// # Errors
     /// [`GpuError::CudaCopyFailed`] with the driver's error.
@@ -221,7 +223,7 @@ impl PendingCopy {
 impl Drop for PendingCopy {
     fn drop(&mut self) {
         if !self.finished {
-            // Q1: dropped without `wait`; the staging pool drops right after this.
+            // `cuda::queue::Q1`: dropped without `wait`; the staging pool drops right after this.
             if let Err(error) = self.event.synchronize() {
                 tracing::warn!(stream = %self.stream, %error, "an abandoned cuda copy failed");
             }

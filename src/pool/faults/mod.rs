@@ -1,4 +1,4 @@
-//! Fault injection (issue 8, feature `faults`): a [`Pool`] wrapper with named fault points
+//! Fault injection (feature `faults`): a [`Pool`] wrapper with named fault points
 //! that fire at seeded rates, and the points that actors fire themselves.
 //!
 //! # Workflow
@@ -24,12 +24,12 @@
 //!
 //! # Invariants
 //!
-//! - F1. Every faulted answer is one the real backends can give (an error per key, a
+//! - `faults::F1`. Every faulted answer is one the real backends can give (an error per key, a
 //!   missing object, bytes that fail verification, a late answer), never a shorter
 //!   vector: the [`Pool`] contract still holds.
-//! - F2. A faulted put stores nothing; a faulted get leaves no verified object in its
+//! - `faults::F2`. A faulted put stores nothing; a faulted get leaves no verified object in its
 //!   buffer (R5 makes the corrupt ones a miss).
-//! - F3. A rate of 0 never fires and never changes an answer; a spec with no point set
+//! - `faults::F3`. A rate of 0 never fires and never changes an answer; a spec with no point set
 //!   wraps a pool without any change in behaviour.
 
 use std::collections::{BTreeMap, HashMap};
@@ -233,7 +233,7 @@ impl Pool for FaultyPool {
         {
             return PoolError::Unavailable.for_every_key(keys.len());
         }
-        // F2: a faulted key is not passed on, so nothing is stored under it.
+        // `faults::F2`: a faulted key is not passed on, so nothing is stored under it.
         let faulted: Vec<bool> = keys
             .iter()
             .zip(&attempts)
@@ -467,7 +467,7 @@ mod tests {
         let answers = pool.put(&["a", "b"], &[b"12", b"34"]);
         assert_eq!(answers.len(), 2);
         assert!(answers.iter().all(Result::is_err));
-        assert_eq!(pool.counters().objects, 0, "F2: nothing stored");
+        assert_eq!(pool.counters().objects, 0, "faults::F2: nothing stored");
         let pool = faulty(FaultSpec::default().with(FaultPoint::ExistsBatch, 1.0))?;
         assert_eq!(
             pool.exists(&["a", "b", "c"]),

@@ -4,15 +4,15 @@
 //!
 //! # Invariants (the lock-then-GIL order)
 //!
-//! - I1. A Rust lock is only ever taken *before* entering Python (`Python::attach`), never
-//!   inside: a thread holding the GIL never waits on a Rust lock, so no thread can hold a
-//!   lock while another holding the GIL waits for it.
-//! - I2. Every call holds the `store` read lock for its whole length; [`StoreClient::close`]
-//!   takes the write lock, so it waits for calls in flight, and later calls find `None`
-//!   (the pybind object must not be used after its `close`).
-//! - I3. The GIL is held only to build argument lists and read results: the batch calls
-//!   (`batch_is_exist`, `batch_put_from`, `batch_get_into`) release it inside Mooncake while
-//!   they wait on the network. `setup`, `register_buffer` and `close` do not; `close` holds
+//! - `mooncake::client::I1`. A Rust lock is only ever taken *before* entering Python
+//!   (`Python::attach`), never inside: a thread holding the GIL never waits on a Rust lock, so no
+//!   thread can hold a lock while another holding the GIL waits for it.
+//! - `mooncake::client::I2`. Every call holds the `store` read lock for its whole length;
+//!   [`StoreClient::close`] takes the write lock, so it waits for calls in flight, and later calls
+//!   find `None` (the pybind object must not be used after its `close`).
+//! - `mooncake::client::I3`. The GIL is held only to build argument lists and read results: the
+//!   batch calls (`batch_is_exist`, `batch_put_from`, `batch_get_into`) release it inside Mooncake
+//!   while they wait on the network. `setup`, `register_buffer` and `close` do not; `close` holds
 //!   it for about two seconds (it joins the client's threads).
 //!
 //! # Conversions
@@ -43,7 +43,7 @@ use crate::pool::PoolError;
 /// Why a store call gave no per-key answers.
 #[derive(Debug)]
 pub(crate) enum CallError {
-    /// The client was closed (I2).
+    /// The client was closed (`mooncake::client::I2`).
     Closed,
     /// The call raised, or answered a list of the wrong length.
     Failed,
@@ -63,7 +63,7 @@ impl CallError {
 
 /// One Mooncake Store client, driven through the embedded interpreter.
 pub(crate) struct StoreClient {
-    /// The Python store object; `None` once closed (I2).
+    /// The Python store object; `None` once closed (`mooncake::client::I2`).
     store: RwLock<Option<Py<PyAny>>>,
 }
 
@@ -117,7 +117,7 @@ impl StoreClient {
         addr: usize,
         len: usize,
     ) -> Result<(), MooncakeError> {
-        let guard = self.store.read(); // I1
+        let guard = self.store.read(); // `mooncake::client::I1`
         let store = guard.as_ref().ok_or(MooncakeError::Closed)?;
         let code: i64 = Python::attach(|py| {
             let store = store.bind(py);
@@ -181,7 +181,7 @@ impl StoreClient {
 
     /// `get_size(key)`: the object's bytes, negative an error.
     pub(crate) fn get_size(&self, key: &str) -> Result<i64, CallError> {
-        let guard = self.store.read(); // I1
+        let guard = self.store.read(); // `mooncake::client::I1`
         let store = guard.as_ref().ok_or(CallError::Closed)?;
         Python::attach(|py| {
             store
@@ -193,7 +193,7 @@ impl StoreClient {
     }
 
     /// Tears the client down; later calls answer [`CallError::Closed`]. Idempotent.
-    /// Blocks for about two seconds with the GIL held (I3).
+    /// Blocks for about two seconds with the GIL held (`mooncake::client::I3`).
     pub(crate) fn close(&self) -> Result<(), MooncakeError> {
         let Some(store) = self.store.write().take() else {
             return Ok(());
@@ -221,7 +221,7 @@ impl StoreClient {
     where
         F: for<'py> FnOnce(Python<'py>) -> PyResult<Bound<'py, PyTuple>>,
     {
-        let guard = self.store.read(); // I1, I2
+        let guard = self.store.read(); // `mooncake::client::I1`, `mooncake::client::I2`
         let store = guard.as_ref().ok_or(CallError::Closed)?;
         let answers = Python::attach(|py| {
             let args = args(py)?;

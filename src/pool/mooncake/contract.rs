@@ -19,7 +19,7 @@
 //!   extends that expiry to now + `kv_lease_ttl` (one metadata RPC, no data moved), which is
 //!   also what a get would do at the price of a transfer.
 //! - `register_staging` / `unregister_staging`: `register_buffer` / `unregister_buffer`;
-//!   a registration first drops stale regions it overlaps (`pool.rs` I4).
+//!   a registration first drops stale regions it overlaps (`mooncake::pool::I4`).
 //! - `counters`: hits, misses, puts and bytes of this client; `capacity_bytes` is its
 //!   segment. Eviction, `used_bytes` and `objects` are the master's and stay 0 here.
 

@@ -19,9 +19,9 @@
 //!
 //! # Invariants
 //!
-//! - I1. Every process this module spawns is killed and reaped by [`MooncakeMaster::stop`],
-//!   which `Drop` calls; nothing is stopped by name.
-//! - I2. The master listens on loopback only.
+//! - `mooncake::master::I1`. Every process this module spawns is killed and reaped by
+//!   [`MooncakeMaster::stop`], which `Drop` calls; nothing is stopped by name.
+//! - `mooncake::master::I2`. The master listens on loopback only.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -77,7 +77,7 @@ pub struct MasterPorts {
     pub metrics: u16,
 }
 
-/// A running `mooncake_master` child process; stopped on drop (I1).
+/// A running `mooncake_master` child process; stopped on drop (`mooncake::master::I1`).
 #[derive(Debug)]
 pub struct MooncakeMaster {
     settings: MasterSettings,
@@ -151,7 +151,7 @@ impl MooncakeMaster {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Kills the process by its PID and reaps it (I1). Idempotent.
+    /// Kills the process by its PID and reaps it (`mooncake::master::I1`). Idempotent.
     ///
     /// # Errors
     ///
@@ -207,7 +207,7 @@ fn free_ports() -> Result<MasterPorts, MooncakeError> {
     })
 }
 
-/// The master's command line (I2).
+/// The master's command line (`mooncake::master::I2`).
 fn master_args(settings: &MasterSettings, ports: MasterPorts) -> Vec<String> {
     let host = Ipv4Addr::LOCALHOST;
     vec![

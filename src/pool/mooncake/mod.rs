@@ -1,4 +1,4 @@
-//! The Mooncake Store pool backend (DESIGN section 10; cargo feature `mooncake`).
+//! The Mooncake Store pool backend (`docs/DESIGN.md` section 10; cargo feature `mooncake`).
 //!
 //! [`MooncakePool`] implements [`Pool`](crate::pool::Pool) over the Mooncake Store client
 //! of the Python package index wheel `mooncake-transfer-engine-non-cuda`, driven in-process through `pyo3`: an
@@ -30,10 +30,13 @@
 //!
 //! # Invariants
 //!
-//! - I1. Lock then GIL: no thread waits on a Rust lock while holding the GIL (`client.rs`).
-//! - I2. At most `max_keys_per_call` keys per put or get call (`pool.rs`).
-//! - I3. One result per key in key order, even when a call raises or the master is gone.
-//! - I4. No `unsafe`: pointers cross to Python as integers and Rust never dereferences them.
+//! - `mooncake::I1`. Lock then GIL: no thread waits on a Rust lock while holding the GIL
+//!   (`client.rs`).
+//! - `mooncake::I2`. At most `max_keys_per_call` keys per put or get call (`pool.rs`).
+//! - `mooncake::I3`. One result per key in key order, even when a call raises or the master is
+//!   gone.
+//! - `mooncake::I4`. No `unsafe`: pointers cross to Python as integers and Rust never dereferences
+//!   them.
 //!
 //! # Failure behaviour
 //!

@@ -16,15 +16,16 @@
 //!
 //! # Invariants
 //!
-//! - I1. One result per key, in key order, whatever fails (the trait's contract): a call
-//!   that raises or a closed client gives every key of that call the same error.
-//! - I2. No call carries more than `max_keys_per_call` keys (the TCP transport's per-peer
-//!   queue; above 1024 a batch partly fails with -800).
-//! - I3. Calls after [`MooncakePool::close`] answer [`PoolError::Unavailable`] per key.
-//! - I4. A staging registration ([`Pool::register_staging`](crate::pool::Pool)) first
-//!   unregisters every recorded region it overlaps. Live allocations never overlap, so
-//!   those are registrations of memory freed since (a connector that stopped without
-//!   unregistering); Mooncake refuses overlapping regions with `INVALID_PARAMS`.
+//! - `mooncake::pool::I1`. One result per key, in key order, whatever fails (the trait's contract):
+//!   a call that raises or a closed client gives every key of that call the same error.
+//! - `mooncake::pool::I2`. No call carries more than `max_keys_per_call` keys (the TCP transport's
+//!   per-peer queue; above 1024 a batch partly fails with -800).
+//! - `mooncake::pool::I3`. Calls after [`MooncakePool::close`] answer [`PoolError::Unavailable`]
+//!   per key.
+//! - `mooncake::pool::I4`. A staging registration ([`Pool::register_staging`](crate::pool::Pool))
+//!   first unregisters every recorded region it overlaps. Live allocations never overlap, so those
+//!   are registrations of memory freed since (a connector that stopped without unregistering);
+//!   Mooncake refuses overlapping regions with `INVALID_PARAMS`.
 
 use std::time::Instant;
 
@@ -55,7 +56,8 @@ pub struct MooncakePool {
     client: StoreClient,
     /// Caller regions registered with the client.
     regions: Regions,
-    /// The fallback buffer, made on first use (lock before entering Python, `client.rs` I1).
+    /// The fallback buffer, made on first use (lock before entering Python,
+    /// `mooncake::client::I1`).
     staging: Mutex<Option<FallbackStaging>>,
     /// What this client did; public as [`Pool::counters`](crate::pool::Pool::counters).
     pub(super) counters: Counters,
@@ -129,7 +131,8 @@ impl MooncakePool {
         self.client.register("unregister_buffer", addr, 0)
     }
 
-    /// Registers a staging pool after unregistering the stale regions it overlaps (I4).
+    /// Registers a staging pool after unregistering the stale regions it overlaps
+    /// (`mooncake::pool::I4`).
     pub(super) fn register_staging_slice(&self, staging: &[u8]) -> Result<(), MooncakeError> {
         for stale in self
             .regions
@@ -190,8 +193,8 @@ impl MooncakePool {
         results
     }
 
-    /// Closes the client (I3). Idempotent. Blocks about two seconds holding the GIL: call
-    /// it where blocking is fine. Objects in this client's segment leave the pool.
+    /// Closes the client (`mooncake::pool::I3`). Idempotent. Blocks about two seconds holding the
+    /// GIL: call it where blocking is fine. Objects in this client's segment leave the pool.
     ///
     /// # Errors
     ///
@@ -216,7 +219,7 @@ impl MooncakePool {
         }
     }
 
-    /// Whether a buffer must go through the fallback buffer (`staging.rs` I1).
+    /// Whether a buffer must go through the fallback buffer (`mooncake::staging::I1`).
     pub(super) fn needs_staging(&self, addr: usize, len: usize) -> bool {
         len != 0 && !self.regions.contains(addr, len)
     }

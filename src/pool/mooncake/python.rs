@@ -12,9 +12,10 @@
 //!
 //! # Invariants
 //!
-//! - I1. The registry lock is taken before the interpreter is entered, never while inside it
-//!   (the lock-then-GIL order of the whole backend; see `client.rs`).
-//! - I2. A site-packages folder is added to `sys.path` at most once per process.
+//! - `mooncake::python::I1`. The registry lock is taken before the interpreter is entered, never
+//!   while inside it (the lock-then-GIL order of the whole backend; see `client.rs`).
+//! - `mooncake::python::I2`. A site-packages folder is added to `sys.path` at most once per
+//!   process.
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +24,7 @@ use pyo3::prelude::*;
 
 use super::{MooncakeError, MooncakeSettings};
 
-/// Site-packages folders already added to the embedded interpreter (I2).
+/// Site-packages folders already added to the embedded interpreter (`mooncake::python::I2`).
 static ADDED_SITE_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// Where the wheel is installed.
@@ -87,7 +88,7 @@ impl MooncakeInstall {
 /// belongs to another Python version; [`MooncakeError::Python`] when a step raises.
 pub fn prepare(settings: &MooncakeSettings) -> Result<MooncakeInstall, MooncakeError> {
     let install = MooncakeInstall::discover(&settings.venv_dir)?;
-    let mut added = ADDED_SITE_DIRS.lock(); // I1: before the interpreter
+    let mut added = ADDED_SITE_DIRS.lock(); // `mooncake::python::I1`: before the interpreter
     Python::attach(|py| {
         let version = py.version_info();
         let expected = install

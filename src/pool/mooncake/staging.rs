@@ -10,11 +10,12 @@
 //!
 //! # Invariants
 //!
-//! - I1. A caller buffer goes to Mooncake directly only if it lies wholly inside one
-//!   registered region ([`Regions::contains`]).
-//! - I2. A round ([`plan_rounds`]) has at most `max_keys` items, and the staged items of a
-//!   round occupy disjoint, 64-byte-aligned ranges of the fallback buffer, each inside it.
-//! - I3. Items keep their order: rounds list item indices in increasing order.
+//! - `mooncake::staging::I1`. A caller buffer goes to Mooncake directly only if it lies wholly
+//!   inside one registered region ([`Regions::contains`]).
+//! - `mooncake::staging::I2`. A round ([`plan_rounds`]) has at most `max_keys` items, and the
+//!   staged items of a round occupy disjoint, 64-byte-aligned ranges of the fallback buffer, each
+//!   inside it.
+//! - `mooncake::staging::I3`. Items keep their order: rounds list item indices in increasing order.
 
 use parking_lot::RwLock;
 
@@ -62,7 +63,7 @@ impl Regions {
             .collect()
     }
 
-    /// Whether `[start, start + len)` lies inside one registered region (I1).
+    /// Whether `[start, start + len)` lies inside one registered region (`mooncake::staging::I1`).
     pub(crate) fn contains(&self, start: usize, len: usize) -> bool {
         let Some(end) = start.checked_add(len) else {
             return false;
@@ -118,9 +119,10 @@ pub(crate) struct Slot {
     pub staging_offset: Option<usize>,
 }
 
-/// Cuts items (given by length and whether they need staging) into calls: at most
-/// `max_keys` items each, staged items packed into `staging_len` bytes (I2, I3). Every
-/// staged item must fit `staging_len` alone (the caller grows the buffer first).
+/// Cuts items (given by length and whether they need staging) into calls: at most `max_keys` items
+/// each, staged items packed into `staging_len` bytes (`mooncake::staging::I2`,
+/// `mooncake::staging::I3`). Every staged item must fit `staging_len` alone (the caller grows the
+/// buffer first).
 pub(crate) fn plan_rounds(
     items: &[(usize, bool)],
     max_keys: usize,
@@ -246,7 +248,7 @@ mod tests {
             ..ProptestConfig::default()
         })]
 
-        /// I2 and I3 on random batches.
+        /// `mooncake::staging::I2` and `mooncake::staging::I3` on random batches.
         #[test]
         fn rounds_keep_order_bounds_and_disjoint_staging(
             items in prop::collection::vec((0usize..5000, any::<bool>()), 0..200),

@@ -4,12 +4,12 @@
 //! stops admission (first come, first served, as a real scheduler without preemption
 //! does); a request whose lookup is still `Pending` is skipped and asked again next step.
 //! With the local prefix cache on, the request's local match `L` is found when its lookup
-//! starts and stays the `num_computed` of every `reserve_prefix` (E5); at admission the
+//! starts and stays the `num_computed` of every `reserve_prefix` (`engine::E5`); at admission the
 //! match must still be cached, or the request takes what is left and gives the offer back.
 //! An offer counts from `L` and is cut to whole blocks that end before the last prompt
 //! token (the engine must compute at least one token); the cut part is released at once.
 //!
-//! A1. Token budget: a request is considered (looked up, then admitted) only while the
+//! `admit::A1`. Token budget: a request is considered (looked up, then admitted) only while the
 //! prompt tokens ahead of it (what admitted requests still compute, plus the prompts of
 //! requests whose lookup is pending) are fewer than one step's `max_num_tokens`. vLLM and
 //! TensorRT-LLM schedule a waiting request only into a step with tokens left for it, so
@@ -41,7 +41,7 @@ impl Active {
     }
 }
 
-/// Longest real-time wait for a just-started lookup's answer (A2), as replays use it.
+/// Longest real-time wait for a just-started lookup's answer (`admit::A2`), as replays use it.
 pub const LOOKUP_WAIT: Duration = Duration::from_secs(5);
 /// One `wait_for_progress` while waiting for a lookup.
 const LOOKUP_POLL: Duration = Duration::from_millis(20);
@@ -59,7 +59,7 @@ pub(super) struct Admitted {
 
 impl Engine {
     /// Admits waiting requests in arrival order while the cache has room. Lookups started
-    /// by the first pass are awaited and a second pass admits them (A2).
+    /// by the first pass are awaited and a second pass admits them (`admit::A2`).
     pub(super) fn admit(&mut self, now: SimMicros) -> Result<Admitted, ReplayError> {
         let mut admitted = Admitted::default();
         let started = self.admission_pass(now, &mut admitted)?;
@@ -70,7 +70,7 @@ impl Engine {
         Ok(admitted)
     }
 
-    /// One walk over the waiting queue (A1); returns the requests whose lookup it started
+    /// One walk over the waiting queue (`admit::A1`); returns the requests whose lookup it started
     /// and which are still `Pending`, with what `reserve_prefix` needs.
     fn admission_pass(
         &mut self,
@@ -118,7 +118,7 @@ impl Engine {
             }
             match answer {
                 ReserveAnswer::Pending => {
-                    // A1: the request keeps its place in the budget while its lookup runs.
+                    // `admit::A1`: the request keeps its place in the budget while its lookup runs.
                     ahead += self.waiting[index]
                         .request
                         .prompt_len
@@ -140,7 +140,7 @@ impl Engine {
             }
         }
         if lookups_started {
-            // A2: the pass's lookups go out together, at its end.
+            // `admit::A2`: the pass's lookups go out together, at its end.
             let started = HookTimer::start();
             self.connector.flush_lookups();
             self.connector_time += started.stop();
@@ -148,12 +148,12 @@ impl Engine {
         Ok(started_pending)
     }
 
-    /// Prompt tokens admitted requests still have to compute, after their loads (A1).
+    /// Prompt tokens admitted requests still have to compute, after their loads (`admit::A1`).
     pub(super) fn tokens_ahead(&self) -> usize {
         self.active.iter().map(Active::tokens_left).sum()
     }
 
-    /// A2. A lookup takes no simulated time: after a pass has started lookups (all of
+    /// `admit::A2`. A lookup takes no simulated time: after a pass has started lookups (all of
     /// them, back to back, as an engine sends them; the pass ends with `flush_lookups`, so
     /// a connector may send them as one batch), the engine waits in real time (up to
     /// its `lookup_wait`, [`LOOKUP_WAIT`] in replays) for their answers, and a second pass
@@ -298,7 +298,7 @@ impl Engine {
         (now, 0)
     }
 
-    /// Checks every shared page of the local match like a loaded one (E5).
+    /// Checks every shared page of the local match like a loaded one (`engine::E5`).
     fn check_shared_pages(
         &mut self,
         request: &ArrivedRequest,
@@ -336,7 +336,8 @@ impl Engine {
             for block in self.cache.load_blocks(group, end) {
                 let allocated = self.cache.ensure_block(pages, group, block)?;
                 if block < first_loaded {
-                    // Below the match the request shares the page; nothing is loaded (E5).
+                    // Below the match the request shares the page; nothing is loaded
+                    // (`engine::E5`).
                     if allocated.is_some() {
                         return Err(KvCacheError::SharedPageMissing { group, block }.into());
                     }
@@ -595,7 +596,7 @@ mod tests {
         enqueue(&mut engine, 7, 0, 100)?;
         let now = run(&mut engine, 0)?;
         // Two longer prompts extending the first one, admitted in the same step: the
-        // first leaves 300 - 96 = 204 tokens to compute, less than the 256 of a step (A1).
+        // first leaves 300 - 96 = 204 tokens to compute, less than the 256 of a step (`admit::A1`).
         enqueue(&mut engine, 8, 0, 300)?;
         enqueue(&mut engine, 9, 0, 300)?;
         engine.admit(now)?;

@@ -1,5 +1,5 @@
 //! The simulated drafter: an EAGLE-style hidden-state drafter that proposes `k` draft
-//! tokens after the prompt's last chunk (DESIGN section 11; R16, R18).
+//! tokens after the prompt's last chunk (`docs/DESIGN.md` section 11; R16, R18).
 //!
 //! What it changes in the engine (the cache side is `kv_cache`'s `draft` module):
 //! 1. the KV cache reserves `k` extra tokens past the prompt end and past every chunk end;
@@ -20,10 +20,12 @@
 //! tokens.
 //!
 //! Invariants:
-//! - F1. The drafter never writes a page of a full prompt block: drafts start at `P`, and
-//!   a full block ends at or before `P`.
-//! - F2. Rewinding never gives back a page holding a prompt token (X1 in `kv_cache`).
-//! - F3. The same request id gives the same accepted count in every run (E4).
+//! - `engine::draft::F1`. The drafter never writes a page of a full prompt block: drafts start at
+//!   `P`, and a full block ends at or before `P`.
+//! - `engine::draft::F2`. Rewinding never gives back a page holding a prompt token
+//!   (`kv_cache::draft::X1`).
+//! - `engine::draft::F3`. The same request id gives the same accepted count in every run
+//!   (`engine::E4`).
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -43,8 +45,8 @@ pub struct DrafterSetup {
 }
 
 impl DrafterSetup {
-    /// Draft tokens the target accepts for `request` (F3): the leading run of accepted
-    /// positions, each accepted when its draw falls below `acceptance`.
+    /// Draft tokens the target accepts for `request` (`engine::draft::F3`): the leading run of
+    /// accepted positions, each accepted when its draw falls below `acceptance`.
     pub fn accepted(&self, request: RequestId) -> usize {
         (0..self.draft_tokens)
             .take_while(|&position| unit_draw(request, position) < self.acceptance)
@@ -64,7 +66,8 @@ impl DrafterSetup {
     }
 }
 
-/// A draw in `[0, 1)` for (request, draft position), the same on every machine (F3).
+/// A draw in `[0, 1)` for (request, draft position), the same on every machine
+/// (`engine::draft::F3`).
 #[expect(
     clippy::cast_precision_loss,
     reason = "53 bits of the hash, exactly representable in an f64"
@@ -113,7 +116,7 @@ impl Engine {
     }
 
     /// Workflow 3 for `active[index]`, whose prompt is done: verify its drafts and rewind
-    /// the pages of rejected ones (F2).
+    /// the pages of rejected ones (`engine::draft::F2`).
     pub(super) fn verify_drafts(&mut self, index: usize) {
         let Some(drafter) = self.drafter else {
             return;

@@ -1,6 +1,6 @@
 //! Finished loads (engine workflow step 3) and the page check.
 //!
-//! A reservation reported filled is checked before its tokens count as computed (E2):
+//! A reservation reported filled is checked before its tokens count as computed (`engine::E2`):
 //! every page of the reserved range that the group holds (sinks and window blocks only in a
 //! window group, R15) is read back from every rank and compared with the content computing
 //! its block gives. The request resumes at the later of the report and the load's modeled
@@ -46,7 +46,7 @@ impl Engine {
         Ok(changed)
     }
 
-    /// Checks every loaded page, then counts the range as computed (E2).
+    /// Checks every loaded page, then counts the range as computed (`engine::E2`).
     fn load_filled(&mut self, index: usize, now: SimMicros) -> Result<(), ReplayError> {
         let Phase::Loading {
             start,

@@ -1,13 +1,13 @@
 //! The engine simulator of one serving instance: a scheduler with prefix-aware admission,
 //! chunked prefill and a paged KV cache, driving one connector through the engine hooks
-//! (DESIGN section 2; the lifecycle is in `crate::connector`'s docs).
+//! (`docs/DESIGN.md` section 2; the lifecycle is in `crate::connector`'s docs).
 //!
 //! Workflow of one request:
 //! 1. [`Engine::enqueue`]: the request arrives; `lookup_prefix` starts its lookup the first
 //!    time admission considers it, with the request's local match `L` (0 unless the local
 //!    prefix cache is on, see below);
 //! 2. admission (`admit`), in arrival order: a request waits while the KV cache lacks its
-//!    page quota, or while the prompt tokens ahead of it fill a step (rule A1 in
+//!    page quota, or while the prompt tokens ahead of it fill a step (rule `admit::A1` in
 //!    `admit`); `reserve_prefix(request, L, ..)` answering `Pending` keeps it waiting
 //!    (later ones may still be admitted while a step has tokens left); an `Offer` shares
 //!    the pages of the local match, allocates the others and, for `extra_tokens > 0`, a
@@ -59,20 +59,20 @@
 //! and the connector is expected to report it at the next poll.
 //!
 //! Invariants:
-//! - E1. A request's pages hold, for every block, either its computed content, the stale
+//! - `engine::E1`. A request's pages hold, for every block, either its computed content, the stale
 //!   pattern or (drafter, past the prompt's last full block) the draft pattern, except while
 //!   a load fills them; a block's content is written only once all of its tokens are
 //!   computed (R16 is checkable).
-//! - E2. A request counts loaded tokens as computed only after the connector reported the
+//! - `engine::E2`. A request counts loaded tokens as computed only after the connector reported the
 //!   reservation filled, and every loaded page was checked first (R24, R25).
-//! - E3. Pages of a finished request are freed only after `get_finished_saves` reports it,
-//!   when `request_finished` returned `true` (R22).
-//! - E4. The engine makes the same calls in the same order for the same inputs and connector
-//!   answers (determinism).
-//! - E5. A page shared from the local cache is never written by the engine (checked before
-//!   every write) and never freed while a request holds it; the connector is never handed
-//!   a range below the local match: every `reserve_prefix` of a request passes the `L` its
-//!   lookup got, and a reservation starts at `L`.
+//! - `engine::E3`. Pages of a finished request are freed only after `get_finished_saves` reports
+//!   it, when `request_finished` returned `true` (R22).
+//! - `engine::E4`. The engine makes the same calls in the same order for the same inputs and
+//!   connector answers (determinism).
+//! - `engine::E5`. A page shared from the local cache is never written by the engine (checked
+//!   before every write) and never freed while a request holds it; the connector is never handed a
+//!   range below the local match: every `reserve_prefix` of a request passes the `L` its lookup
+//!   got, and a reservation starts at `L`.
 
 mod admit;
 #[cfg(test)]
@@ -122,7 +122,7 @@ pub struct EngineSetup {
     pub local_prefix_cache: bool,
     /// A speculative drafter (module docs, "Drafter"); `None`: no drafter.
     pub drafter: Option<DrafterSetup>,
-    /// How long admission waits in real time for a just-started lookup (`admit.rs` A2);
+    /// How long admission waits in real time for a just-started lookup (`admit::A2`);
     /// [`LOOKUP_WAIT`] in replays, zero in tests that script `Pending` answers.
     pub lookup_wait: std::time::Duration,
 }
@@ -180,7 +180,7 @@ pub struct Engine {
     waiting: VecDeque<Waiting>,
     /// Admitted requests in admission order (the chunk order).
     active: Vec<Active>,
-    /// Finished requests whose pages wait for `get_finished_saves` (E3).
+    /// Finished requests whose pages wait for `get_finished_saves` (`engine::E3`).
     held: Vec<(RequestId, RequestPages)>,
     busy_until_us: SimMicros,
     /// When the instance's load link is free (loads share it, one after the other).
@@ -320,7 +320,7 @@ impl Engine {
     /// consider has not been looked up yet): the driver settles every connector's saves
     /// first, so the lookup sees what simulated time says is saved.
     pub fn wants_lookup(&self) -> bool {
-        // The admission round's walk (`admit`, A1), taking every lookup in flight as pending.
+        // The admission round's walk (`admit::A1`), taking every lookup in flight as pending.
         let mut ahead = self.tokens_ahead();
         for waiting in &self.waiting {
             let local_tokens = self.admission_local_tokens(waiting);
@@ -381,7 +381,7 @@ impl Engine {
         })
     }
 
-    /// Asks the connector for finished saves and frees the pages of those requests (E3).
+    /// Asks the connector for finished saves and frees the pages of those requests (`engine::E3`).
     fn poll_saves(&mut self) -> bool {
         let started = HookTimer::start();
         let finished = self.connector.get_finished_saves();

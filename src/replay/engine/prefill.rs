@@ -2,7 +2,7 @@
 //! the end of each prompt.
 //!
 //! Order within a step, so that a connector sees computed bytes for every block the step
-//! completes, and the stale pattern for the rest (E1):
+//! completes, and the stale pattern for the rest (`engine::E1`):
 //! 1. each running request gets a chunk, in admission order, until `max_num_tokens` is
 //!    spent; window pages the chunk touches are allocated (stale);
 //! 2. the pages of blocks whose tokens are now all computed get their content; with a
@@ -12,7 +12,7 @@
 //! 4. window pages out of the kept range are freed; a drafter's rejected drafts are
 //!    rewound; requests whose prompt is done call
 //!    `request_finished`; with the local prefix cache on their computed full blocks are
-//!    cached; their pages are held for saves or released (E3).
+//!    cached; their pages are held for saves or released (`engine::E3`).
 
 use crate::connector::{ScheduledRequest, SchedulerOutput};
 use crate::core::ids::ReservationId;
@@ -63,7 +63,7 @@ impl Engine {
         Ok(chunks)
     }
 
-    /// Allocates the chunk's window pages and writes the blocks it completes (E1).
+    /// Allocates the chunk's window pages and writes the blocks it completes (`engine::E1`).
     fn compute_chunk(
         &mut self,
         index: usize,
@@ -181,7 +181,7 @@ impl Engine {
         for (&index, &must_hold) in finished.iter().zip(&hold).rev() {
             let active = self.active.remove(index);
             if self.local_prefix_cache {
-                // Read-only from here on, even while held for saves (K5).
+                // Read-only from here on, even while held for saves (`kv_cache::K5`).
                 self.cache
                     .publish(&active.pages, &active.request.hashes, active.computed);
             }

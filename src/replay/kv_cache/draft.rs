@@ -1,5 +1,5 @@
-//! Extra KV tokens for a speculative drafter (DESIGN section 11: "optionally a drafter that
-//! allocates extra KV tokens"; R16, R18).
+//! Extra KV tokens for a speculative drafter (`docs/DESIGN.md` section 11: "optionally a
+//! drafter that allocates extra KV tokens"; R16, R18).
 //!
 //! An EAGLE-style drafter proposes `k` draft tokens after the target's token; the engine
 //! verifies them in the next step, so the KV cache reserves room for `k` tokens past the
@@ -14,10 +14,11 @@
 //!    pages that hold only rejected tokens.
 //!
 //! Invariants:
-//! - X1. A rewind never gives back a page of a block holding a prompt token: only blocks
-//!   at or past `ceil(kept / T)` with `kept >= P` (so a rejected draft never rewinds a page
-//!   the connector may address, R18).
-//! - X2. The extra pages stay within the request's quota (K2 holds with a drafter).
+//! - `kv_cache::draft::X1`. A rewind never gives back a page of a block holding a prompt token:
+//!   only blocks at or past `ceil(kept / T)` with `kept >= P` (so a rejected draft never rewinds a
+//!   page the connector may address, R18).
+//! - `kv_cache::draft::X2`. The extra pages stay within the request's quota (`kv_cache::K2` holds
+//!   with a drafter).
 
 use std::ops::Range;
 
@@ -55,7 +56,7 @@ impl KvCache {
     ///
     /// # Errors
     ///
-    /// [`KvCacheError::QuotaExceeded`] (X2; a simulator bug).
+    /// [`KvCacheError::QuotaExceeded`] (`kv_cache::draft::X2`; a simulator bug).
     pub fn ensure_past_chunk_end(
         &mut self,
         pages: &mut RequestPages,
@@ -73,7 +74,8 @@ impl KvCache {
     }
 
     /// Gives back every page of blocks that hold no token below `kept` (the prompt plus the
-    /// accepted draft tokens, `kept >= P`); returns how many pages were given back (X1).
+    /// accepted draft tokens, `kept >= P`); returns how many pages were given back
+    /// (`kv_cache::draft::X1`).
     pub fn rewind(&mut self, pages: &mut RequestPages, kept: usize) -> u64 {
         let first_rewound = blocks_for(kept, self.tokens_per_block);
         let mut rewound = 0;

@@ -11,14 +11,16 @@
 //!   it.
 //!
 //! Invariants:
-//! - P1. A free page has no hash and no holder; a held page is never in `free` or `lru`.
-//! - P2. `index[hash] == page` exactly when `hash_of[page] == Some(hash)`.
-//! - P3. `lru` holds exactly the cached pages with no holder, each under its `tick_of`.
-//! - P4. `free + lru + held = num_pages`.
-//! - P5. Only [`GroupPool::take`] removes a page from the cache, and it evicts only from
-//!   `lru`: a page any request holds is never evicted, freed or handed out again.
-//! - P6. A cached page is read-only (`is_cached`): requests share it only below their local
-//!   match, where nothing writes (the engine checks before every write).
+//! - `group_pool::P1`. A free page has no hash and no holder; a held page is never in `free` or
+//!   `lru`.
+//! - `group_pool::P2`. `index[hash] == page` exactly when `hash_of[page] == Some(hash)`.
+//! - `group_pool::P3`. `lru` holds exactly the cached pages with no holder, each under its
+//!   `tick_of`.
+//! - `group_pool::P4`. `free + lru + held = num_pages`.
+//! - `group_pool::P5`. Only [`GroupPool::take`] removes a page from the cache, and it evicts only
+//!   from `lru`: a page any request holds is never evicted, freed or handed out again.
+//! - `group_pool::P6`. A cached page is read-only (`is_cached`): requests share it only below their
+//!   local match, where nothing writes (the engine checks before every write).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -31,19 +33,19 @@ use super::GroupPolicy;
 pub(super) struct GroupPool {
     /// How the group keeps pages.
     pub(super) policy: GroupPolicy,
-    /// Pages not promised to any admitted request (K2).
+    /// Pages not promised to any admitted request (`kv_cache::K2`).
     pub(super) unpromised: u32,
-    /// Free pages, popped from the back (P1).
+    /// Free pages, popped from the back (`group_pool::P1`).
     free: Vec<u32>,
     /// Table entries naming each page.
     refs: Vec<u32>,
-    /// The chain hash of each cached page (P2).
+    /// The chain hash of each cached page (`group_pool::P2`).
     hash_of: Vec<Option<BlockHash>>,
-    /// When each evictable page last lost its last holder or was touched (P3).
+    /// When each evictable page last lost its last holder or was touched (`group_pool::P3`).
     tick_of: Vec<u64>,
-    /// Cached pages by chain hash (P2).
+    /// Cached pages by chain hash (`group_pool::P2`).
     index: HashMap<BlockHash, u32>,
-    /// Evictable pages, least recently used first (P3).
+    /// Evictable pages, least recently used first (`group_pool::P3`).
     lru: BTreeSet<(u64, u32)>,
     /// The LRU clock: incremented on every use.
     clock: u64,
@@ -86,7 +88,7 @@ impl GroupPool {
         self.refs.get(slot(page)).copied().unwrap_or(0)
     }
 
-    /// Whether `page` is cached (read-only, P6).
+    /// Whether `page` is cached (read-only, `group_pool::P6`).
     pub(super) fn is_cached(&self, page: u32) -> bool {
         self.hash_of.get(slot(page)).is_some_and(Option::is_some)
     }
@@ -97,7 +99,7 @@ impl GroupPool {
     }
 
     /// Hands out a page with one holder: a free one, or else the least recently used
-    /// evictable one, which leaves the cache (P5). `None` when neither exists.
+    /// evictable one, which leaves the cache (`group_pool::P5`). `None` when neither exists.
     pub(super) fn take(&mut self) -> Option<u32> {
         let page = if let Some(page) = self.free.pop() {
             page

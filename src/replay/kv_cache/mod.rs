@@ -1,5 +1,5 @@
 //! The simulated engine's paged KV cache: one finite page pool per layer group, each
-//! request's page tables, and the optional local prefix cache (DESIGN section 1, "Page";
+//! request's page tables, and the optional local prefix cache (`docs/DESIGN.md` section 1, "Page";
 //! section 11, "a paged KV cache per layer group (window groups drop out-of-window
 //! pages)").
 //!
@@ -49,17 +49,17 @@
 //! released prompt first, only when an allocation finds no free page.
 //!
 //! Invariants:
-//! - K1. A page is free, held by table entries of one or more requests, or cached without
-//!   a holder (evictable). Only a cached page is held by more than one request, and a
-//!   cached page is never written (K5).
-//! - K2. Per group, the pages a request holds (shared ones included) never exceed its
+//! - `kv_cache::K1`. A page is free, held by table entries of one or more requests, or cached
+//!   without a holder (evictable). Only a cached page is held by more than one request, and a
+//!   cached page is never written (`kv_cache::K5`).
+//! - `kv_cache::K2`. Per group, the pages a request holds (shared ones included) never exceed its
 //!   quota, and the quotas of admitted requests never exceed the pool: an admitted request
 //!   never runs out of pages (free plus evictable pages always cover every outstanding
 //!   quota, because each held page is held by at least one request).
-//! - K3. Full-attention groups hold a page for every block of the prompt from admission to
-//!   release.
-//! - K4. A page with a holder is never evicted, freed or handed to another allocation.
-//! - K5. A request shares cached pages only below its local match, where neither the
+//! - `kv_cache::K3`. Full-attention groups hold a page for every block of the prompt from admission
+//!   to release.
+//! - `kv_cache::K4`. A page with a holder is never evicted, freed or handed to another allocation.
+//! - `kv_cache::K5`. A request shares cached pages only below its local match, where neither the
 //!   engine nor the connector writes ([`KvCache::ensure_writable`] guards the engine).
 
 mod draft;
@@ -77,7 +77,7 @@ use group_pool::GroupPool;
 /// How a group keeps pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GroupPolicy {
-    /// Full attention: every block's page is held until the request ends (K3).
+    /// Full attention: every block's page is held until the request ends (`kv_cache::K3`).
     Full,
     /// Sliding window: sinks plus the blocks overlapping `[c - W - keep_extra, c)`.
     Window {
@@ -93,7 +93,7 @@ pub enum GroupPolicy {
 /// Why the cache refused an operation; each is a simulator bug, not a user error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvCacheError {
-    /// A request needed more pages of a group than its quota (K2).
+    /// A request needed more pages of a group than its quota (`kv_cache::K2`).
     #[error("request needs more than its quota of {quota} pages in group index {group}")]
     QuotaExceeded {
         /// Index of the group in layout order.
@@ -129,7 +129,7 @@ pub enum KvCacheError {
         /// The block.
         block: usize,
     },
-    /// The engine was about to write a cached page (K5).
+    /// The engine was about to write a cached page (`kv_cache::K5`).
     #[error("page {page} of group index {group} is cached and must not be written")]
     CachedPageWrite {
         /// Index of the group in layout order.
@@ -158,7 +158,7 @@ impl KvCacheError {
 pub struct RequestPages {
     /// Page index per block per group, `-1` where the group holds no page.
     tables: Vec<Vec<i32>>,
-    /// Pages promised per group (K2).
+    /// Pages promised per group (`kv_cache::K2`).
     quota: Vec<u32>,
     /// Pages held per group (shared ones included).
     held: Vec<u32>,
@@ -271,10 +271,10 @@ impl KvCache {
         self.groups.iter().map(|group| group.policy)
     }
 
-    /// Pages a prompt of `prompt_len` tokens with a local match of `local_tokens` is
-    /// promised per group: every block in a full group; in a window group the sinks, the
-    /// kept range and one chunk, plus one window when a local match is shared (K2). With
-    /// extra tokens (a drafter) the blocks past the prompt end that they reach count too.
+    /// Pages a prompt of `prompt_len` tokens with a local match of `local_tokens` is promised per
+    /// group: every block in a full group; in a window group the sinks, the kept range and one
+    /// chunk, plus one window when a local match is shared (`kv_cache::K2`). With extra tokens (a
+    /// drafter) the blocks past the prompt end that they reach count too.
     pub fn quota_for(&self, prompt_len: usize, local_tokens: usize) -> Vec<u32> {
         let t = self.tokens_per_block;
         let blocks = blocks_for(prompt_len + self.extra_tokens, t);
@@ -328,7 +328,7 @@ impl KvCache {
 
     /// Admits a prompt: promises its quota, shares the cached pages of its local match
     /// (`shared`, as [`KvCache::local_match`] found it) and allocates every other
-    /// full-group page (K3), evicting cached pages where no page is free.
+    /// full-group page (`kv_cache::K3`), evicting cached pages where no page is free.
     ///
     /// # Errors
     ///
@@ -353,7 +353,8 @@ impl KvCache {
             held: vec![0; self.groups.len()],
             quota: self.quota_for(prompt_len, shared.tokens),
         };
-        // Shared pages first: held, they can no longer be evicted by the allocations (K4).
+        // Shared pages first: held, they can no longer be evicted by the allocations
+        // (`kv_cache::K4`).
         for index in 0..self.groups.len() {
             for block in self.load_blocks(index, shared.tokens) {
                 let page = shared
@@ -376,7 +377,7 @@ impl KvCache {
             }
             for slot in pages.tables[index].iter_mut().filter(|slot| **slot < 0) {
                 // The quota was checked against `unpromised`, which free and evictable
-                // pages always cover (K2).
+                // pages always cover (`kv_cache::K2`).
                 if let Some(page) = group.take() {
                     *slot = entry(page);
                     pages.held[index] += 1;
@@ -392,7 +393,7 @@ impl KvCache {
     ///
     /// # Errors
     ///
-    /// [`KvCacheError::BlockOutOfRange`], or [`KvCacheError::QuotaExceeded`] (K2).
+    /// [`KvCacheError::BlockOutOfRange`], or [`KvCacheError::QuotaExceeded`] (`kv_cache::K2`).
     pub fn ensure_block(
         &mut self,
         pages: &mut RequestPages,
@@ -420,14 +421,14 @@ impl KvCache {
         Ok(Some(page))
     }
 
-    /// Whether `page` of group `group` is cached (read-only, K5).
+    /// Whether `page` of group `group` is cached (read-only, `kv_cache::K5`).
     pub fn is_cached(&self, group: usize, page: u32) -> bool {
         self.groups
             .get(group)
             .is_some_and(|pool| pool.is_cached(page))
     }
 
-    /// Refuses a write to a cached page (K5).
+    /// Refuses a write to a cached page (`kv_cache::K5`).
     ///
     /// # Errors
     ///
@@ -754,7 +755,7 @@ mod tests {
         prompt_len: usize,
     }
 
-    /// Checks K1 and K4 against the live requests' tables.
+    /// Checks `kv_cache::K1` and `kv_cache::K4` against the live requests' tables.
     fn check_pages(cache: &KvCache, live: &[Live], seed: u64) {
         for group in 0..2 {
             let mut holders: HashMap<u32, u32> = HashMap::new();
@@ -831,7 +832,7 @@ mod tests {
                 }
             }
             shared_tokens += local;
-            // Compute the rest chunk by chunk, writing each completed block (K5).
+            // Compute the rest chunk by chunk, writing each completed block (`kv_cache::K5`).
             let mut computed = local;
             while computed < prompt_len {
                 let end = (computed + 32).min(prompt_len);

@@ -1,5 +1,5 @@
 //! The long multi-turn generator (`--generate long-multiturn`): conversations whose prompts
-//! grow from about 100k to 170k tokens over their turns (DESIGN section 11).
+//! grow from about 100k to 170k tokens over their turns (`docs/DESIGN.md` section 11).
 //!
 //! Workflow, per session `s`:
 //! 1. turn 0's prompt is the system prefix (the same tokens in every session) followed by a
@@ -15,14 +15,14 @@
 //! interleave when `session_spacing_ms < think_time_ms`.
 //!
 //! Invariants of a generated workload:
-//! - G1. Deterministic: the same parameters give the same requests and tokens.
-//! - G2. Turn `k` of every session has exactly
+//! - `generate::I1`. Deterministic: the same parameters give the same requests and tokens.
+//! - `generate::I2`. Turn `k` of every session has exactly
 //!   `first + (last - first) * k / (turns - 1)` tokens (integer division): turn 0 has
 //!   `first_turn_tokens`, the last turn `last_turn_tokens`.
-//! - G3. Without divergence, turn `k - 1`'s prompt is a prefix of turn `k`'s; with it, they
-//!   share all but at most `divergence_tokens_max` tokens of turn `k - 1`'s prompt, and never
+//! - `generate::I3`. Without divergence, turn `k - 1`'s prompt is a prefix of turn `k`'s; with it,
+//!   they share all but at most `divergence_tokens_max` tokens of turn `k - 1`'s prompt, and never
 //!   fewer than the system prefix.
-//! - G4. All sessions share the first `system_prefix_tokens` tokens, and nothing else.
+//! - `generate::I4`. All sessions share the first `system_prefix_tokens` tokens, and nothing else.
 //!
 //! The defaults (2 sessions of 24 turns, 100k to 170k tokens, a shared 96k-token prefix:
 //! a long document or code base every conversation is about) total 6.48 M prompt tokens,
@@ -74,12 +74,12 @@ pub struct LongMultiturnParams {
     pub think_time_ms: u64,
     /// Simulated milliseconds between the starts of two sessions.
     pub session_spacing_ms: u64,
-    /// Seed of every token stream; the same seed gives the same workload (G1).
+    /// Seed of every token stream; the same seed gives the same workload (`generate::I1`).
     pub seed: u64,
-    /// Leading tokens common to all sessions (G4); below `first_turn_tokens`.
+    /// Leading tokens common to all sessions (`generate::I4`); below `first_turn_tokens`.
     pub system_prefix_tokens: u32,
     /// Most tokens at the end of a turn's prompt that the next turn re-renders differently;
-    /// 0 keeps consecutive prompts exact prefixes of each other (G3).
+    /// 0 keeps consecutive prompts exact prefixes of each other (`generate::I3`).
     pub divergence_tokens_max: u32,
 }
 
@@ -155,7 +155,7 @@ impl LongMultiturnParams {
             .map(|_| ())
     }
 
-    /// Prompt length of turn `turn` (G2).
+    /// Prompt length of turn `turn` (`generate::I2`).
     pub fn turn_prompt_len(&self, turn: u32) -> u64 {
         let first = u64::from(self.first_turn_tokens);
         if self.turns_per_session <= 1 {
@@ -276,8 +276,8 @@ fn extend_to_next_turn(
     });
 }
 
-/// How many tokens of turn `turn - 1`'s prompt turn `turn` re-renders (G3): never into the
-/// system prefix.
+/// How many tokens of turn `turn - 1`'s prompt turn `turn` re-renders (`generate::I3`): never into
+/// the system prefix.
 fn divergence_tokens(
     params: &LongMultiturnParams,
     session: u32,
@@ -377,8 +377,9 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, rng_seed: proptest::test_runner::RngSeed::Fixed(0x6e6e), ..ProptestConfig::default() })]
 
-        /// G2 and G3 on segment lists, without writing tokens: each turn has the planned
-        /// length and keeps all but at most `divergence_tokens_max` of the previous turn.
+        /// `generate::I2` and `generate::I3` on segment lists, without writing tokens: each turn
+        /// has the planned length and keeps all but at most `divergence_tokens_max` of the previous
+        /// turn.
         #[test]
         fn g2_g3_hold_for_small_parameters(
             sessions in 1u32..4,

@@ -1,4 +1,4 @@
-//! Replay workloads: the requests a replay feeds to simulated serving instances (DESIGN
+//! Replay workloads: the requests a replay feeds to simulated serving instances (`docs/DESIGN.md`
 //! section 11).
 //!
 //! A workload is a `Vec<`[`WorkloadRequest`]`>` in arrival order. A request does not hold
@@ -15,12 +15,12 @@
 //! 3. [`WorkloadSummary::of`] gives the totals a report prints.
 //!
 //! Invariants:
-//! - I1. Tokens are a pure function of the prompt source: the same source always writes the
-//!   same tokens, on every machine and run.
-//! - I2. Every token is in `[0, VOCAB_SIZE)`.
-//! - I3. `prompt_len()` equals the number of tokens `write_prompt_tokens` writes.
-//! - I4. A Mooncake hash id always gives the same 512-token block (the first `n` tokens of
-//!   it when the block is cut), whatever request or position it appears in.
+//! - `workload::I1`. Tokens are a pure function of the prompt source: the same source always writes
+//!   the same tokens, on every machine and run.
+//! - `workload::I2`. Every token is in `[0, VOCAB_SIZE)`.
+//! - `workload::I3`. `prompt_len()` equals the number of tokens `write_prompt_tokens` writes.
+//! - `workload::I4`. A Mooncake hash id always gives the same 512-token block (the first `n` tokens
+//!   of it when the block is cut), whatever request or position it appears in.
 
 mod error;
 mod generate;
@@ -63,8 +63,8 @@ pub(crate) fn derive_seed(parts: &[u64]) -> u64 {
     })
 }
 
-/// Token `index` of the deterministic stream `seed` (I1, I2): random access, so a stream cut
-/// anywhere is a prefix of the same stream cut later.
+/// Token `index` of the deterministic stream `seed` (`workload::I1`, `workload::I2`): random
+/// access, so a stream cut anywhere is a prefix of the same stream cut later.
 pub fn stream_token(seed: u64, index: u64) -> i64 {
     let z = mix64(seed.wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA)));
     // The high 32 bits scaled onto the vocabulary: below 2^32 * VOCAB_SIZE < 2^50, no overflow.
@@ -78,7 +78,7 @@ fn extend_with_stream(out: &mut Vec<i64>, seed: u64, len: u64) {
 }
 
 /// Appends the first `len` tokens (at most 512) of the block of Mooncake hash id `hash_id`
-/// to `out` (I4).
+/// to `out` (`workload::I4`).
 pub fn extend_with_mooncake_block(out: &mut Vec<i64>, hash_id: u64, len: usize) {
     let len = len.min(MOONCAKE_BLOCK_TOKENS);
     let seed = derive_seed(&[MOONCAKE_DOMAIN, hash_id]);
@@ -94,11 +94,11 @@ pub struct TokenSegment {
     pub len: u32,
 }
 
-/// Where a request's prompt tokens come from; tokens are produced on demand (I1).
+/// Where a request's prompt tokens come from; tokens are produced on demand (`workload::I1`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PromptSource {
     /// A Mooncake trace line: one 512-token block per hash id, the last block cut so that the
-    /// prompt has exactly `prompt_len` tokens (I4).
+    /// prompt has exactly `prompt_len` tokens (`workload::I4`).
     MooncakeBlocks {
         /// The line's `hash_ids`, in order.
         hash_ids: Vec<u64>,
@@ -110,7 +110,7 @@ pub enum PromptSource {
 }
 
 impl PromptSource {
-    /// Prompt length in tokens (I3).
+    /// Prompt length in tokens (`workload::I3`).
     pub fn prompt_len(&self) -> usize {
         match self {
             PromptSource::MooncakeBlocks { prompt_len, .. } => to_usize(u64::from(*prompt_len)),

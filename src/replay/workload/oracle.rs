@@ -1,5 +1,5 @@
-//! The oracle: what an unbounded prefix pool would reuse (the denominator of DESIGN section
-//! 11's "share of what an unbounded pool could give").
+//! The oracle: what an unbounded prefix pool would reuse (the denominator of the "share of
+//! what an unbounded pool could have given" in `docs/DESIGN.md` section 11).
 //!
 //! Workflow, for each prompt in arrival order:
 //! 1. hash the prompt's full blocks into a chain (R1); a chain hash identifies the whole
@@ -13,23 +13,22 @@
 //! Window oracle (layouts with a window group, [`Oracle::with_window_rewind`]): window
 //! groups are stored only at prompt ends (R17), so a resume point `e` (a block boundary at
 //! most the full-attention hit) counts only if some earlier prompt sharing the prefix
-//! through `e` ended within `[e, e + R]` (issue 4's definition; its window tail was saved
-//! there). The window-reusable tokens of a prompt are the largest such `e`, whatever lies
+//! through `e` ended within `[e, e + R]` (its window tail was saved there). The window-reusable tokens of a prompt are the largest such `e`, whatever lies
 //! between it and the hit (the planner's walk plus fallback, R12/R13). For every full
 //! block ending within `R` of its prompt's end, the oracle keeps the shortest prompt
 //! that holds it: a later `e` qualifies iff that prompt ended by `e + R` (every prompt
 //! holding the block through `e` ended at or after `e`). `scripts/window-oracle` computes
-//! the same figure from the trace file ("issue" column); the two agree on the shared
+//! the same figure from the trace file ("window" columns); the two agree on the shared
 //! trace.
 //!
 //! Invariants:
-//! - O1. Prefix semantics: block `i` counts only if blocks `0..i` all count; the first
+//! - `oracle::O1`. Prefix semantics: block `i` counts only if blocks `0..i` all count; the first
 //!   unseen hash ends the reusable prefix, whatever follows it.
-//! - O2. The engine always computes the last prompt token, so at most
+//! - `oracle::O2`. The engine always computes the last prompt token, so at most
 //!   `floor((prompt_len - 1) / T)` blocks are reusable; a prompt of 0 tokens reuses 0.
-//! - O3. Reusable tokens are a whole number of blocks, never more than `prompt_len - 1`.
-//! - O4. The pool never forgets: a hash observed once stays reusable.
-//! - O5. Window-reusable tokens never exceed reusable tokens, and equal them when the
+//! - `oracle::O3`. Reusable tokens are a whole number of blocks, never more than `prompt_len - 1`.
+//! - `oracle::O4`. The pool never forgets: a hash observed once stays reusable.
+//! - `oracle::O5`. Window-reusable tokens never exceed reusable tokens, and equal them when the
 //!   layout has no window group.
 
 use std::collections::{HashMap, HashSet};
@@ -39,7 +38,7 @@ use crate::core::hash::BlockHash;
 /// An unbounded prefix pool, keeping only the hashes it has seen.
 #[derive(Clone, Debug, Default)]
 pub struct Oracle {
-    /// Every chain hash observed so far (O4); 16 bytes each, ~4 M blocks for the shared
+    /// Every chain hash observed so far (`oracle::O4`); 16 bytes each, ~4 M blocks for the shared
     /// trace at `T = 16`.
     seen: HashSet<BlockHash>,
     /// Running totals of [`Oracle::admit`].
@@ -61,7 +60,7 @@ pub struct OracleTotals {
     /// Sum of their reusable tokens.
     pub reusable_tokens: u64,
     /// Sum of their window-reusable tokens (module docs); `reusable_tokens` for a
-    /// full-attention layout (O5).
+    /// full-attention layout (`oracle::O5`).
     pub window_reusable_tokens: u64,
 }
 
@@ -105,7 +104,7 @@ impl Oracle {
     /// Tokens of a prompt an unbounded pool holding window groups only at prompt ends
     /// would reuse: the largest block boundary `e <= reusable` (the prompt's
     /// [`Self::reusable_tokens`]) that an earlier prompt sharing the prefix through `e`
-    /// ended within `[e, e + R]` of. Equals `reusable` without a window group (O5).
+    /// ended within `[e, e + R]` of. Equals `reusable` without a window group (`oracle::O5`).
     pub fn window_reusable_tokens(
         &self,
         hashes: &[BlockHash],
@@ -143,7 +142,7 @@ impl Oracle {
         }
     }
 
-    /// Tokens of a prompt an unbounded pool would reuse (O1..O3). `hashes` are the chain
+    /// Tokens of a prompt an unbounded pool would reuse (`oracle::O1`..O3). `hashes` are the chain
     /// hashes of the prompt's full blocks of `tokens_per_block` tokens, in order; extra
     /// hashes beyond the cap are ignored. A `tokens_per_block` of 0 reuses nothing.
     pub fn reusable_tokens(
@@ -163,7 +162,7 @@ impl Oracle {
         blocks * tokens_per_block
     }
 
-    /// Remembers every hash of a prompt (O4).
+    /// Remembers every hash of a prompt (`oracle::O4`).
     pub fn observe(&mut self, hashes: &[BlockHash]) {
         self.seen.extend(hashes.iter().copied());
     }
@@ -314,7 +313,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(0x0_0ac1e), ..ProptestConfig::default() })]
 
-        /// O1..O3 against a naive model: count leading seen hashes up to the cap.
+        /// `oracle::O1`..O3 against a naive model: count leading seen hashes up to the cap.
         #[test]
         fn reusable_tokens_match_a_naive_model(
             earlier in proptest::collection::vec(proptest::collection::vec(0u8..6, 0..8), 0..5),

@@ -11,15 +11,16 @@
 //!
 //! Rules for a line (each breach is a [`TraceError`] naming the file, the 1-based line, the
 //! field and the value):
-//! - V1. a JSON object with exactly the fields `timestamp`, `input_length`, `output_length`,
-//!   `hash_ids`; unknown fields are refused, since a misspelt field would otherwise vanish;
-//! - V2. `timestamp` is an integer in `0..=MAX_TIMESTAMP_MS`, and never earlier than the
+//! - `trace::V1`. a JSON object with exactly the fields `timestamp`, `input_length`,
+//!   `output_length`, `hash_ids`; unknown fields are refused, since a misspelt field would
+//!   otherwise vanish;
+//! - `trace::V2`. `timestamp` is an integer in `0..=MAX_TIMESTAMP_MS`, and never earlier than the
 //!   previous request's (traces are sorted by arrival; equal timestamps are fine);
-//! - V3. `input_length` is in `1..=MAX_INPUT_LENGTH`, `output_length` in
+//! - `trace::V3`. `input_length` is in `1..=MAX_INPUT_LENGTH`, `output_length` in
 //!   `1..=MAX_OUTPUT_LENGTH`;
-//! - V4. `hash_ids` is an array of non-negative 64-bit integers, one per 512-token block:
+//! - `trace::V4`. `hash_ids` is an array of non-negative 64-bit integers, one per 512-token block:
 //!   with `n` ids, `(n - 1) * 512 < input_length <= n * 512`;
-//! - V5. blank lines are skipped (they still count for line numbers).
+//! - `trace::V5`. blank lines are skipped (they still count for line numbers).
 //!
 //! Request ids count the requests from 0 in file order; `session` is `None` (the format
 //! has no sessions).
@@ -41,7 +42,7 @@ pub const MAX_INPUT_LENGTH: u32 = 1 << 22;
 /// Largest `output_length` accepted, in tokens.
 pub const MAX_OUTPUT_LENGTH: u32 = 1 << 20;
 
-/// The fields of a line (V1).
+/// The fields of a line (`trace::V1`).
 const FIELDS: [&str; 4] = ["timestamp", "input_length", "output_length", "hash_ids"];
 
 /// Longest rendering of an offending value kept in an error.
@@ -58,7 +59,7 @@ pub struct TraceReader<R> {
     path: PathBuf,
     /// 1-based number of the line last read.
     line: u64,
-    /// Timestamp of the previous request (V2).
+    /// Timestamp of the previous request (`trace::V2`).
     previous_timestamp: Option<u64>,
     /// Id of the next request.
     next_id: u64,
@@ -135,7 +136,7 @@ impl<R: BufRead> TraceReader<R> {
                 return Ok(None);
             }
             if self.buffer.iter().all(u8::is_ascii_whitespace) {
-                continue; // V5
+                continue; // `trace::V5`
             }
             let context = LineContext {
                 path: &self.path,
@@ -224,7 +225,7 @@ struct LineContext<'a> {
 }
 
 impl LineContext<'_> {
-    /// Parses and validates one non-blank line (V1..V4).
+    /// Parses and validates one non-blank line (`trace::V1`..V4).
     fn parse(&self, bytes: &[u8]) -> Result<ParsedLine, TraceError> {
         let value: Value = serde_json::from_slice(bytes).map_err(|source| TraceError::NotJson {
             path: self.path.to_path_buf(),
@@ -341,7 +342,7 @@ impl LineContext<'_> {
         Ok(u32::try_from(value).unwrap_or(max))
     }
 
-    /// The `hash_ids` array (V4, element types only).
+    /// The `hash_ids` array (`trace::V4`, element types only).
     fn hash_ids(&self, fields: &Map<String, Value>) -> Result<Vec<u64>, TraceError> {
         let value = self.field(fields, "hash_ids")?;
         let Value::Array(elements) = value else {
