@@ -16,9 +16,6 @@ use std::error::Error;
 use std::sync::Arc;
 use std::thread;
 
-use kv_connector::connector::transfer::{
-    load_pages, save_pages, LoadItem, LoadMoved, SaveItem, SaveResult,
-};
 use kv_connector::core::eviction::EvictionPolicy;
 use kv_connector::core::layout::GroupId;
 use kv_connector::core::ledger::LoadFailure;
@@ -27,6 +24,7 @@ use kv_connector::gpu::{
     CopyDirection, Device, DeviceKind, DeviceRequest, GpuError, PageCopy, StagingPool,
 };
 use kv_connector::pool::{MemoryPool, SystemClock};
+use kv_connector::transfer::{load_pages, save_pages, LoadItem, LoadMoved, SaveItem, SaveResult};
 
 mod gpu_common;
 

@@ -16,15 +16,13 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use kv_connector::connector::transfer::{
-    load_pages, save_pages, LoadItem, LoadMoved, SaveItem, SaveResult,
-};
 use kv_connector::core::eviction::EvictionPolicy;
 use kv_connector::core::layout::GroupId;
 use kv_connector::core::ledger::LoadFailure;
 use kv_connector::core::object::{self, checksum, HEADER_BYTES};
 use kv_connector::gpu::{Device, PageCopy, PagePoolSpec};
 use kv_connector::pool::{MemoryPool, Pool, SystemClock};
+use kv_connector::transfer::{load_pages, save_pages, LoadItem, LoadMoved, SaveItem, SaveResult};
 
 mod gpu_common;
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use kv_connector::connector::transfer::{load_pages, save_pages, LoadItem, SaveItem, SaveResult};
 use kv_connector::core::object::{self, HEADER_BYTES};
 use kv_connector::gpu::Device;
 use kv_connector::pool::{MemoryPool, Pool};
+use kv_connector::transfer::{load_pages, save_pages, LoadItem, SaveItem, SaveResult};
 
 use super::{
     identity, pattern, timed, BenchResult, CONNECTOR_REQUEST_PAGES, LOAD_DST, LOAD_SET, PAGE,

@@ -14,8 +14,6 @@ use actix::prelude::*;
 
 use super::keyspace::KeySpace;
 use super::loader::Loader;
-use crate::connector::transfer::LoadItem;
-use crate::connector::FinishedLoad;
 use crate::core::hash::BlockHash;
 use crate::core::ids::PageIndex;
 use crate::core::ids::{RequestId, ReservationId};
@@ -27,8 +25,9 @@ use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::{
     CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad, StartLoads,
 };
-use crate::messages::EngineInbox;
+use crate::messages::{EngineInbox, FinishedLoad};
 use crate::stats::LoadStats;
+use crate::transfer::LoadItem;
 
 /// A load waiting for its ranks.
 #[derive(Debug)]

@@ -34,7 +34,6 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::keyspace::KeySpace;
-use crate::connector::transfer::{save_pages, SaveItem as TransferItem, SaveResult};
 use crate::core::ids::RequestId;
 use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
 use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
@@ -42,6 +41,7 @@ use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
 use crate::pool::{actor_fault_fires, ActorFault, Pool};
 use crate::stats::SaveStats;
+use crate::transfer::{save_pages, SaveItem as TransferItem, SaveResult};
 
 /// A queued page with the time it was enqueued.
 #[derive(Debug)]

@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use actix::Message;
 
-use crate::connector::transfer::LoadItem;
 use crate::core::ledger::LoadTicket;
+use crate::transfer::LoadItem;
 
 /// Move these pages pool -> staging -> device and report (R24).
 ///

@@ -6,12 +6,12 @@
     reason = "each test binary uses a different part of the helpers"
 )]
 
-use kv_connector::connector::transfer::{LoadItem, SaveItem};
 use kv_connector::core::hash::BlockHash;
 use kv_connector::core::keys::Shard;
 use kv_connector::core::layout::{GroupId, LayoutFingerprint};
 use kv_connector::core::object::ObjectIdentity;
 use kv_connector::gpu::PagePoolSpec;
+use kv_connector::transfer::{LoadItem, SaveItem};
 
 /// gpt-oss-120b: 18 layers x K,V x 8 heads x 64 x bf16 x 32 tokens per page.
 pub const GPT_OSS_PAGE: usize = 18 * 2 * 8 * 64 * 2 * 32;
