@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kv_connector::actors::keyspace::KeySpace;
 use kv_connector::actors::lookup_planner::{LookupPlanner, PlannerSettings};
 use kv_connector::actors::reservation_manager::ReservationManager;
 use kv_connector::actors::stats_reporter::StatsReporter;
 use kv_connector::core::hash::{hash_blocks, scope_seed, Scope};
 use kv_connector::core::ids::RequestId;
+use kv_connector::core::keys::KeySpace;
 use kv_connector::core::layout::Layout;
 use kv_connector::core::ledger::Ledger;
 use kv_connector::core::planner::{LookupOutcome, PlannerGroup, PlannerGroupKind};

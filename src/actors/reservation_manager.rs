@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::keyspace::KeySpace;
 use super::loader::Loader;
 use crate::core::hash::BlockHash;
 use crate::core::ids::PageIndex;
 use crate::core::ids::{RequestId, ReservationId};
+use crate::core::keys::KeySpace;
 use crate::core::ledger::{
     CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket, ReservedPage,
 };

@@ -33,8 +33,8 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::keyspace::KeySpace;
 use crate::core::ids::RequestId;
+use crate::core::keys::KeySpace;
 use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
 use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
 use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};

@@ -32,11 +32,11 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::validate::ConfigArgs;
-use crate::actors::keyspace::KeySpace;
 use crate::actors::lookup_planner::{run_lookup, PlannerSettings};
 use crate::config::{Config, ConfigError};
 use crate::core::hash::{hash_blocks, scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
+use crate::core::keys::KeySpace;
 use crate::core::layout::{Layout, LayoutError};
 use crate::core::planner::PlannerGroup;
 use crate::replay::workload::{read_mooncake_trace, TraceError};
