@@ -36,8 +36,8 @@ use kv_connector::core::hash::BlockHash;
 use kv_connector::core::keys::Shard;
 use kv_connector::core::layout::{GroupId, LayoutFingerprint};
 use kv_connector::core::object::ObjectIdentity;
+use kv_connector::gpu::host_memory::{HostSlot, SharedSlot};
 use kv_connector::gpu::{CopyDirection, Device, PageCopy, PagePoolSpec};
-use kv_connector::gpu::{HostSlot, SharedSlot};
 use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock};
 
 mod workers;

@@ -21,13 +21,13 @@ use std::sync::Arc;
 
 use crate::core::layout::GroupId;
 
-use super::arena::HostArena;
 use super::copy::{CopyDirection, CopyRun};
 #[cfg(feature = "cuda")]
 use super::cuda::{CudaDevice, PendingCopy};
 use super::error::GpuError;
 use super::event::InFlight;
-use super::host::HostDevice;
+use super::host_device::HostDevice;
+use super::host_memory::HostArena;
 use super::pages::{PageGeometry, PagePoolSpec};
 use super::staging::{StagingGeometry, StagingPool};
 use super::stream::{CopyStream, StreamBackend, StreamId};

@@ -32,7 +32,8 @@
 
 use crate::core::ledger::LoadFailure;
 use crate::core::object::{self, ObjectIdentity, HEADER_BYTES};
-use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, SharedSlot, StagingPool};
+use crate::gpu::host_memory::SharedSlot;
+use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, StagingPool};
 use crate::pool::{Pool, PoolError};
 
 mod save;

@@ -11,7 +11,8 @@
 
 use super::{batch_len, page_copies, SaveItem, SaveResult};
 use crate::core::object;
-use crate::gpu::{CheckedInFlight, CopyStream, HostSlot, PageCopy, StagingPool};
+use crate::gpu::host_memory::HostSlot;
+use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, StagingPool};
 use crate::pool::{Pool, PoolError};
 
 /// Saves `items`, one result per item in order. Returns the staging pool in every case.

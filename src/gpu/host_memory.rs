@@ -1,5 +1,12 @@
-//! [`HostArena`]: a slab allocator of host memory for pool objects that copy streams can DMA
-//! straight from and into (issue 7, zero-copy loads and saves).
+//! The host-memory part of the device layer: [`HostArena`], a slab allocator of host memory
+//! for pool objects that copy streams can DMA straight from and into (zero-copy loads and
+//! saves), and its slots [`HostSlot`] (owned, writable) and [`SharedSlot`] (shared,
+//! read-only).
+//!
+//! It lives here, below the pool, because pinning memory and handing its raw pointers to
+//! copy streams is device work that needs `unsafe` (kept inside `gpu`); the embedded pool
+//! (`pool::memory`) only owns an arena and stores its slots. Nothing in this module knows
+//! about pools or keys.
 //!
 //! The embedded pool keeps every object in a [`HostSlot`] from one arena. On the CUDA
 //! backend ([`Device::host_arena`](super::Device::host_arena)) the arena's memory is pinned
