@@ -27,7 +27,7 @@ use crate::messages::reservation_manager::{
 };
 use crate::messages::{EngineInbox, FinishedLoad};
 use crate::stats::LoadStats;
-use crate::transfer::LoadItem;
+use crate::transfer::PageRef;
 
 /// A load waiting for its ranks.
 #[derive(Debug)]
@@ -133,20 +133,11 @@ impl ReservationManager {
             crate::core::ledger::ReservedPage,
             crate::core::hash::BlockHash,
         )],
-    ) -> Vec<LoadItem> {
+    ) -> Vec<PageRef> {
         pages
             .iter()
             .filter_map(|(page, hash)| {
-                let group = self
-                    .keys
-                    .index_of(page.group)
-                    .and_then(|index| self.keys.group(index))?;
-                Some(LoadItem {
-                    key: group.key(rank, hash),
-                    identity: self.keys.identity(group, rank, *hash),
-                    page: page.page.0,
-                    payload_len: group.payload_len,
-                })
+                PageRef::in_key_space(&self.keys, rank, page.group, page.page, *hash)
             })
             .collect()
     }
