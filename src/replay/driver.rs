@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use crate::core::ids::RequestId;
-use crate::core::layout::{Attention, Layout};
+use crate::core::layout::{LayerGroup, Layout};
 
 use super::connectors::{ConnectorFactory, InstanceContext};
 use super::cost::{CostModel, SimMicros};
@@ -260,11 +260,7 @@ fn run(
 /// The oracle for the layout in use: with a window group, window groups count only at
 /// prompt ends within the rewind (`workload::Oracle`'s window oracle).
 fn oracle_for(params: &ReplayParams) -> Oracle {
-    let windowed = params
-        .layout
-        .groups
-        .iter()
-        .any(|group| matches!(group.attention(), Attention::Window { .. }));
+    let windowed = params.layout.groups.iter().any(LayerGroup::is_window);
     if windowed {
         let rewind = params.config.planner.swa_endpoint_rewind_tokens;
         Oracle::with_window_rewind(usize::try_from(rewind).unwrap_or(usize::MAX))
