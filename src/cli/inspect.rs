@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use super::validate::ConfigArgs;
 use crate::actors::lookup_planner::{run_lookup, PlannerSettings};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, PoolBackend};
 use crate::core::hash::{hash_blocks, scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
 use crate::core::keys::KeySpace;
@@ -47,15 +47,6 @@ mod present;
 
 use pool::{open_pool, PoolUnderTest};
 use present::{presence, GroupPresence};
-
-/// Which pool `inspect` asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum InspectPool {
-    /// An embedded pool seeded by replaying a trace prefix through the connector.
-    Memory,
-    /// A running Mooncake master (`--master`; needs a build with `--features mooncake`).
-    Mooncake,
-}
 
 /// Arguments of `kv-connector inspect`.
 #[derive(Debug, Clone, clap::Args)]
@@ -83,7 +74,7 @@ pub struct InspectArgs {
     /// The pool: memory (embedded, seeded by a replay) or mooncake (a running master).
     /// Default: the configuration's `pool.backend` (env `KVC_POOL_BACKEND`).
     #[arg(long, value_enum)]
-    pub pool: Option<InspectPool>,
+    pub pool: Option<PoolBackend>,
     /// With --pool mooncake: the master's RPC address HOST:PORT (`mooncake.master_address`,
     /// env `KVC_MOONCAKE_MASTER_ADDRESS`; its metadata server is `mooncake.metadata_server`).
     #[arg(long, value_name = "HOST:PORT")]
@@ -265,13 +256,9 @@ fn load_config<S: std::hash::BuildHasher>(
 ) -> Result<Config, ConfigError> {
     let mut sources = args.config.sources(env.into_iter().collect())?;
     if let Some(pool) = args.pool {
-        let name = match pool {
-            InspectPool::Memory => "memory",
-            InspectPool::Mooncake => "mooncake",
-        };
         sources
             .cli_overrides
-            .push(("pool.backend".to_owned(), name.to_owned()));
+            .push(("pool.backend".to_owned(), pool.as_str().to_owned()));
     }
     if let Some(master) = &args.master {
         sources

@@ -20,11 +20,11 @@
 //!
 //! # Layer
 //!
-//! `gpu` sits below `pool` and imports nothing above `core` (and `config` for the device
-//! request): the pool's objects live in device-visible host memory, which is this module's
-//! [`host_memory`] (the arena, its slots, pinned on CUDA), so a copy stream can DMA them
-//! without the pool knowing about devices. The pool uses `host_memory`; nothing here uses
-//! the pool.
+//! `gpu` sits below `pool` (and below `config`, which uses [`DeviceRequest`] for
+//! `device.kind`) and imports nothing of the crate but `core`. The pool's objects live in
+//! device-visible host memory, which is this module's [`host_memory`] (the arena and its
+//! slots, pinned on CUDA), so a copy stream can DMA them without the pool knowing about
+//! devices. The pool uses `host_memory`; nothing here uses the pool.
 //!
 //! Only this module may contain `unsafe` (the crate root denies it elsewhere). Host-pinned
 //! staging memory ([`StagingPool`]) and device page memory (inside [`Device`]) are distinct

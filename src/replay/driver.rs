@@ -63,8 +63,9 @@ use super::summary::{summarize, RunTotals};
 use super::timeline::{Timeline, TimelineHooks};
 use super::workload::{Oracle, WorkloadRequest};
 
-/// How arriving requests are spread over instances.
+/// How arriving requests are spread over instances (`replay --routing`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Routing {
     /// In turn.
     RoundRobin,
@@ -280,7 +281,7 @@ fn build_engines(
     let mut engines = Vec::with_capacity(instances);
     for instance in 0..instances {
         let devices =
-            deployment.open_devices(params.layout.world_size, params.config.device.kind.into())?;
+            deployment.open_devices(params.layout.world_size, params.config.device.kind)?;
         let context = InstanceContext {
             instance,
             instances,
