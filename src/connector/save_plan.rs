@@ -52,8 +52,9 @@ pub enum SaveCap {
     /// R16: at the end of the current chunk (the only cap the connector uses).
     ChunkEnd,
     /// At the prompt end, whatever the chunk computed: the cap bypassed. Wrong by design
-    /// (it publishes pages whose tokens are not computed yet); it exists so that tests can
-    /// show what the R16 cap prevents.
+    /// (it publishes pages whose tokens are not computed yet); it exists, in test builds
+    /// only, so that tests can show what the R16 cap prevents.
+    #[cfg(test)]
     PromptEnd,
 }
 
@@ -64,10 +65,14 @@ pub fn past_chunk_end(step: &SaveStep, block: usize) -> bool {
 
 /// The blocks of one group to save this step, each with its priority, ascending (S1-S3).
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
-    blocks_to_save_capped(attention, step, SaveCap::ChunkEnd)
+    let mut ranges = Vec::new();
+    block_ranges_to_save(attention, step, SaveCap::ChunkEnd, &mut ranges);
+    each_block(ranges)
 }
 
-/// [`blocks_to_save`] with an explicit cap; only tests pass [`SaveCap::PromptEnd`].
+/// [`blocks_to_save`] with an explicit cap (test builds only: the connector never passes
+/// another cap than [`SaveCap::ChunkEnd`]).
+#[cfg(test)]
 pub fn blocks_to_save_capped(
     attention: Attention,
     step: &SaveStep,
@@ -75,13 +80,18 @@ pub fn blocks_to_save_capped(
 ) -> Vec<(usize, SavePriority)> {
     let mut ranges = Vec::new();
     block_ranges_to_save(attention, step, cap, &mut ranges);
+    each_block(ranges)
+}
+
+/// The blocks of `ranges`, one by one, each with its range's priority.
+fn each_block(ranges: Vec<(Range<usize>, SavePriority)>) -> Vec<(usize, SavePriority)> {
     ranges
         .into_iter()
         .flat_map(|(blocks, priority)| blocks.map(move |block| (block, priority)))
         .collect()
 }
 
-/// [`blocks_to_save_capped`] as at most two ascending, disjoint ranges with their
+/// [`blocks_to_save`] (with an explicit cap) as at most two ascending, disjoint ranges with their
 /// priority, written into a caller's buffer (cleared first): the engine thread reuses one
 /// buffer and copies page numbers range by range.
 pub fn block_ranges_to_save(
@@ -94,6 +104,7 @@ pub fn block_ranges_to_save(
     let t = step.tokens_per_block.max(1);
     let cap_tokens = match cap {
         SaveCap::ChunkEnd => step.computed_after,
+        #[cfg(test)]
         SaveCap::PromptEnd => step.prompt_len,
     };
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);

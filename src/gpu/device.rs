@@ -258,8 +258,9 @@ impl Device {
     /// submission moves no bytes, and its `InFlight::wait` reports [`GpuError::CopyFailed`]
     /// (I6). Calls add up.
     ///
-    /// Meant for tests that show a failed copy becomes a failed load (R25); production code
-    /// never calls it.
+    /// Meant for tests that show a failed copy becomes a failed load (R25); built only for
+    /// tests and with the `faults` feature, production code never calls it.
+    #[cfg(any(test, feature = "faults"))]
     pub fn inject_copy_failures(&self, copies: u32) {
         self.shared
             .pending_copy_failures

@@ -81,8 +81,9 @@
 //!
 //! # Test aid
 //!
-//! [`Device::inject_copy_failures`] makes the next N submissions fail, on either backend,
-//! so tests can show that a failed copy becomes a failed load.
+//! `Device::inject_copy_failures` (test builds and feature `faults` only) makes the next N
+//! submissions fail, on either backend, so tests can show that a failed copy becomes a
+//! failed load.
 //!
 //! # CUDA specifics
 //!

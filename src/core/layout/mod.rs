@@ -410,11 +410,6 @@ impl Layout {
         group.page_bytes(self.tokens_per_block, self.world_size)
     }
 
-    /// Whether any group uses a sliding window.
-    pub fn has_window_groups(&self) -> bool {
-        self.groups.iter().any(LayerGroup::is_window)
-    }
-
     /// The fingerprint over everything that changes a page's meaning (R4): `T`, world
     /// size, and per group its id, kind, window, sinks, role, replication, layers, heads,
     /// head dim, dtype and page bytes. The layout's name is not part of it.

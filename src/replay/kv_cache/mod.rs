@@ -197,11 +197,6 @@ impl RequestPages {
         let page = *self.tables.get(group)?.get(block)?;
         u32::try_from(page).ok()
     }
-
-    /// Pages held in all groups.
-    pub fn held_pages(&self) -> u64 {
-        self.held.iter().map(|&held| u64::from(held)).sum()
-    }
 }
 
 /// A prompt's local match, as admission shares it: the prompt's chain hashes and the
