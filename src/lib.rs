@@ -14,15 +14,21 @@
 //! | [`core`] | pure, synchronous logic: hash chain (R1, R2), pool keys (R3, R4), layout (R6, R7), object header (R5), pool eviction model |
 //! | [`pool`] | the pool trait (exists / put / get / touch, batched, per-key results) and the embedded memory pool |
 //! | [`gpu`] | device page pools, staging pools, copy streams and events; the host-memory backend (the only module allowed `unsafe`) |
+//! | [`transfer`] | the synchronous load and save procedures (pool <-> staging or lent objects <-> device pages) that loaders and savers run |
 //! | [`config`] | the typed configuration tree: defaults < TOML < environment < command line |
 //! | [`connector`] | the engine-facing hooks (`EngineConnector`) and the `NoConnector` baseline |
 //! | [`actors`] | the actor system: lookup planner, reservation manager, loaders, saver, stats reporter |
 //! | [`messages`] | typed messages, one file per receiving actor |
 //! | `replay` | (feature `replay`) the main job: workloads (Mooncake traces, long multi-turn sessions), the oracle, the engine simulator |
 //! | `cli` | (feature `cli`) the `kv-connector` subcommands; `main.rs` only dispatches to them |
-//! //! | [`metrics`] | the optional Prometheus endpoint (`--metrics-addr`, `stats.metrics_addr`) serving the stats reporter's counters and histograms |
+//! | [`metrics`] | the optional Prometheus endpoint (`--metrics-addr`, `stats.metrics_addr`) serving the stats reporter's counters and histograms |
 //! | [`logging`] | the tracing subscriber: `RUST_LOG` filter, text or json lines on stderr |
 //! | [`stats`] | per-actor counters and latency histograms merged by the stats reporter (R27) |
+//!
+//! Layers point one way: `core` -> `gpu` -> `pool` -> `transfer` -> `messages` /
+//! `actors` -> `connector` -> `replay`, `cli`; a module imports only from the layers before
+//! it. Beside them: `stats` and `logging` import nothing of the crate, `config` only `core`
+//! and `gpu` (the pool reads its settings), `metrics` reads the actors for the connector.
 
 #![deny(unsafe_code)]
 
@@ -44,3 +50,4 @@ pub mod pool;
 #[cfg(feature = "replay")]
 pub mod replay;
 pub mod stats;
+pub mod transfer;

@@ -48,11 +48,6 @@ impl Latency {
         self.0.saturating_record(micros.max(1));
     }
 
-    /// Records one value already in microseconds.
-    pub fn record_micros(&mut self, micros: u64) {
-        self.0.saturating_record(micros.max(1));
-    }
-
     /// Adds another histogram's counts into this one.
     pub fn merge(&mut self, other: &Latency) {
         // Both histograms have the same bounds, so `add` cannot fail; a failure would only

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kv_connector::actors::keyspace::KeySpace;
 use kv_connector::actors::lookup_planner::{LookupPlanner, PlannerSettings};
 use kv_connector::actors::reservation_manager::ReservationManager;
 use kv_connector::actors::stats_reporter::StatsReporter;
 use kv_connector::core::hash::{hash_blocks, scope_seed, Scope};
 use kv_connector::core::ids::RequestId;
-use kv_connector::core::layout::Layout;
+use kv_connector::core::keys::KeySpace;
+use kv_connector::core::layout::{Attention, Layout};
 use kv_connector::core::ledger::Ledger;
-use kv_connector::core::planner::{LookupOutcome, PlannerGroup, PlannerGroupKind};
+use kv_connector::core::planner::{LookupOutcome, PlannerGroup};
 use kv_connector::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use kv_connector::messages::stats_reporter::CollectNow;
 use kv_connector::messages::EngineInbox;
@@ -48,7 +48,7 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
         tokens_per_block: 16,
         groups: vec![PlannerGroup {
             id: layout.groups[0].id,
-            kind: PlannerGroupKind::Full,
+            attention: Attention::FULL,
         }],
         rewind_tokens: 0,
         window_fallback: true,

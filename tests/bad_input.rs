@@ -4,7 +4,7 @@
 //!
 //! One table per input kind: configuration, layout files, trace lines. A pool answer of
 //! the wrong length is covered next to the code that checks it
-//! (`connector::transfer::tests::a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25`),
+//! (`transfer::tests::a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25`),
 //! oversized counts, sizes and timeouts in `config::validate::tests`.
 #![cfg(feature = "cli")]
 

@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kv_connector::config::{
-    Config, ConfigError, ConfigSources, ConfigWarning, DeviceKind, LoadedConfig, PoolBackend,
-    ValueOrigin, GIB, KEYS, MIB,
+    Config, ConfigError, ConfigSources, ConfigWarning, LoadedConfig, PoolBackend, ValueOrigin, GIB,
+    KEYS, MIB,
 };
+use kv_connector::gpu::DeviceRequest;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -146,7 +147,7 @@ fn defaults_are_the_documented_ones() -> TestResult {
     assert!(config.saver.window_first);
     assert_eq!(config.saver.resave_min_tokens, 0);
     assert_eq!(config.stats.interval_s, 30);
-    assert_eq!(config.device.kind, DeviceKind::Auto);
+    assert_eq!(config.device.kind, DeviceRequest::Auto);
     assert_eq!(config.node.memory_budget_bytes, 0);
     assert_eq!(config.mooncake.master_address, "127.0.0.1:50051");
     assert_eq!(config.mooncake.metadata_server, "");
@@ -200,7 +201,7 @@ fn layers_only_touch_the_keys_they_set() -> TestResult {
     let mut expected = Config::default();
     expected.pool.backend = PoolBackend::Mooncake;
     expected.stats.interval_s = 5;
-    expected.device.kind = DeviceKind::Host;
+    expected.device.kind = DeviceRequest::Host;
     assert_eq!(loaded.config, expected);
     Ok(())
 }

@@ -6,9 +6,7 @@
 use std::error::Error;
 
 use kv_connector::core::layout::GroupId;
-use kv_connector::gpu::{
-    CopyDirection, Device, GpuError, PageCopy, PagePoolSpec, StagingPool, SubmitError,
-};
+use kv_connector::gpu::{Device, GpuError, PageCopy, PagePoolSpec, StagingPool, SubmitError};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
@@ -190,6 +188,8 @@ fn i2_concurrent_streams_on_different_pages_keep_bytes_intact() -> TestResult {
 
 /// `gpu::I6` on the host backend: a failed copy is reported by `wait` and moves no byte, so the
 /// destination keeps its old contents; the next copy (no failure pending) succeeds.
+/// Needs `Device::inject_copy_failures`, built with the `faults` feature.
+#[cfg(feature = "faults")]
 #[test]
 fn i6_injected_copy_failure_is_reported_and_leaves_destination_unchanged() -> TestResult {
     let group = GroupId(0);
@@ -222,7 +222,11 @@ fn i6_injected_copy_failure_is_reported_and_leaves_destination_unchanged() -> Te
         }) => {
             assert_eq!(
                 (id, direction, bytes),
-                (stream.id(), CopyDirection::HostToDevice, 4 * 32)
+                (
+                    stream.id(),
+                    kv_connector::gpu::CopyDirection::HostToDevice,
+                    4 * 32
+                )
             );
         }
         other => return Err(format!("expected copy_failed, got {other:?}").into()),

@@ -16,9 +16,6 @@ use std::error::Error;
 use std::sync::Arc;
 use std::thread;
 
-use kv_connector::connector::transfer::{
-    load_pages, save_pages, LoadItem, LoadMoved, SaveItem, SaveResult,
-};
 use kv_connector::core::eviction::EvictionPolicy;
 use kv_connector::core::layout::GroupId;
 use kv_connector::core::ledger::LoadFailure;
@@ -27,10 +24,11 @@ use kv_connector::gpu::{
     CopyDirection, Device, DeviceKind, DeviceRequest, GpuError, PageCopy, StagingPool,
 };
 use kv_connector::pool::{MemoryPool, SystemClock};
+use kv_connector::transfer::{load_pages, save_pages, LoadMoved, PageRef, SaveResult};
 
 mod gpu_common;
 
-use gpu_common::{load_item, save_item, spec, GPT_OSS_PAGE};
+use gpu_common::{page_ref, spec, GPT_OSS_PAGE};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
@@ -287,14 +285,14 @@ fn connector_save_then_load_is_byte_identical() -> TestResult {
     for page in 0..10 {
         device.write_page(group, page, &pattern(group, page, 3, GPT_OSS_PAGE))?;
     }
-    let saves: Vec<SaveItem> = (0..10).map(|b| save_item(b, b)).collect();
+    let saves: Vec<PageRef> = (0..10).map(|b| page_ref(b, b)).collect();
     let results;
     (save_staging, results) = save_pages(&pool, &mut save_stream, save_staging, &saves);
     assert_eq!(results, vec![SaveResult::Stored; 10]);
     let again;
     (_, again) = save_pages(&pool, &mut save_stream, save_staging, &saves[..2]);
     assert_eq!(again, vec![SaveResult::SkippedPresent; 2], "R19");
-    let loads: Vec<LoadItem> = (0..10).map(|b| load_item(b, 16 + b)).collect();
+    let loads: Vec<PageRef> = (0..10).map(|b| page_ref(b, 16 + b)).collect();
     let moved;
     (load_staging, moved) = load_pages(&pool, &mut load_stream, load_staging, &loads, None);
     assert_eq!(
@@ -327,24 +325,24 @@ fn failed_copies_are_failed_loads_and_saves() -> TestResult {
 
     device.inject_copy_failures(1);
     let results;
-    (staging, results) = save_pages(&pool, &mut stream, staging, &[save_item(1, 0)]);
+    (staging, results) = save_pages(&pool, &mut stream, staging, &[page_ref(1, 0)]);
     assert_eq!(results, vec![SaveResult::Failed]);
     let results;
-    (staging, results) = save_pages(&pool, &mut stream, staging, &[save_item(1, 0)]);
+    (staging, results) = save_pages(&pool, &mut stream, staging, &[page_ref(1, 0)]);
     assert_eq!(results, vec![SaveResult::Stored]);
 
     device.inject_copy_failures(1);
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 3)], None);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 3)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy));
     assert_eq!(stream.counters().issue_failures, 2);
 
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 99)], None);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 99)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy), "page out of range");
 
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 3)], None);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 3)], None);
     assert_eq!(loaded.map(|m| m.pages), Ok(1));
     assert_eq!(
         device.read_page_to_vec(group, 3)?,
@@ -353,10 +351,10 @@ fn failed_copies_are_failed_loads_and_saves() -> TestResult {
 
     device.poison();
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[load_item(1, 4)], None);
+    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 4)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy));
     let results;
-    (staging, results) = save_pages(&pool, &mut stream, staging, &[save_item(2, 0)]);
+    (staging, results) = save_pages(&pool, &mut stream, staging, &[page_ref(2, 0)]);
     assert_eq!(results, vec![SaveResult::Failed]);
     assert_eq!(staging.slots(), 2);
     assert!(matches!(device.stream(), Err(GpuError::Poisoned)));

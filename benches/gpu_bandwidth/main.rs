@@ -10,14 +10,14 @@
 //!    staging, a CPU object checksum of a page, `MemoryPool::get_into` into pinned staging
 //!    plus the header and checksum check (`object::open`), and `object::seal` plus
 //!    `MemoryPool::put`.
-//! 4. load path: `connector::transfer::load_pages` with N loaders, each with its own stream
+//! 4. load path: `transfer::load_pages` with N loaders, each with its own stream
 //!    and staging, gpt-oss-120b pages (18 layers x 64 KiB = 1.125 MiB), calls of 1,024
 //!    pages (batches of 256 lent objects, or of 64 staging slots), over the embedded pool with its objects in pinned memory
 //!    (`MemoryPool::with_arena(.., device.host_arena())`): the pool lends its objects, the
 //!    loader checks headers and scatters straight from them, the GPU checksums the landed
 //!    pages (`scatter_checked`). Then the same through staging: a wrapper that hides
 //!    `lend` makes the loader get into its pinned staging first (a copying transport).
-//! 5. save path: `connector::transfer::save_pages` with N savers, fresh keys, into a pool
+//! 5. save path: `transfer::save_pages` with N savers, fresh keys, into a pool
 //!    kept full so eviction recycles memory: probe, GPU checksum and gather into fresh
 //!    pinned pool objects, seal headers, commit; then the same through staging + put.
 //! 6. loads and saves overlapped: both at once (zero-copy).
@@ -36,8 +36,8 @@ use kv_connector::core::hash::BlockHash;
 use kv_connector::core::keys::Shard;
 use kv_connector::core::layout::{GroupId, LayoutFingerprint};
 use kv_connector::core::object::ObjectIdentity;
+use kv_connector::gpu::host_memory::{HostSlot, SharedSlot};
 use kv_connector::gpu::{CopyDirection, Device, PageCopy, PagePoolSpec};
-use kv_connector::gpu::{HostSlot, SharedSlot};
 use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock};
 
 mod workers;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use kv_connector::connector::transfer::{load_pages, save_pages, LoadItem, SaveItem, SaveResult};
 use kv_connector::core::object::{self, HEADER_BYTES};
 use kv_connector::gpu::Device;
 use kv_connector::pool::{MemoryPool, Pool};
+use kv_connector::transfer::{load_pages, save_pages, PageRef, SaveResult};
 
 use super::{
     identity, pattern, timed, BenchResult, CONNECTOR_REQUEST_PAGES, LOAD_DST, LOAD_SET, PAGE,
@@ -20,8 +20,8 @@ use super::{
 pub(crate) fn fill_load_set(device: &Device, pool: &MemoryPool) -> BenchResult<()> {
     let mut stream = device.stream()?;
     let mut staging = device.staging_pool(HEADER_BYTES + PAGE, REQUEST_PAGES)?;
-    let items: Vec<SaveItem> = (0..LOAD_SET)
-        .map(|block| SaveItem {
+    let items: Vec<PageRef> = (0..LOAD_SET)
+        .map(|block| PageRef {
             key: format!("load/{block}"),
             identity: identity(LOAD_DST, u64::from(block)),
             page: block % SOURCE_PAGES,
@@ -37,13 +37,13 @@ pub(crate) fn fill_load_set(device: &Device, pool: &MemoryPool) -> BenchResult<(
     Ok(())
 }
 
-pub(crate) fn load_request(worker: u32, round: u64) -> Vec<LoadItem> {
+pub(crate) fn load_request(worker: u32, round: u64) -> Vec<PageRef> {
     let first = (u64::from(worker) * 131 + round * u64::from(CONNECTOR_REQUEST_PAGES))
         % u64::from(LOAD_SET);
     (0..CONNECTOR_REQUEST_PAGES)
         .map(|i| {
             let block = (first + u64::from(i)) % u64::from(LOAD_SET);
-            LoadItem {
+            PageRef {
                 key: format!("load/{block}"),
                 identity: identity(LOAD_DST, block),
                 page: worker * CONNECTOR_REQUEST_PAGES + i,
@@ -224,13 +224,13 @@ fn saver(
     let mut staging = Some(device.staging_pool(HEADER_BYTES + PAGE, REQUEST_PAGES)?);
     Ok(Box::new(move |_round| {
         let first = counter.fetch_add(u64::from(CONNECTOR_REQUEST_PAGES), Ordering::Relaxed);
-        let items: Vec<SaveItem> = (0..u64::from(CONNECTOR_REQUEST_PAGES))
+        let items: Vec<PageRef> = (0..u64::from(CONNECTOR_REQUEST_PAGES))
             .map(|i| {
                 let block = first + i;
                 let page =
                     u32::try_from((u64::from(worker) * 37 + block) % u64::from(SOURCE_PAGES))
                         .unwrap_or(0);
-                SaveItem {
+                PageRef {
                     key: format!("save/{block}"),
                     identity: identity(SAVE_SRC, block),
                     page,

@@ -27,12 +27,12 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use crate::connector::transfer::load_pages;
 use crate::core::ledger::{LoadFailure, LoadResult};
 use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
 use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::RankLoadFinished;
 use crate::pool::{actor_fault_fires, ActorFault, Pool};
+use crate::transfer::load_pages;
 
 use super::reservation_manager::ReservationManager;
 

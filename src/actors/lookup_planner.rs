@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::keyspace::KeySpace;
 use crate::core::hash::{hash_blocks, BlockHash};
+use crate::core::keys::KeySpace;
 use crate::core::planner::{Lookup, LookupOutcome, LookupPlan, LookupRequest, PlannerGroup};
 use crate::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use crate::messages::{EngineInbox, LookupCompleted};
@@ -195,7 +195,7 @@ pub fn run_lookup(
     let shard_keys = keys
         .groups
         .iter()
-        .map(super::keyspace::GroupKeys::shard_count)
+        .map(crate::core::keys::GroupKeys::shard_count)
         .max()
         .unwrap_or(1)
         .max(1);

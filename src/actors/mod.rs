@@ -39,7 +39,6 @@
 //!   `try_send`, and the handle turns that into lookups with nothing offered and failed
 //!   loads (service degrades, nothing wrong reaches the engine).
 
-pub mod keyspace;
 pub mod loader;
 pub mod lookup_planner;
 pub mod reservation_manager;

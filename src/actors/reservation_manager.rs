@@ -12,13 +12,11 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::keyspace::KeySpace;
 use super::loader::Loader;
-use crate::connector::transfer::LoadItem;
-use crate::connector::FinishedLoad;
 use crate::core::hash::BlockHash;
 use crate::core::ids::PageIndex;
 use crate::core::ids::{RequestId, ReservationId};
+use crate::core::keys::KeySpace;
 use crate::core::ledger::{
     CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket, ReservedPage,
 };
@@ -27,8 +25,9 @@ use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::{
     CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad, StartLoads,
 };
-use crate::messages::EngineInbox;
+use crate::messages::{EngineInbox, FinishedLoad};
 use crate::stats::LoadStats;
+use crate::transfer::PageRef;
 
 /// A load waiting for its ranks.
 #[derive(Debug)]
@@ -134,20 +133,11 @@ impl ReservationManager {
             crate::core::ledger::ReservedPage,
             crate::core::hash::BlockHash,
         )],
-    ) -> Vec<LoadItem> {
+    ) -> Vec<PageRef> {
         pages
             .iter()
             .filter_map(|(page, hash)| {
-                let group = self
-                    .keys
-                    .index_of(page.group)
-                    .and_then(|index| self.keys.group(index))?;
-                Some(LoadItem {
-                    key: group.key(rank, hash),
-                    identity: self.keys.identity(group, rank, *hash),
-                    page: page.page.0,
-                    payload_len: group.payload_len,
-                })
+                PageRef::in_key_space(&self.keys, rank, page.group, page.page, *hash)
             })
             .collect()
     }

@@ -32,15 +32,15 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::keyspace::KeySpace;
-use crate::connector::transfer::{save_pages, SaveItem as TransferItem, SaveResult};
 use crate::core::ids::RequestId;
+use crate::core::keys::KeySpace;
 use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
 use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
 use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
 use crate::pool::{actor_fault_fires, ActorFault, Pool};
 use crate::stats::SaveStats;
+use crate::transfer::{save_pages, PageRef, SaveResult};
 
 /// A queued page with the time it was enqueued.
 #[derive(Debug)]
@@ -187,11 +187,14 @@ impl SaverQueue {
         }
         // One transfer item per queued page, or `None` (counted failed) when its group is
         // unknown; results come back for the transfer items only, in order.
-        let positions: Vec<Option<TransferItem>> = batch
+        let positions: Vec<Option<PageRef>> = batch
             .iter()
-            .map(|queued| self.transfer_item(&queued.item))
+            .map(|queued| {
+                let item = &queued.item;
+                PageRef::in_key_space(&self.keys, self.rank, item.group, item.page, item.hash)
+            })
             .collect();
-        let items: Vec<TransferItem> = positions.iter().flatten().cloned().collect();
+        let items: Vec<PageRef> = positions.iter().flatten().cloned().collect();
         let pool = Arc::clone(&self.pool);
         let work = tokio::task::spawn_blocking(move || {
             let Worker {
@@ -266,26 +269,13 @@ impl SaverQueue {
         }
     }
 
-    fn transfer_item(&self, item: &SaveItem) -> Option<TransferItem> {
-        let group = self
-            .keys
-            .index_of(item.group)
-            .and_then(|index| self.keys.group(index))?;
-        Some(TransferItem {
-            key: group.key(self.rank, &item.hash),
-            identity: self.keys.identity(group, self.rank, item.hash),
-            page: item.page.0,
-            payload_len: group.payload_len,
-        })
-    }
-
     /// Counts and settles a batch (`saver_queue::A1`). `items` and `results` are per queued page
     /// (as [`aligned_results`] gives them); a page without a result failed.
     fn account(
         &mut self,
         ctx: &mut Context<Self>,
         batch: &[Queued],
-        items: &[Option<TransferItem>],
+        items: &[Option<PageRef>],
         results: &[Option<SaveResult>],
     ) {
         let mut counts: HashMap<RequestId, u64> = HashMap::new();
@@ -317,8 +307,8 @@ impl SaverQueue {
 /// Each queued page's result: the next transfer result for a page that had a transfer
 /// item, `None` for one without (or a result missing from a short answer).
 fn aligned_results(
-    positions: &[Option<TransferItem>],
-    items: &[TransferItem],
+    positions: &[Option<PageRef>],
+    items: &[PageRef],
     results: &[SaveResult],
 ) -> Vec<Option<SaveResult>> {
     let mut results = results.iter().take(items.len());

@@ -35,11 +35,11 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::validate::ConfigArgs;
-use crate::actors::keyspace::KeySpace;
 use crate::actors::lookup_planner::{run_lookup, PlannerSettings};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, PoolBackend};
 use crate::core::hash::{hash_blocks, scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
+use crate::core::keys::KeySpace;
 use crate::core::layout::{Layout, LayoutError};
 use crate::core::planner::PlannerGroup;
 use crate::replay::workload::{read_mooncake_trace, TraceError};
@@ -50,15 +50,6 @@ mod present;
 
 use pool::{open_pool, PoolUnderTest};
 use present::{presence, GroupPresence};
-
-/// Which pool `inspect` asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum InspectPool {
-    /// An embedded pool seeded by replaying a trace prefix through the connector.
-    Memory,
-    /// A running Mooncake master (`--master`; needs a build with `--features mooncake`).
-    Mooncake,
-}
 
 /// Arguments of `kv-connector inspect`.
 #[derive(Debug, Clone, clap::Args)]
@@ -86,7 +77,7 @@ pub struct InspectArgs {
     /// The pool: memory (embedded, seeded by a replay) or mooncake (a running master).
     /// Default: the configuration's `pool.backend` (env `KVC_POOL_BACKEND`).
     #[arg(long, value_enum)]
-    pub pool: Option<InspectPool>,
+    pub pool: Option<PoolBackend>,
     /// With --pool mooncake: the master's RPC address HOST:PORT (`mooncake.master_address`,
     /// env `KVC_MOONCAKE_MASTER_ADDRESS`; its metadata server is `mooncake.metadata_server`).
     #[arg(long, value_name = "HOST:PORT")]
@@ -264,13 +255,9 @@ fn load_config<S: std::hash::BuildHasher>(
 ) -> Result<Config, ConfigError> {
     let mut sources = args.config.sources(env.into_iter().collect())?;
     if let Some(pool) = args.pool {
-        let name = match pool {
-            InspectPool::Memory => "memory",
-            InspectPool::Mooncake => "mooncake",
-        };
         sources
             .cli_overrides
-            .push(("pool.backend".to_owned(), name.to_owned()));
+            .push(("pool.backend".to_owned(), pool.as_str().to_owned()));
     }
     if let Some(master) = &args.master {
         sources

@@ -75,39 +75,6 @@ pub enum ConnectorKind {
     None,
 }
 
-/// The pool backend.
-///
-/// `mooncake` is always accepted on the command line; a build without the `mooncake` cargo
-/// feature refuses it when the replay starts, naming the feature, as it does for
-/// `pool.backend = "mooncake"` from a file or the environment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PoolKind {
-    /// The embedded in-process pool.
-    Memory,
-    /// Mooncake Store: a master (started by the replay, or `--master`) and one client per
-    /// instance (needs a build with `--features mooncake`).
-    Mooncake,
-}
-
-impl PoolKind {
-    /// The `pool.backend` spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Memory => "memory",
-            Self::Mooncake => "mooncake",
-        }
-    }
-}
-
-/// The routing policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RoutingKind {
-    /// Requests go to instances in turn.
-    RoundRobin,
-    /// Every turn of a conversation goes to the same instance.
-    Session,
-}
-
 /// Overrides of the long multi-turn generator's parameters.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct GeneratorArgs {
@@ -203,13 +170,13 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub instances: usize,
     /// How requests are spread over instances.
-    #[arg(long, value_enum, default_value_t = RoutingKind::RoundRobin)]
-    pub routing: RoutingKind,
+    #[arg(long, value_enum, default_value_t = Routing::RoundRobin)]
+    pub routing: Routing,
     /// The pool backend: memory (embedded) or mooncake (Mooncake Store, one client per
     /// instance; needs a build with --features mooncake). Default: the configuration's
     /// `pool.backend` (env `KVC_POOL_BACKEND`).
     #[arg(long, value_enum)]
-    pub pool: Option<PoolKind>,
+    pub pool: Option<PoolBackend>,
     /// With --pool mooncake: use the running `mooncake_master` at HOST:PORT (its RPC port;
     /// the metadata server is `mooncake.metadata_server`, by default
     /// `http://HOST:8080/metadata`) instead of starting one on free loopback ports for the
@@ -566,10 +533,7 @@ fn replay_params(args: &ReplayArgs, config: Config) -> Result<ReplayParams, Repl
                 PoolMaster::Start
             },
         },
-        routing: match args.routing {
-            RoutingKind::RoundRobin => Routing::RoundRobin,
-            RoutingKind::Session => Routing::Session,
-        },
+        routing: args.routing,
         max_num_tokens: args.max_num_tokens,
         cost,
         stall_timeout: Duration::from_secs(args.stall_timeout_s),
@@ -898,9 +862,16 @@ mod tests {
 
     #[test]
     fn pool_kinds_are_the_config_backends() {
-        let names: Vec<&str> = [PoolKind::Memory, PoolKind::Mooncake]
-            .into_iter()
-            .map(PoolKind::as_str)
+        use clap::ValueEnum;
+        let flags: Vec<String> = PoolBackend::value_variants()
+            .iter()
+            .filter_map(ValueEnum::to_possible_value)
+            .map(|value| value.get_name().to_owned())
+            .collect();
+        assert_eq!(flags, PoolBackend::NAMES);
+        let names: Vec<&str> = PoolBackend::value_variants()
+            .iter()
+            .map(|backend| backend.as_str())
             .collect();
         assert_eq!(names, PoolBackend::NAMES);
     }

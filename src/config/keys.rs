@@ -19,7 +19,8 @@
 
 use toml::Value;
 
-use super::sections::{DeviceKind, PoolBackend, MOONCAKE_PROTOCOLS};
+use super::sections::{PoolBackend, MOONCAKE_PROTOCOLS};
+use crate::gpu::DeviceRequest;
 use LeafKind::{Bool, Bytes, Choice, Integer, Ratio, Text, TokensOrOff};
 
 /// How a key's values are written and checked.
@@ -399,7 +400,7 @@ pub static KEYS: &[KeySpec] = &[
     key(
         "device.kind",
         "KVC_DEVICE_KIND",
-        Choice(DeviceKind::NAMES),
+        Choice(DeviceRequest::NAMES),
         "",
     ),
     key(

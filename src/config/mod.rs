@@ -44,8 +44,8 @@ pub use error::{ConfigError, ConfigWarning, ValueOrigin};
 pub use keys::{parse_byte_size, KeySpec, LeafKind, KEYS};
 pub use layers::{parse_override, ENV_PREFIX};
 pub use sections::{
-    DeviceConfig, DeviceKind, KeysConfig, ModelConfig, MooncakeConfig, NodeConfig, PoolBackend,
-    PoolConfig, GIB, MIB, MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
+    DeviceConfig, KeysConfig, ModelConfig, MooncakeConfig, NodeConfig, PoolBackend, PoolConfig,
+    GIB, MIB, MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
 };
 
 /// Prefix of the legacy environment names kept for existing deployments.
@@ -235,6 +235,7 @@ fn default_tree() -> Result<toml::Table, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::DeviceRequest;
 
     #[test]
     fn enum_names_match_serde_spellings() -> Result<(), toml::de::Error> {
@@ -248,14 +249,18 @@ mod tests {
             .map(|probe| probe.map(|probe| probe.value))
             .collect::<Result<_, _>>()?;
         assert_eq!(backends, [PoolBackend::Memory, PoolBackend::Mooncake]);
-        let kinds: Vec<DeviceKind> = DeviceKind::NAMES
+        let kinds: Vec<DeviceRequest> = DeviceRequest::NAMES
             .iter()
-            .map(|name| toml::from_str::<Probe<DeviceKind>>(&format!("value = \"{name}\"")))
+            .map(|name| toml::from_str::<Probe<DeviceRequest>>(&format!("value = \"{name}\"")))
             .map(|probe| probe.map(|probe| probe.value))
             .collect::<Result<_, _>>()?;
         assert_eq!(
             kinds,
-            [DeviceKind::Auto, DeviceKind::Cuda, DeviceKind::Host]
+            [
+                DeviceRequest::Auto,
+                DeviceRequest::Cuda,
+                DeviceRequest::Host
+            ]
         );
         assert!(toml::from_str::<Probe<PoolBackend>>("value = \"redis\"").is_err());
         Ok(())

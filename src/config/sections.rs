@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::gpu::DeviceRequest;
+
 /// One mebibyte, in bytes.
 pub const MIB: u64 = 1 << 20;
 /// One gibibyte, in bytes.
@@ -66,8 +68,13 @@ impl Default for KeysConfig {
     }
 }
 
-/// Which pool implementation stores the KV objects.
+/// Which pool implementation stores the KV objects (`pool.backend`, and `--pool` of the
+/// `replay` and `inspect` commands).
+///
+/// `mooncake` is always accepted; a build without the `mooncake` cargo feature refuses it
+/// when the pool is opened, naming the feature, wherever the choice came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum PoolBackend {
     /// The embedded in-process pool: no external service, one process only.
@@ -80,6 +87,14 @@ pub enum PoolBackend {
 impl PoolBackend {
     /// The spellings accepted in TOML, the environment and on the command line.
     pub const NAMES: &'static [&'static str] = &["memory", "mooncake"];
+
+    /// The spelling of this backend (one of [`Self::NAMES`]).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Mooncake => "mooncake",
+        }
+    }
 }
 
 /// `[pool]`: the shared object store and its eviction model (`docs/DESIGN.md` section 10).
@@ -198,36 +213,19 @@ impl MooncakeConfig {
     }
 }
 
-/// Which device backend moves pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceKind {
-    /// CUDA when a device is present, host memory otherwise.
-    Auto,
-    /// CUDA only; start fails without a device.
-    Cuda,
-    /// Host memory only, even on a machine with a GPU (tests, replay without a GPU).
-    Host,
-}
-
-impl DeviceKind {
-    /// The spellings accepted in TOML, the environment and on the command line.
-    pub const NAMES: &'static [&'static str] = &["auto", "cuda", "host"];
-}
-
 /// `[device]`: where the KV pages live.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeviceConfig {
     /// Chosen explicitly rather than sniffed inside the code that allocates, so the
     /// choice shows up in the effective configuration.
-    pub kind: DeviceKind,
+    pub kind: DeviceRequest,
 }
 
 impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
-            kind: DeviceKind::Auto,
+            kind: DeviceRequest::Auto,
         }
     }
 }

@@ -32,10 +32,12 @@ pub mod courier;
 mod handle;
 pub mod save_plan;
 mod start;
-pub mod transfer;
 
 pub use handle::ConnectorHandle;
 pub use start::{ConnectorParams, StagingRole, StartError};
+
+/// Defined with the other engine-inbox messages (the reservation manager sends it).
+pub use crate::messages::FinishedLoad;
 
 use crate::core::ids::{RequestId, ReservationId};
 
@@ -81,18 +83,6 @@ pub struct ScheduledRequest<'a> {
 pub struct SchedulerOutput<'a> {
     /// Requests that computed tokens or got a reservation's pages this step.
     pub requests: Vec<ScheduledRequest<'a>>,
-}
-
-/// A reservation whose load ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FinishedLoad {
-    /// The reservation.
-    pub reservation: ReservationId,
-    /// The request it belongs to.
-    pub request: RequestId,
-    /// `true`: every page is in place and verified; `false`: the engine computes the
-    /// prefix itself (R25).
-    pub filled: bool,
 }
 
 /// The engine hooks of `docs/DESIGN.md` section 2, called from the engine's scheduler thread.

@@ -20,7 +20,7 @@
 
 use std::ops::Range;
 
-use crate::core::layout::Attention;
+use crate::core::layout::{Attention, GroupKind};
 use crate::core::save_order::SavePriority;
 
 /// One request's step, as far as saves are concerned.
@@ -52,8 +52,9 @@ pub enum SaveCap {
     /// R16: at the end of the current chunk (the only cap the connector uses).
     ChunkEnd,
     /// At the prompt end, whatever the chunk computed: the cap bypassed. Wrong by design
-    /// (it publishes pages whose tokens are not computed yet); it exists so that tests can
-    /// show what the R16 cap prevents.
+    /// (it publishes pages whose tokens are not computed yet); it exists, in test builds
+    /// only, so that tests can show what the R16 cap prevents.
+    #[cfg(test)]
     PromptEnd,
 }
 
@@ -65,10 +66,14 @@ pub fn past_chunk_end(step: &SaveStep, block: usize) -> bool {
 /// The blocks of one group to save this step, each with its priority, ascending
 /// (`save_plan::S1`-S3).
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
-    blocks_to_save_capped(attention, step, SaveCap::ChunkEnd)
+    let mut ranges = Vec::new();
+    block_ranges_to_save(attention, step, SaveCap::ChunkEnd, &mut ranges);
+    each_block(ranges)
 }
 
-/// [`blocks_to_save`] with an explicit cap; only tests pass [`SaveCap::PromptEnd`].
+/// [`blocks_to_save`] with an explicit cap (test builds only: the connector never passes
+/// another cap than [`SaveCap::ChunkEnd`]).
+#[cfg(test)]
 pub fn blocks_to_save_capped(
     attention: Attention,
     step: &SaveStep,
@@ -76,13 +81,18 @@ pub fn blocks_to_save_capped(
 ) -> Vec<(usize, SavePriority)> {
     let mut ranges = Vec::new();
     block_ranges_to_save(attention, step, cap, &mut ranges);
+    each_block(ranges)
+}
+
+/// The blocks of `ranges`, one by one, each with its range's priority.
+fn each_block(ranges: Vec<(Range<usize>, SavePriority)>) -> Vec<(usize, SavePriority)> {
     ranges
         .into_iter()
         .flat_map(|(blocks, priority)| blocks.map(move |block| (block, priority)))
         .collect()
 }
 
-/// [`blocks_to_save_capped`] as at most two ascending, disjoint ranges with their
+/// [`blocks_to_save`] (with an explicit cap) as at most two ascending, disjoint ranges with their
 /// priority, written into a caller's buffer (cleared first): the engine thread reuses one
 /// buffer and copies page numbers range by range.
 pub fn block_ranges_to_save(
@@ -95,6 +105,7 @@ pub fn block_ranges_to_save(
     let t = step.tokens_per_block.max(1);
     let cap_tokens = match cap {
         SaveCap::ChunkEnd => step.computed_after,
+        #[cfg(test)]
         SaveCap::PromptEnd => step.prompt_len,
     };
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
@@ -108,7 +119,10 @@ pub fn block_ranges_to_save(
         }
     };
     match attention {
-        Attention::Full => {
+        Attention {
+            kind: GroupKind::Full,
+            ..
+        } => {
             let first = (step.computed_before / t).max(reused_blocks);
             // R16: only blocks whose every token is computed by the end of this chunk.
             let end = cap_tokens.min(step.prompt_len) / t;
@@ -118,12 +132,13 @@ pub fn block_ranges_to_save(
             }
             push(first..end, first, SavePriority::Full);
         }
-        Attention::Window {
+        Attention {
+            kind: GroupKind::Window,
             window_tokens,
             sink_tokens,
         } if step.last_chunk => {
-            let sink_blocks = (sink_tokens as usize).div_ceil(t);
-            let reach = window_tokens as usize + step.rewind_tokens;
+            let sink_blocks = sink_tokens.div_ceil(t);
+            let reach = window_tokens + step.rewind_tokens;
             let tail_start = step.prompt_len.saturating_sub(reach) / t;
             push(
                 0..sink_blocks.min(tail_start),
@@ -136,7 +151,10 @@ pub fn block_ranges_to_save(
                 SavePriority::Window,
             );
         }
-        Attention::Window { .. } => {}
+        Attention {
+            kind: GroupKind::Window,
+            ..
+        } => {}
     }
 }
 
@@ -166,16 +184,16 @@ mod tests {
     #[test]
     fn only_blocks_complete_by_the_chunk_end_are_saved_r16() {
         assert_eq!(
-            blocks(&blocks_to_save(Attention::Full, &step(0, 37))),
+            blocks(&blocks_to_save(Attention::FULL, &step(0, 37))),
             vec![0, 1]
         );
         assert_eq!(
-            blocks(&blocks_to_save(Attention::Full, &step(37, 100))),
+            blocks(&blocks_to_save(Attention::FULL, &step(37, 100))),
             vec![2, 3, 4, 5]
         );
         // The partial last block (200 = 12 * 16 + 8) is never saved.
         assert_eq!(
-            blocks(&blocks_to_save(Attention::Full, &step(100, 200))),
+            blocks(&blocks_to_save(Attention::FULL, &step(100, 200))),
             vec![6, 7, 8, 9, 10, 11]
         );
     }
@@ -188,7 +206,7 @@ mod tests {
             ..step(64, 120)
         };
         assert_eq!(
-            blocks(&blocks_to_save(Attention::Full, &reused)),
+            blocks(&blocks_to_save(Attention::FULL, &reused)),
             vec![4, 5, 6]
         );
     }
@@ -196,10 +214,7 @@ mod tests {
     /// R17: window groups save sinks and the tail reaching back `W + R`, at the last chunk only.
     #[test]
     fn window_groups_save_sinks_and_the_rewind_tail_at_the_last_chunk_r17() {
-        let window = Attention::Window {
-            window_tokens: 64,
-            sink_tokens: 4,
-        };
+        let window = Attention::window(64, 4);
         assert!(blocks_to_save(window, &step(0, 100)).is_empty());
         // P = 200, W + R = 96: tail from token 104 -> block 6; sinks: block 0.
         let saves = blocks_to_save(window, &step(100, 200));
@@ -217,7 +232,7 @@ mod tests {
             resave_min_tokens: 150,
             ..step(100, 200)
         };
-        let saves = blocks_to_save(Attention::Full, &on);
+        let saves = blocks_to_save(Attention::FULL, &on);
         let resaved: Vec<usize> = saves
             .iter()
             .filter(|(_, p)| *p == SavePriority::Resave)
@@ -235,14 +250,14 @@ mod tests {
             reused_until: 64,
             ..step(100, 200)
         };
-        assert!(blocks_to_save(Attention::Full, &below_threshold)
+        assert!(blocks_to_save(Attention::FULL, &below_threshold)
             .iter()
             .all(|(_, p)| *p == SavePriority::Full));
         let not_last = SaveStep {
             resave_min_tokens: 1,
             ..step(0, 100)
         };
-        assert!(blocks_to_save(Attention::Full, &not_last)
+        assert!(blocks_to_save(Attention::FULL, &not_last)
             .iter()
             .all(|(_, p)| *p == SavePriority::Full));
     }
@@ -260,7 +275,10 @@ mod tests {
             let mut out = Vec::new();
             for block in 0..prompt_blocks {
                 match attention {
-                    Attention::Full => {
+                    Attention {
+                        kind: GroupKind::Full,
+                        ..
+                    } => {
                         let first = (step.computed_before / t).max(reused);
                         let end = (step.computed_after.min(step.prompt_len) / t).min(prompt_blocks);
                         let computed = step.prompt_len.saturating_sub(step.reused_until);
@@ -274,12 +292,13 @@ mod tests {
                             out.push((block, SavePriority::Full));
                         }
                     }
-                    Attention::Window {
+                    Attention {
+                        kind: GroupKind::Window,
                         window_tokens,
                         sink_tokens,
                     } => {
-                        let sink_blocks = (sink_tokens as usize).div_ceil(t);
-                        let reach = window_tokens as usize + step.rewind_tokens;
+                        let sink_blocks = sink_tokens.div_ceil(t);
+                        let reach = window_tokens + step.rewind_tokens;
                         let tail_start = step.prompt_len.saturating_sub(reach) / t;
                         let wanted = block < sink_blocks || block >= tail_start;
                         if step.last_chunk && wanted && block >= reused {
@@ -300,7 +319,7 @@ mod tests {
                 chunk in 1usize..300,
                 reused_share in 0usize..100,
                 hashed_cut in 0usize..5,
-                window in prop::option::of((1u32..200, 0u32..40)),
+                window in prop::option::of((1usize..200, 0usize..40)),
                 rewind_tokens in 0usize..100,
                 resave_min_tokens in 0usize..300,
             ) {
@@ -319,11 +338,10 @@ mod tests {
                     resave_min_tokens,
                 };
                 let attention = match window {
-                    Some((window_tokens, sink_tokens)) => Attention::Window {
-                        window_tokens: window_tokens + sink_tokens,
-                        sink_tokens,
-                    },
-                    None => Attention::Full,
+                    Some((window_tokens, sink_tokens)) => {
+                        Attention::window(window_tokens + sink_tokens, sink_tokens)
+                    }
+                    None => Attention::FULL,
                 };
                 prop_assert_eq!(blocks_to_save(attention, &step), expected(attention, &step));
             }
@@ -335,11 +353,11 @@ mod tests {
     #[test]
     fn bypassing_the_cap_plans_blocks_past_the_chunk_end_r16() {
         let first_chunk = step(0, 40);
-        let capped = blocks_to_save(Attention::Full, &first_chunk);
+        let capped = blocks_to_save(Attention::FULL, &first_chunk);
         assert!(capped
             .iter()
             .all(|&(block, _)| !past_chunk_end(&first_chunk, block)));
-        let bypassed = blocks_to_save_capped(Attention::Full, &first_chunk, SaveCap::PromptEnd);
+        let bypassed = blocks_to_save_capped(Attention::FULL, &first_chunk, SaveCap::PromptEnd);
         let past: Vec<usize> = bypassed
             .iter()
             .map(|&(block, _)| block)
@@ -358,7 +376,7 @@ mod tests {
             chunk in 1_usize..2_000,
             reused_share in 0.0_f64..1.0,
             resave_min_tokens in 0_usize..3_000,
-            window in proptest::option::of((1_u32..512, 0_u32..8)),
+            window in proptest::option::of((1_usize..512, 0_usize..8)),
         ) {
             let before = to_tokens(before_share, prompt_len);
             let step = SaveStep {
@@ -372,11 +390,8 @@ mod tests {
                 rewind_tokens: 64,
                 resave_min_tokens,
             };
-            let attention = window.map_or(Attention::Full, |(window_tokens, sinks)| {
-                Attention::Window {
-                    window_tokens,
-                    sink_tokens: sinks.min(window_tokens - 1),
-                }
+            let attention = window.map_or(Attention::FULL, |(window_tokens, sinks)| {
+                Attention::window(window_tokens, sinks.min(window_tokens - 1))
             });
             for (block, priority) in blocks_to_save(attention, &step) {
                 proptest::prop_assert!(
@@ -388,7 +403,7 @@ mod tests {
                     "save_plan::S2"
                 );
                 if block < step.reused_until / tokens_per_block
-                    && attention == Attention::Full
+                    && attention == Attention::FULL
                 {
                     proptest::prop_assert_eq!(priority, SavePriority::Resave, "save_plan::S3");
                 }

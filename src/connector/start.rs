@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::actors::keyspace::KeySpace;
 use crate::actors::loader::Loader;
 use crate::actors::lookup_planner::{LookupPlanner, PlannerSettings};
 use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
@@ -20,6 +19,7 @@ use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
 use crate::config::Config;
 use crate::core::hash::BlockHash;
+use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::core::ledger::Ledger;
 use crate::core::object::HEADER_BYTES;

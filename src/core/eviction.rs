@@ -3,7 +3,7 @@
 //!
 //! No locks, no clocks: the caller passes the time (`now_ms`) and the pool's state in, and
 //! gets back which objects to evict, in eviction order. The embedded memory pool
-//! (`crate::pool::memory`) applies the plan under its lock; the replay simulator and the
+//! (`pool::memory`, a layer up) applies the plan under its lock; the replay simulator and the
 //! tests can call it directly.
 //!
 //! # What Mooncake does

@@ -28,9 +28,9 @@
 //! - `checked::V4`. Checksum `i` is that of copy `i`'s page range, computed on the device side:
 //!   after the copy for a scatter, before it for a gather.
 
-use super::arena::{HostSlot, SharedSlot};
 use super::copy::{locate_page, CopyDirection, PageCopy};
 use super::error::GpuError;
+use super::host_memory::{HostSlot, SharedSlot};
 use super::staging::StagingPool;
 use super::stream::{CopyStream, StreamId};
 

@@ -6,7 +6,7 @@ use super::checked::{CheckedEvent, HostAccess, ResolvedCopy};
 use super::copy::CopyDirection;
 use super::device::{Backend, Device};
 use super::error::GpuError;
-use super::host::HostDevice;
+use super::host_device::HostDevice;
 use super::stream::{StreamBackend, StreamId};
 
 impl Device {

@@ -21,13 +21,13 @@ use std::sync::Arc;
 
 use crate::core::layout::GroupId;
 
-use super::arena::HostArena;
 use super::copy::{CopyDirection, CopyRun};
 #[cfg(feature = "cuda")]
 use super::cuda::{CudaDevice, PendingCopy};
 use super::error::GpuError;
 use super::event::InFlight;
-use super::host::HostDevice;
+use super::host_device::HostDevice;
+use super::host_memory::HostArena;
 use super::pages::{PageGeometry, PagePoolSpec};
 use super::staging::{StagingGeometry, StagingPool};
 use super::stream::{CopyStream, StreamBackend, StreamId};
@@ -258,8 +258,9 @@ impl Device {
     /// submission moves no bytes, and its `InFlight::wait` reports [`GpuError::CopyFailed`]
     /// (`gpu::I6`). Calls add up.
     ///
-    /// Meant for tests that show a failed copy becomes a failed load (R25); production code
-    /// never calls it.
+    /// Meant for tests that show a failed copy becomes a failed load (R25); built only for
+    /// tests and with the `faults` feature, production code never calls it.
+    #[cfg(any(test, feature = "faults"))]
     pub fn inject_copy_failures(&self, copies: u32) {
         self.shared
             .pending_copy_failures

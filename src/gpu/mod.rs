@@ -12,11 +12,19 @@
 //!      | owns memory, streams and events; frees them on Drop; validates every address;
 //!      | dispatches over a closed enum of backends (no trait objects, no downcasts)
 //!      v
-//!  bottom layer: host.rs (memcpy under per-page locks, no unsafe);
+//!  bottom layer: host_device.rs (memcpy under per-page locks, no unsafe);
 //!                cuda/ (feature `cuda`): cudarc driver calls in cuda/driver.rs, one FFI
 //!                call per `unsafe` block, each with a `// SAFETY:` note, under RAII
 //!                types for context, device memory, pinned memory, streams and events
 //! ```
+//!
+//! # Layer
+//!
+//! `gpu` sits below `pool` (and below `config`, which uses [`DeviceRequest`] for
+//! `device.kind`) and imports nothing of the crate but `core`. The pool's objects live in
+//! device-visible host memory, which is this module's [`host_memory`] (the arena and its
+//! slots, pinned on CUDA), so a copy stream can DMA them without the pool knowing about
+//! devices. The pool uses `host_memory`; nothing here uses the pool.
 //!
 //! Only this module may contain `unsafe` (the crate root denies it elsewhere). Host-pinned
 //! staging memory ([`StagingPool`]) and device page memory (inside [`Device`]) are distinct
@@ -73,8 +81,9 @@
 //!
 //! # Test aid
 //!
-//! [`Device::inject_copy_failures`] makes the next N submissions fail, on either backend,
-//! so tests can show that a failed copy becomes a failed load.
+//! `Device::inject_copy_failures` (test builds and feature `faults` only) makes the next N
+//! submissions fail, on either backend, so tests can show that a failed copy becomes a
+//! failed load.
 //!
 //! # CUDA specifics
 //!
@@ -89,7 +98,6 @@
 
 #![deny(missing_docs)]
 
-mod arena;
 mod checked;
 mod checked_issue;
 mod copy;
@@ -98,7 +106,8 @@ mod cuda;
 mod device;
 mod error;
 mod event;
-mod host;
+mod host_device;
+pub mod host_memory;
 mod pages;
 mod select;
 mod staging;
@@ -106,7 +115,6 @@ mod stream;
 #[cfg(any(feature = "cuda", test))]
 mod strided;
 
-pub use arena::{ArenaStats, HostArena, HostSlot, SharedSlot, ARENA_CHUNK_BYTES, SLOT_ALIGN};
 pub use checked::{CheckedInFlight, CheckedSubmitError, HostSide, HostTarget, ResolvedCopy};
 pub use copy::{coalesce, plan_copies, CopyDirection, CopyRun, PageCopy};
 pub use device::{Device, DeviceKind};

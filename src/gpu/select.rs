@@ -12,40 +12,36 @@
 //!   `info` level. A CUDA device that is present but fails to open (out of memory, say) is
 //!   an error, not a silent fallback.
 
-use crate::config::DeviceKind as ConfiguredKind;
+use serde::{Deserialize, Serialize};
 
 use super::device::Device;
 use super::error::GpuError;
 use super::pages::PagePoolSpec;
 
-/// Which backend the configuration asks for (`device.kind`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which backend the configuration asks for: the type of `device.kind` (what a device
+/// turned out to be once open is [`DeviceKind`](super::DeviceKind), which has no `auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeviceRequest {
     /// CUDA device 0 when a driver and a device are present, host memory otherwise.
     Auto,
-    /// CUDA device 0, or an error.
+    /// CUDA device 0, or an error (start fails without a device).
     Cuda,
-    /// Host memory; the CUDA driver is never loaded.
+    /// Host memory, even on a machine with a GPU (tests, replay without a GPU); the CUDA
+    /// driver is never loaded.
     Host,
 }
 
 impl DeviceRequest {
+    /// The spellings accepted in TOML, the environment and on the command line.
+    pub const NAMES: &'static [&'static str] = &["auto", "cuda", "host"];
+
     /// The setting's spelling in configuration.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Auto => "auto",
             Self::Cuda => "cuda",
             Self::Host => "host",
-        }
-    }
-}
-
-impl From<ConfiguredKind> for DeviceRequest {
-    fn from(kind: ConfiguredKind) -> Self {
-        match kind {
-            ConfiguredKind::Auto => Self::Auto,
-            ConfiguredKind::Cuda => Self::Cuda,
-            ConfiguredKind::Host => Self::Host,
         }
     }
 }
@@ -178,14 +174,13 @@ mod tests {
 
     #[test]
     fn requests_follow_the_configured_kind() {
-        assert_eq!(
-            DeviceRequest::from(ConfiguredKind::Auto),
-            DeviceRequest::Auto
-        );
-        assert_eq!(
-            DeviceRequest::from(ConfiguredKind::Cuda),
-            DeviceRequest::Cuda
-        );
-        assert_eq!(DeviceRequest::from(ConfiguredKind::Host).as_str(), "host");
+        let requests = [
+            DeviceRequest::Auto,
+            DeviceRequest::Cuda,
+            DeviceRequest::Host,
+        ];
+        let spellings: Vec<&str> = requests.iter().map(|request| request.as_str()).collect();
+        assert_eq!(spellings, DeviceRequest::NAMES);
+        assert_eq!(DeviceRequest::Host.as_str(), "host");
     }
 }

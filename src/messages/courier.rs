@@ -1,5 +1,5 @@
-//! Messages to the courier: the engine thread's hand-off to the actors
-//! (`crate::connector::courier`).
+//! Messages to the courier: the engine thread's hand-off to the actors (the courier
+//! thread itself is the connector's `courier` module, one layer up).
 //!
 //! The engine's handle never sends to an actor mailbox itself: waking a parked actor
 //! thread is a system call and an inter-processor interrupt on the engine's critical path.

@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use actix::Message;
 
-use crate::connector::transfer::LoadItem;
 use crate::core::ledger::LoadTicket;
+use crate::transfer::PageRef;
 
 /// Move these pages pool -> staging -> device and report (R24).
 ///
@@ -21,7 +21,7 @@ pub struct LoadBlocks {
     /// The ledger ticket.
     pub ticket: LoadTicket,
     /// Pages to load on this rank.
-    pub items: Vec<LoadItem>,
+    pub items: Vec<PageRef>,
     /// When the reservation manager received the `StartLoad`.
     pub started_at: Instant,
 }

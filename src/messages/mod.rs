@@ -12,9 +12,8 @@ pub mod reservation_manager;
 pub mod saver_queue;
 pub mod stats_reporter;
 
-use crate::connector::FinishedLoad;
 use crate::core::hash::BlockHash;
-use crate::core::ids::RequestId;
+use crate::core::ids::{RequestId, ReservationId};
 use crate::core::planner::LookupPlan;
 use std::sync::Arc;
 
@@ -27,6 +26,19 @@ pub struct LookupCompleted {
     pub plan: Option<LookupPlan>,
     /// Chain hashes of the prompt's full blocks (R1), reused for saves.
     pub hashes: Arc<[BlockHash]>,
+}
+
+/// A reservation whose load ended, sent by the reservation manager to the engine's
+/// handle (which hands it out through `get_finished_prefix_loads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FinishedLoad {
+    /// The reservation.
+    pub reservation: ReservationId,
+    /// The request it belongs to.
+    pub request: RequestId,
+    /// `true`: every page is in place and verified; `false`: the engine computes the
+    /// prefix itself (R25).
+    pub filled: bool,
 }
 
 /// A rank's saver settled `pages` of a request's saves (stored, skipped, failed or dropped).

@@ -65,7 +65,7 @@ use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 use super::{Pool, PoolClock, PoolCounters, PoolError};
 use crate::core::eviction::{EvictionEntry, EvictionError, EvictionPolicy, PoolUsage};
-use crate::gpu::{HostArena, HostSlot, SharedSlot};
+use crate::gpu::host_memory::{HostArena, HostSlot, SharedSlot};
 
 /// The embedded memory pool. Cheap to share as `Arc<dyn Pool>`; every method takes `&self`.
 pub struct MemoryPool {

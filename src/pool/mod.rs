@@ -32,6 +32,14 @@
 //!    fault-injecting wrapper) is used through `get_into` and `put_absent` instead.
 //! 4. The stats reporter reads `counters()` snapshots.
 //!
+//! # Layer
+//!
+//! `pool` sits above `gpu` and below `transfer` and the actors: its objects live in
+//! device-visible host memory, the slots of a [`HostArena`](crate::gpu::host_memory::HostArena)
+//! (`gpu::host_memory`), so that copy streams can move them to and from device pages
+//! without a CPU copy. The pool only owns and hands out slots; every `unsafe` use of their
+//! memory stays in `gpu`. Nothing in `gpu` or `core` imports `pool`.
+//!
 //! Loaders and the saver own staging pools for the lifetime of a connector; the connector
 //! registers each with [`Pool::register_staging`] when it is made and unregisters it at
 //! shutdown, so a backend with registered-memory transfers (Mooncake) moves them directly.
@@ -47,7 +55,7 @@ pub use clock::{ManualClock, PoolClock, SystemClock};
 pub use memory::MemoryPool;
 
 use crate::core::eviction::{EvictionError, EvictionPolicyError};
-use crate::gpu::{HostSlot, SharedSlot};
+use crate::gpu::host_memory::{HostSlot, SharedSlot};
 
 /// A shared object store with batched, per-key calls. Object safe; share as `Arc<dyn Pool>`.
 ///

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use crate::core::ids::RequestId;
-use crate::core::layout::{Attention, Layout};
+use crate::core::layout::{LayerGroup, Layout};
 
 use super::connectors::{ConnectorFactory, InstanceContext};
 use super::cost::{CostModel, SimMicros};
@@ -64,8 +64,9 @@ use super::summary::{summarize, RunTotals};
 use super::timeline::{Timeline, TimelineHooks};
 use super::workload::{Oracle, WorkloadRequest};
 
-/// How arriving requests are spread over instances.
+/// How arriving requests are spread over instances (`replay --routing`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Routing {
     /// In turn.
     RoundRobin,
@@ -284,11 +285,7 @@ fn run(
 /// The oracle for the layout in use: with a window group, window groups count only at
 /// prompt ends within the rewind (`workload::Oracle`'s window oracle).
 fn oracle_for(params: &ReplayParams) -> Oracle {
-    let windowed = params
-        .layout
-        .groups
-        .iter()
-        .any(|group| matches!(group.attention(), Attention::Window { .. }));
+    let windowed = params.layout.groups.iter().any(LayerGroup::is_window);
     if windowed {
         let rewind = params.config.planner.swa_endpoint_rewind_tokens;
         Oracle::with_window_rewind(usize::try_from(rewind).unwrap_or(usize::MAX))
@@ -308,7 +305,7 @@ fn build_engines(
     let mut engines = Vec::with_capacity(instances);
     for instance in 0..instances {
         let devices =
-            deployment.open_devices(params.layout.world_size, params.config.device.kind.into())?;
+            deployment.open_devices(params.layout.world_size, params.config.device.kind)?;
         let context = InstanceContext {
             instance,
             instances,

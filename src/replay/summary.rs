@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use crate::core::layout::Attention;
 use crate::stats::Latency;
 
 use super::connectors::ConnectorReport;
@@ -75,16 +74,11 @@ fn window_load_bytes(params: &ReplayParams, counters: &EngineCounters) -> Window
     let bound = layout
         .groups
         .iter()
-        .filter_map(|group| match group.attention() {
-            Attention::Window {
-                window_tokens,
-                sink_tokens,
-            } => {
-                let pages =
-                    u64::from(sink_tokens).div_ceil(t) + u64::from(window_tokens).div_ceil(t) + 1;
-                Some(pages * layout.page_bytes(group).unwrap_or(0))
-            }
-            Attention::Full => None,
+        .filter(|group| group.is_window())
+        .map(|group| {
+            let window_tokens = u64::from(group.window_tokens.unwrap_or(0));
+            let pages = u64::from(group.sink_tokens).div_ceil(t) + window_tokens.div_ceil(t) + 1;
+            pages * layout.page_bytes(group).unwrap_or(0)
         })
         .sum();
     WindowLoadBytes {

@@ -8,8 +8,8 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::actors::keyspace::KeySpace;
 use crate::core::hash::BlockHash;
+use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::pool::Pool;
 

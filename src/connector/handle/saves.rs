@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::ConnectorHandle;
 use crate::connector::save_plan::{block_ranges_to_save, past_chunk_end, SaveCap, SaveStep};
 use crate::connector::{ScheduledRequest, SchedulerOutput};
-use crate::core::layout::Attention;
+use crate::core::layout::{Attention, GroupKind};
 use crate::core::save_order::SavePriority;
 use crate::messages::courier::Outgoing;
 use crate::messages::saver_queue::EnqueueSave;
@@ -55,16 +55,24 @@ impl ConnectorHandle {
                 (scheduled.computed_after - scheduled.computed_before) / tokens_per_block + 2;
             for group in &self.groups {
                 pages += match group.attention {
-                    Attention::Full => chunk_blocks,
-                    Attention::Window {
+                    Attention {
+                        kind: GroupKind::Full,
+                        ..
+                    } => chunk_blocks,
+                    Attention {
+                        kind: GroupKind::Window,
                         window_tokens,
                         sink_tokens,
                     } if last_chunk => {
-                        let reach = (window_tokens as usize + sink_tokens as usize)
+                        let reach = window_tokens
+                            .saturating_add(sink_tokens)
                             .saturating_add(self.rewind_tokens);
                         (reach / tokens_per_block + 3).min(prompt_blocks)
                     }
-                    Attention::Window { .. } => 0,
+                    Attention {
+                        kind: GroupKind::Window,
+                        ..
+                    } => 0,
                 };
                 runs += 2;
             }

@@ -36,7 +36,8 @@ impl fmt::Display for GroupId {
     }
 }
 
-/// Whether a group attends to the whole prefix or to a sliding window.
+/// Whether a group attends to the whole prefix or to a sliding window: the crate's one
+/// attention kind. A window group's `W` and `S` travel beside it ([`Attention`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupKind {
@@ -46,18 +47,41 @@ pub enum GroupKind {
     Window,
 }
 
-/// The attention a group performs, with the window parameters made explicit.
+/// The attention a group performs: its kind, with the window parameters made explicit
+/// (both 0 for a full group). Match on it as a struct:
+/// `Attention { kind: GroupKind::Window, window_tokens, sink_tokens }`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Attention {
+pub struct Attention {
+    /// Full or window attention.
+    pub kind: GroupKind,
+    /// `W`: tokens the window reaches back; 0 for a full group.
+    pub window_tokens: usize,
+    /// `S`: sink tokens `[0, S)` every later token attends to; `S < W` (R7); 0 for a full
+    /// group.
+    pub sink_tokens: usize,
+}
+
+impl Attention {
     /// Full attention.
-    Full,
-    /// Sliding window of `window_tokens` with `sink_tokens` sinks at positions `[0, S)`.
-    Window {
-        /// `W`: tokens the window reaches back.
-        window_tokens: u32,
-        /// `S`: sink tokens every later token attends to.
-        sink_tokens: u32,
-    },
+    pub const FULL: Self = Self {
+        kind: GroupKind::Full,
+        window_tokens: 0,
+        sink_tokens: 0,
+    };
+
+    /// A sliding window of `window_tokens` with `sink_tokens` sinks at positions `[0, S)`.
+    pub const fn window(window_tokens: usize, sink_tokens: usize) -> Self {
+        Self {
+            kind: GroupKind::Window,
+            window_tokens,
+            sink_tokens,
+        }
+    }
+
+    /// Whether this is sliding-window attention.
+    pub fn is_window(&self) -> bool {
+        self.kind == GroupKind::Window
+    }
 }
 
 /// Which model a group's layers belong to.
@@ -166,12 +190,13 @@ impl LayerGroup {
     /// Only meaningful on a validated layout (a window group without `window_tokens` reads
     /// as a window of 0 tokens, which validation refuses).
     pub fn attention(&self) -> Attention {
+        let to_usize = |value: u32| usize::try_from(value).unwrap_or(usize::MAX);
         match self.kind {
-            GroupKind::Full => Attention::Full,
-            GroupKind::Window => Attention::Window {
-                window_tokens: self.window_tokens.unwrap_or(0),
-                sink_tokens: self.sink_tokens,
-            },
+            GroupKind::Full => Attention::FULL,
+            GroupKind::Window => Attention::window(
+                to_usize(self.window_tokens.unwrap_or(0)),
+                to_usize(self.sink_tokens),
+            ),
         }
     }
 
@@ -383,11 +408,6 @@ impl Layout {
     /// [`LayoutError::PageBytesOverflow`]; never on a validated layout.
     pub fn page_bytes(&self, group: &LayerGroup) -> Result<u64, LayoutError> {
         group.page_bytes(self.tokens_per_block, self.world_size)
-    }
-
-    /// Whether any group uses a sliding window.
-    pub fn has_window_groups(&self) -> bool {
-        self.groups.iter().any(LayerGroup::is_window)
     }
 
     /// The fingerprint over everything that changes a page's meaning (R4): `T`, world

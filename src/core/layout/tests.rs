@@ -50,7 +50,7 @@ fn eagle_preset_adds_a_draft_group_of_its_own_r6() -> Result<(), LayoutError> {
     assert_eq!(eagle.groups[0].layers, target.groups[0].layers);
     let draft = &eagle.groups[1];
     assert_eq!(draft.role, ModelRole::Draft);
-    assert_eq!(draft.attention(), Attention::Full);
+    assert_eq!(draft.attention(), Attention::FULL);
     // Draft layer 0 is not target layer 0 (`layout::I4` is per model).
     assert_eq!(draft.layers, vec![0]);
     // One layer x K,V x 8 heads x 128 x bf16 x 32 tokens.
@@ -71,13 +71,7 @@ fn gpt_oss_preset_matches_the_model() -> Result<(), LayoutError> {
     let layers: usize = layout.groups.iter().map(|g| g.layers.len()).sum();
     assert_eq!(layers, 36);
     let window = &layout.groups[0];
-    assert_eq!(
-        window.attention(),
-        Attention::Window {
-            window_tokens: 128,
-            sink_tokens: 0
-        }
-    );
+    assert_eq!(window.attention(), Attention::window(128, 0));
     // 18 layers x K,V x 8 heads x 64 x bf16 x 32 tokens.
     assert_eq!(layout.page_bytes(window)?, 18 * 2 * 8 * 64 * 2 * 32);
     Ok(())
@@ -108,7 +102,10 @@ fn tiny_hybrid_has_sinks_and_small_pages() -> Result<(), LayoutError> {
         .iter()
         .find(|g| g.is_window())
         .map(LayerGroup::attention);
-    assert!(matches!(window, Some(Attention::Window { sink_tokens, .. }) if sink_tokens > 0));
+    assert!(matches!(
+        window,
+        Some(Attention { kind: GroupKind::Window, sink_tokens, .. }) if sink_tokens > 0
+    ));
     for group in &layout.groups {
         assert!(layout.page_bytes(group)? <= 64 * 1024);
     }

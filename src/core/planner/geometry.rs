@@ -13,7 +13,8 @@
 
 use std::ops::Range;
 
-use super::{GroupLoad, LookupRequest, PlanError, PlannerGroup, PlannerGroupKind};
+use super::{GroupLoad, LookupRequest, PlanError, PlannerGroup};
+use crate::core::layout::{Attention, GroupKind};
 
 /// A window group, with its sinks already in blocks.
 #[derive(Clone, Copy, Debug)]
@@ -166,9 +167,13 @@ fn split_groups(
         if groups[..pos].iter().any(|earlier| earlier.id == group.id) {
             return Err(PlanError::DuplicateGroup { group: group.id });
         }
-        match group.kind {
-            PlannerGroupKind::Full => full.push(pos),
-            PlannerGroupKind::Window {
+        match group.attention {
+            Attention {
+                kind: GroupKind::Full,
+                ..
+            } => full.push(pos),
+            Attention {
+                kind: GroupKind::Window,
                 window_tokens,
                 sink_tokens,
             } => {

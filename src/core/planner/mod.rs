@@ -58,48 +58,25 @@ use crate::core::layout::{Attention, GroupId, Layout};
 
 pub use lookup::Lookup;
 
-/// What kind of attention a group has, as far as the planner cares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PlannerGroupKind {
-    /// Full attention: every block before the resume point is needed.
-    Full,
-    /// Sliding-window attention with sink tokens.
-    Window {
-        /// `W`: how many tokens before a position that position attends to.
-        window_tokens: usize,
-        /// `S`: tokens `[0, S)` every later position attends to; `S < W` (R7).
-        sink_tokens: usize,
-    },
-}
-
 /// One layer group of the layout, reduced to what the planner needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlannerGroup {
     /// The group id (the `lg{group}` key segment).
     pub id: GroupId,
-    /// Full or window attention.
-    pub kind: PlannerGroupKind,
+    /// Full attention (every block before the resume point is needed) or a window of `W`
+    /// tokens with `S` sinks.
+    pub attention: Attention,
 }
 
 impl PlannerGroup {
     /// The planner's view of every group of `layout`, in layout order.
     pub fn of_layout(layout: &Layout) -> Vec<PlannerGroup> {
-        let to_usize = |value: u32| usize::try_from(value).unwrap_or(usize::MAX);
         layout
             .groups
             .iter()
             .map(|group| PlannerGroup {
                 id: group.id,
-                kind: match group.attention() {
-                    Attention::Full => PlannerGroupKind::Full,
-                    Attention::Window {
-                        window_tokens,
-                        sink_tokens,
-                    } => PlannerGroupKind::Window {
-                        window_tokens: to_usize(window_tokens),
-                        sink_tokens: to_usize(sink_tokens),
-                    },
-                },
+                attention: group.attention(),
             })
             .collect()
     }

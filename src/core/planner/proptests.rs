@@ -11,8 +11,9 @@ use super::testkit::{
     check_post_conditions, drive, drive_at_most, full, reference, reference_loads, window,
     Presence, Trace,
 };
-use super::{LookupRequest, PlannerGroup, PlannerGroupKind};
+use super::{LookupRequest, PlannerGroup};
 use crate::core::layout::GroupId;
+use crate::core::layout::{Attention, GroupKind};
 
 /// The fixed seed of every property test here.
 const SEED: u64 = 0x6b76_636f_6e6e_6563;
@@ -115,9 +116,13 @@ fn saved(
     for &end in ends {
         for block in (0..UNIVERSE_BLOCKS).filter(|block| (block + 1) * t <= end) {
             for group in &request.groups {
-                let keep = match group.kind {
-                    PlannerGroupKind::Full => true,
-                    PlannerGroupKind::Window {
+                let keep = match group.attention {
+                    Attention {
+                        kind: GroupKind::Full,
+                        ..
+                    } => true,
+                    Attention {
+                        kind: GroupKind::Window,
                         window_tokens,
                         sink_tokens,
                     } => {

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     GroupLoad, Lookup, LookupOutcome, LookupPlan, LookupRequest, PlanError, PlannerGroup,
-    PlannerGroupKind, ProbeItem, ProbeRound, RoundKind,
+    ProbeItem, ProbeRound, RoundKind,
 };
-use crate::core::layout::GroupId;
+use crate::core::layout::{Attention, GroupId, GroupKind};
 
 /// Items present in the pool, as `(block, group)`.
 pub(super) type Presence = BTreeSet<(usize, GroupId)>;
@@ -17,7 +17,7 @@ pub(super) type Presence = BTreeSet<(usize, GroupId)>;
 pub(super) fn full(id: u32) -> PlannerGroup {
     PlannerGroup {
         id: GroupId(id),
-        kind: PlannerGroupKind::Full,
+        attention: Attention::FULL,
     }
 }
 
@@ -25,10 +25,7 @@ pub(super) fn full(id: u32) -> PlannerGroup {
 pub(super) fn window(id: u32, window_tokens: usize, sink_tokens: usize) -> PlannerGroup {
     PlannerGroup {
         id: GroupId(id),
-        kind: PlannerGroupKind::Window {
-            window_tokens,
-            sink_tokens,
-        },
+        attention: Attention::window(window_tokens, sink_tokens),
     }
 }
 
@@ -166,9 +163,13 @@ fn window_needs(
 /// The window of resume point `e` is complete (R12), by brute force over blocks.
 fn window_complete(request: &LookupRequest, present: &Presence, e: usize) -> bool {
     let t = request.tokens_per_block;
-    request.groups.iter().all(|group| match group.kind {
-        PlannerGroupKind::Full => true,
-        PlannerGroupKind::Window {
+    request.groups.iter().all(|group| match group.attention {
+        Attention {
+            kind: GroupKind::Full,
+            ..
+        } => true,
+        Attention {
+            kind: GroupKind::Window,
             window_tokens,
             sink_tokens,
         } => (0..e.div_ceil(t))
@@ -185,7 +186,7 @@ pub(super) fn reference(
     let t = request.tokens_per_block;
     let local = request.local_match_tokens;
     let (first, end) = candidate_range(request);
-    let is_full = |group: &&PlannerGroup| group.kind == PlannerGroupKind::Full;
+    let is_full = |group: &&PlannerGroup| group.attention.kind == GroupKind::Full;
     let has_window = request.groups.iter().any(|group| !is_full(&group));
     let mut hit = first;
     while hit < end
@@ -234,9 +235,13 @@ pub(super) fn reference_loads(request: &LookupRequest, e: usize) -> Vec<GroupLoa
         .iter()
         .map(|group| {
             let blocks = (first..e / t)
-                .filter(|&block| match group.kind {
-                    PlannerGroupKind::Full => true,
-                    PlannerGroupKind::Window {
+                .filter(|&block| match group.attention {
+                    Attention {
+                        kind: GroupKind::Full,
+                        ..
+                    } => true,
+                    Attention {
+                        kind: GroupKind::Window,
                         window_tokens,
                         sink_tokens,
                     } => window_needs(t, e, window_tokens, sink_tokens, block),
@@ -325,7 +330,7 @@ fn check_probing(
         let Some(group) = group else {
             return Err(format!("planner::P6: unknown group {}", item.group));
         };
-        let floor = if group.kind == PlannerGroupKind::Full {
+        let floor = if group.attention.kind == GroupKind::Full {
             first
         } else {
             0
@@ -343,7 +348,7 @@ fn check_probing(
     let windows = request
         .groups
         .iter()
-        .filter(|g| g.kind != PlannerGroupKind::Full)
+        .filter(|g| g.attention.is_window())
         .count();
     let chunk = request.probe_chunk_items;
     let bound = match (end > first, windows, request.window_fallback) {
@@ -452,10 +457,11 @@ impl Scan<'_> {
         let t = self.request.tokens_per_block;
         let mut needed = Vec::new();
         for group in &self.request.groups {
-            if let PlannerGroupKind::Window {
+            if let Attention {
+                kind: GroupKind::Window,
                 window_tokens,
                 sink_tokens,
-            } = group.kind
+            } = group.attention
             {
                 needed.extend(
                     (0..k)
@@ -472,7 +478,7 @@ impl Scan<'_> {
         let mut allowed = Presence::new();
         if kind == RoundKind::Initial {
             for group in &self.request.groups {
-                if group.kind == PlannerGroupKind::Full {
+                if group.attention.kind == GroupKind::Full {
                     allowed.extend((self.first..self.end).map(|block| (block, group.id)));
                 }
             }

@@ -3,7 +3,8 @@
 use super::*;
 use crate::core::layout::GroupId;
 use crate::core::object::checksum;
-use crate::gpu::{Device, HostArena, PagePoolSpec};
+use crate::gpu::host_memory::HostArena;
+use crate::gpu::{Device, PagePoolSpec};
 
 const PAGE: usize = 64;
 

@@ -65,7 +65,7 @@ impl CopyingConnector {
             rewind_tokens: 0,
             resave_min_tokens: 0,
         };
-        for (block, _) in blocks_to_save_capped(Attention::Full, &step, self.cap) {
+        for (block, _) in blocks_to_save_capped(Attention::FULL, &step, self.cap) {
             let page = u32::try_from(scheduled.page_tables[0][block]).unwrap_or(u32::MAX);
             self.published_past_chunk_end += u64::from(past_chunk_end(&step, block));
             let bytes = self.devices[0].read_page_to_vec(GROUP, page)?;

@@ -16,7 +16,6 @@ use super::types::HookTimer;
 use super::{Engine, Phase};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
-use crate::replay::kv_cache::GroupPolicy;
 
 impl Engine {
     /// Handles the loads the connector reports finished; returns whether any request
@@ -63,7 +62,7 @@ impl Engine {
         let window_groups: Vec<bool> = self
             .cache
             .policies()
-            .map(|policy| matches!(policy, GroupPolicy::Window { .. }))
+            .map(|policy| !policy.is_full())
             .collect();
         let mut window_bytes = 0;
         for (group, content) in self.groups.iter().enumerate() {

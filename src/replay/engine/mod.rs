@@ -91,7 +91,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::ids::{RequestId, ReservationId};
-use crate::core::layout::{Attention, Layout};
+use crate::core::layout::Layout;
 use crate::gpu::Device;
 use crate::stats::Latency;
 
@@ -215,16 +215,9 @@ impl Engine {
         let policies: Vec<GroupPolicy> = layout
             .groups
             .iter()
-            .map(|group| match group.attention() {
-                Attention::Full => GroupPolicy::Full,
-                Attention::Window {
-                    window_tokens,
-                    sink_tokens,
-                } => GroupPolicy::Window {
-                    window_tokens: to_usize(window_tokens),
-                    sink_tokens: to_usize(sink_tokens),
-                    keep_extra_tokens: setup.rewind_tokens,
-                },
+            .map(|group| GroupPolicy {
+                attention: group.attention(),
+                keep_extra_tokens: setup.rewind_tokens,
             })
             .collect();
         let mut full_page_bytes = Vec::new();

@@ -186,7 +186,7 @@ mod tests {
     }
 
     fn pool(pages: u32) -> GroupPool {
-        GroupPool::new(GroupPolicy::Full, pages)
+        GroupPool::new(GroupPolicy::FULL, pages)
     }
 
     /// Takes `n` pages and caches them under hashes `first..first + n`.

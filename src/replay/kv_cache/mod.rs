@@ -71,23 +71,45 @@ mod testkit;
 use std::ops::Range;
 
 use crate::core::hash::BlockHash;
+use crate::core::layout::{Attention, GroupKind};
 
 use group_pool::GroupPool;
 
-/// How a group keeps pages.
+/// How a group keeps pages: full attention holds every block's page until the request
+/// ends (`kv_cache::K3`); a sliding window holds the sinks plus the blocks overlapping
+/// `[c - W - keep_extra, c)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupPolicy {
-    /// Full attention: every block's page is held until the request ends (`kv_cache::K3`).
-    Full,
-    /// Sliding window: sinks plus the blocks overlapping `[c - W - keep_extra, c)`.
-    Window {
-        /// `W`.
+pub struct GroupPolicy {
+    /// The group's attention, with `W` and `S` for a window group.
+    pub attention: Attention,
+    /// `R`: tokens a window group keeps beyond the window so the rewind range can be saved
+    /// (R17); full groups ignore it.
+    pub keep_extra_tokens: usize,
+}
+
+impl GroupPolicy {
+    /// A full-attention group.
+    pub const FULL: Self = Self {
+        attention: Attention::FULL,
+        keep_extra_tokens: 0,
+    };
+
+    /// A window group of `W` window tokens and `S` sinks, keeping `R` tokens more.
+    pub const fn window(
         window_tokens: usize,
-        /// `S`.
         sink_tokens: usize,
-        /// `R`: tokens kept beyond the window so the rewind range can be saved (R17).
         keep_extra_tokens: usize,
-    },
+    ) -> Self {
+        Self {
+            attention: Attention::window(window_tokens, sink_tokens),
+            keep_extra_tokens,
+        }
+    }
+
+    /// Whether this is a full-attention group.
+    pub fn is_full(&self) -> bool {
+        self.attention.kind == GroupKind::Full
+    }
 }
 
 /// Why the cache refused an operation; each is a simulator bug, not a user error.
@@ -174,11 +196,6 @@ impl RequestPages {
     pub fn page(&self, group: usize, block: usize) -> Option<u32> {
         let page = *self.tables.get(group)?.get(block)?;
         u32::try_from(page).ok()
-    }
-
-    /// Pages held in all groups.
-    pub fn held_pages(&self) -> u64 {
-        self.held.iter().map(|&held| u64::from(held)).sum()
     }
 }
 
@@ -286,12 +303,16 @@ impl KvCache {
         self.groups
             .iter()
             .map(|group| {
-                let need = match group.policy {
-                    GroupPolicy::Full => blocks,
-                    GroupPolicy::Window {
+                let keep_extra_tokens = group.policy.keep_extra_tokens;
+                let need = match group.policy.attention {
+                    Attention {
+                        kind: GroupKind::Full,
+                        ..
+                    } => blocks,
+                    Attention {
+                        kind: GroupKind::Window,
                         window_tokens,
                         sink_tokens,
-                        keep_extra_tokens,
                     } => {
                         let shared_window = if local_tokens > 0 {
                             blocks_for(window_tokens, t)
@@ -372,7 +393,7 @@ impl KvCache {
         let mut fresh = Vec::new();
         for (index, group) in self.groups.iter_mut().enumerate() {
             group.unpromised -= pages.quota[index];
-            if group.policy != GroupPolicy::Full {
+            if !group.policy.is_full() {
                 continue;
             }
             for slot in pages.tables[index].iter_mut().filter(|slot| **slot < 0) {
@@ -457,7 +478,7 @@ impl KvCache {
     /// resuming at `from_block`: the pages below it are the local match, still needed).
     pub fn drop_window_pages(&mut self, pages: &mut RequestPages, from_block: usize) {
         for group in 0..self.groups.len() {
-            if self.groups[group].policy != GroupPolicy::Full {
+            if !self.groups[group].policy.is_full() {
                 for block in from_block..pages.tables[group].len() {
                     self.drop_block(pages, group, block);
                 }
@@ -469,9 +490,13 @@ impl KvCache {
     pub fn drop_out_of_window(&mut self, pages: &mut RequestPages, computed: usize) {
         let t = self.tokens_per_block;
         for group in 0..self.groups.len() {
-            let GroupPolicy::Window {
-                window_tokens,
-                sink_tokens,
+            let GroupPolicy {
+                attention:
+                    Attention {
+                        kind: GroupKind::Window,
+                        window_tokens,
+                        sink_tokens,
+                    },
                 keep_extra_tokens,
             } = self.groups[group].policy
             else {
@@ -493,12 +518,15 @@ impl KvCache {
     pub fn load_blocks(&self, group: usize, resume: usize) -> Vec<usize> {
         let t = self.tokens_per_block;
         let end = resume / t;
-        match self.groups[group].policy {
-            GroupPolicy::Full => (0..end).collect(),
-            GroupPolicy::Window {
+        match self.groups[group].policy.attention {
+            Attention {
+                kind: GroupKind::Full,
+                ..
+            } => (0..end).collect(),
+            Attention {
+                kind: GroupKind::Window,
                 window_tokens,
                 sink_tokens,
-                ..
             } => {
                 let sinks = blocks_for(sink_tokens, t).min(end);
                 let window_start = (resume.saturating_sub(window_tokens) / t).max(sinks);
@@ -637,7 +665,7 @@ mod tests {
 
     #[test]
     fn pages_are_never_shared_without_the_cache_k1() -> Result<(), KvCacheError> {
-        let mut cache = KvCache::new(&[GroupPolicy::Full], 10, 16, 32);
+        let mut cache = KvCache::new(&[GroupPolicy::FULL], 10, 16, 32);
         let first = admit(&mut cache, 64)?;
         let second = admit(&mut cache, 64)?;
         let mut all: Vec<i32> = first.tables()[0]
@@ -654,7 +682,7 @@ mod tests {
     #[test]
     fn shared_pages_are_reference_counted_and_never_evicted_while_held_k4(
     ) -> Result<(), KvCacheError> {
-        let mut cache = KvCache::new(&[GroupPolicy::Full], 20, 16, 32);
+        let mut cache = KvCache::new(&[GroupPolicy::FULL], 20, 16, 32);
         let served = serve(&mut cache, 1, 160)?;
         let shared = SharedPrefix {
             hashes: &served,
@@ -692,7 +720,7 @@ mod tests {
 
     #[test]
     fn cached_pages_are_read_only_and_a_gone_match_is_refused_k5() -> Result<(), KvCacheError> {
-        let mut cache = KvCache::new(&[GroupPolicy::Full], 4, 16, 32);
+        let mut cache = KvCache::new(&[GroupPolicy::FULL], 4, 16, 32);
         let served = serve(&mut cache, 1, 64)?;
         let shared = SharedPrefix {
             hashes: &served,
@@ -778,14 +806,7 @@ mod tests {
     #[test]
     fn randomized_sharing_keeps_content_and_page_counts_k1_k2_k4_k5() -> Result<(), KvCacheError> {
         const SEED: u64 = 0x10CA_1CAC;
-        let policies = [
-            GroupPolicy::Full,
-            GroupPolicy::Window {
-                window_tokens: 64,
-                sink_tokens: 4,
-                keep_extra_tokens: 32,
-            },
-        ];
+        let policies = [GroupPolicy::FULL, GroupPolicy::window(64, 4, 32)];
         let mut cache = KvCache::new(&policies, 96, 16, 32);
         // What each page holds: the chain hash whose content was last written into it.
         let mut content: HashMap<(usize, u32), BlockHash> = HashMap::new();

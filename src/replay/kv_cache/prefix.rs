@@ -4,7 +4,7 @@
 
 use crate::core::hash::BlockHash;
 
-use super::{GroupPolicy, KvCache, RequestPages, SharedPrefix};
+use super::{KvCache, RequestPages, SharedPrefix};
 
 impl KvCache {
     /// The local match of a prompt: the largest block-aligned `e <= cap_tokens` whose
@@ -17,7 +17,7 @@ impl KvCache {
             .min(hashes.len())
             .min(cap_tokens / t);
         for group in &self.groups {
-            if group.policy == GroupPolicy::Full {
+            if group.policy.is_full() {
                 end = hashes[..end]
                     .iter()
                     .take_while(|hash| group.contains(hash))
@@ -26,7 +26,7 @@ impl KvCache {
         }
         'walk: while end > 0 {
             for (index, group) in self.groups.iter().enumerate() {
-                if group.policy == GroupPolicy::Full {
+                if group.policy.is_full() {
                     continue;
                 }
                 let missing = self
@@ -83,13 +83,13 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::super::testkit::{admit, cache, hash, hashes, serve};
-    use super::super::KvCacheError;
+    use super::super::{GroupPolicy, KvCacheError};
     use super::*;
 
     #[test]
     fn a_finished_prompt_is_matched_by_whole_blocks_before_the_last_token(
     ) -> Result<(), KvCacheError> {
-        let mut cache = KvCache::new(&[GroupPolicy::Full], 100, 16, 32);
+        let mut cache = KvCache::new(&[GroupPolicy::FULL], 100, 16, 32);
         let served = serve(&mut cache, 1, 160)?;
         assert_eq!(cache.free_pages(), vec![90]);
         assert_eq!(cache.evictable_pages(), vec![10]);
@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_the_least_recently_used_prompt_tail_first() -> Result<(), KvCacheError> {
-        let mut cache = KvCache::new(&[GroupPolicy::Full], 12, 16, 32);
+        let mut cache = KvCache::new(&[GroupPolicy::FULL], 12, 16, 32);
         let first = serve(&mut cache, 1, 64)?;
         let second = serve(&mut cache, 2, 64)?;
         assert_eq!(cache.local_match(&first, 65, usize::MAX), 64);
@@ -146,14 +146,7 @@ mod tests {
         // needs block 15, gone; walking back, only e = 16 (the sink block) is complete.
         assert_eq!(cache.local_match(&served, 320, usize::MAX), 16);
         // Keeping R = 32 tokens more keeps blocks 14..20: e = 304 is complete.
-        let policies = [
-            GroupPolicy::Full,
-            GroupPolicy::Window {
-                window_tokens: 64,
-                sink_tokens: 4,
-                keep_extra_tokens: 32,
-            },
-        ];
+        let policies = [GroupPolicy::FULL, GroupPolicy::window(64, 4, 32)];
         let mut rewind = KvCache::new(&policies, 100, 16, 32);
         let served = serve(&mut rewind, 1, 320)?;
         assert_eq!(rewind.local_match(&served, 320, usize::MAX), 304);

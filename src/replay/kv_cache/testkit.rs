@@ -4,15 +4,11 @@
 use super::{BlockHash, GroupPolicy, KvCache, KvCacheError, RequestPages, SharedPrefix};
 
 /// A window group: `W = 64`, `S = 4`, nothing kept past the window.
-pub(super) const WINDOW: GroupPolicy = GroupPolicy::Window {
-    window_tokens: 64,
-    sink_tokens: 4,
-    keep_extra_tokens: 0,
-};
+pub(super) const WINDOW: GroupPolicy = GroupPolicy::window(64, 4, 0);
 
 /// A full and a window group of `num_pages` pages, `T = 16`, chunks of 32 tokens.
 pub(super) fn cache(num_pages: u32) -> KvCache {
-    KvCache::new(&[GroupPolicy::Full, WINDOW], num_pages, 16, 32)
+    KvCache::new(&[GroupPolicy::FULL, WINDOW], num_pages, 16, 32)
 }
 
 /// Chain hash of block `block` of token stream `stream` (equal prefixes, equal hashes).

@@ -9,9 +9,10 @@
 //! device checksums each page it copies out (`gather_checked`) and the header is sealed
 //! with that checksum, so the CPU never reads the payload.
 
-use super::{batch_len, page_copies, SaveItem, SaveResult};
+use super::{batch_len, page_copies, PageRef, SaveResult};
 use crate::core::object;
-use crate::gpu::{CheckedInFlight, CopyStream, HostSlot, PageCopy, StagingPool};
+use crate::gpu::host_memory::HostSlot;
+use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, StagingPool};
 use crate::pool::{Pool, PoolError};
 
 /// Saves `items`, one result per item in order. Returns the staging pool in every case.
@@ -22,7 +23,7 @@ pub fn save_pages(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
-    items: &[SaveItem],
+    items: &[PageRef],
 ) -> (StagingPool, Vec<SaveResult>) {
     let batch_len = batch_len(&staging);
     let slots = usize::try_from(staging.slots())
@@ -63,10 +64,10 @@ pub fn save_pages(
 fn probe<'a>(
     pool: &dyn Pool,
     first: usize,
-    batch: &'a [SaveItem],
+    batch: &'a [PageRef],
     slot_bytes: usize,
     results: &mut [SaveResult],
-) -> Vec<(usize, &'a SaveItem)> {
+) -> Vec<(usize, &'a PageRef)> {
     let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
     let present = pool.exists(&keys);
     let mut absent = Vec::with_capacity(batch.len());
@@ -86,7 +87,7 @@ fn save_through_staging(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     staging: StagingPool,
-    absent: &[(usize, &SaveItem)],
+    absent: &[(usize, &PageRef)],
     results: &mut [SaveResult],
 ) -> StagingPool {
     let (mut staging, sums) = match stream.gather_checked(staging, &save_copies(absent)) {
@@ -97,7 +98,7 @@ fn save_through_staging(
         return staging;
     };
     let sealed = seal_all(absent, staging.slots_mut(), &sums);
-    let (kept, values): (Vec<(usize, &SaveItem)>, Vec<&[u8]>) = (0_u32..)
+    let (kept, values): (Vec<(usize, &PageRef)>, Vec<&[u8]>) = (0_u32..)
         .zip(absent)
         .zip(sealed)
         .filter_map(|((slot, entry), len)| {
@@ -114,14 +115,14 @@ fn save_through_staging(
 /// A batch gathering into pool objects, submitted and not yet waited for.
 struct ObjectBatch<'a> {
     in_flight: CheckedInFlight<Vec<HostSlot>>,
-    kept: Vec<(usize, &'a SaveItem)>,
+    kept: Vec<(usize, &'a PageRef)>,
 }
 
 /// Zero-copy: submits the gather into the pool's fresh objects (refused allocations stay
 /// failed). `None` when nothing was submitted.
 fn submit_into_objects<'a>(
     stream: &mut CopyStream,
-    absent: Vec<(usize, &'a SaveItem)>,
+    absent: Vec<(usize, &'a PageRef)>,
     allocated: Vec<Result<HostSlot, PoolError>>,
 ) -> Option<ObjectBatch<'a>> {
     if allocated.len() != absent.len() {
@@ -179,7 +180,7 @@ impl ObjectBatch<'_> {
             objects.iter_mut().map(|object| &mut object[..]),
             &sums,
         );
-        let (kept, committed): (Vec<(usize, &SaveItem)>, Vec<HostSlot>) = self
+        let (kept, committed): (Vec<(usize, &PageRef)>, Vec<HostSlot>) = self
             .kept
             .into_iter()
             .zip(objects)
@@ -192,7 +193,7 @@ impl ObjectBatch<'_> {
 }
 
 /// One gather copy per entry: its page into the payload area of slot or object `i`.
-fn save_copies(entries: &[(usize, &SaveItem)]) -> Vec<PageCopy> {
+fn save_copies(entries: &[(usize, &PageRef)]) -> Vec<PageCopy> {
     page_copies(
         entries
             .iter()
@@ -203,7 +204,7 @@ fn save_copies(entries: &[(usize, &SaveItem)]) -> Vec<PageCopy> {
 /// Seals buffer `i`'s header with entry `i`'s device checksum (R5); returns each object's
 /// length, or `None` where sealing failed.
 fn seal_all<'b>(
-    entries: &[(usize, &SaveItem)],
+    entries: &[(usize, &PageRef)],
     buffers: impl Iterator<Item = &'b mut [u8]>,
     sums: &[u64],
 ) -> Vec<Option<usize>> {
@@ -220,7 +221,7 @@ fn seal_all<'b>(
 /// Records each stored key's put or commit result.
 fn record(
     results: &mut [SaveResult],
-    kept: &[(usize, &SaveItem)],
+    kept: &[(usize, &PageRef)],
     put_results: &[Result<(), PoolError>],
 ) {
     for (position, (index, _)) in kept.iter().enumerate() {

@@ -61,17 +61,8 @@ fn page_bytes(block: u8) -> Vec<u8> {
         .collect()
 }
 
-fn save_item(block: u8, page: u32) -> SaveItem {
-    SaveItem {
-        key: format!("k{block}"),
-        identity: identity(block),
-        page,
-        payload_len: PAGE,
-    }
-}
-
-fn load_item(block: u8, page: u32) -> LoadItem {
-    LoadItem {
+fn page_ref(block: u8, page: u32) -> PageRef {
+    PageRef {
         key: format!("k{block}"),
         identity: identity(block),
         page,
@@ -80,14 +71,14 @@ fn load_item(block: u8, page: u32) -> LoadItem {
 }
 
 impl Rig {
-    fn save(&mut self, items: &[SaveItem]) -> Vec<SaveResult> {
+    fn save(&mut self, items: &[PageRef]) -> Vec<SaveResult> {
         let staging = self.staging.take().unwrap();
         let (staging, results) = save_pages(&self.pool, &mut self.stream, staging, items);
         self.staging = Some(staging);
         results
     }
 
-    fn load(&mut self, items: &[LoadItem]) -> Result<LoadMoved, LoadFailure> {
+    fn load(&mut self, items: &[PageRef]) -> Result<LoadMoved, LoadFailure> {
         let staging = self.staging.take().unwrap();
         let (staging, result) = load_pages(&self.pool, &mut self.stream, staging, items, None);
         self.staging = Some(staging);
@@ -104,9 +95,9 @@ fn save_then_load_is_byte_identical_r24() {
             .write_page(GroupId(0), u32::from(block), &page_bytes(block))
             .unwrap();
     }
-    let saves: Vec<_> = (0..5_u8).map(|b| save_item(b, u32::from(b))).collect();
+    let saves: Vec<_> = (0..5_u8).map(|b| page_ref(b, u32::from(b))).collect();
     assert_eq!(rig.save(&saves), vec![SaveResult::Stored; 5]);
-    let loads: Vec<_> = (0..5_u8).map(|b| load_item(b, 8 + u32::from(b))).collect();
+    let loads: Vec<_> = (0..5_u8).map(|b| page_ref(b, 8 + u32::from(b))).collect();
     assert_eq!(
         rig.load(&loads),
         Ok(LoadMoved {
@@ -131,10 +122,10 @@ fn present_keys_are_skipped_r19() {
     rig.device
         .write_page(GroupId(0), 0, &page_bytes(1))
         .unwrap();
-    assert_eq!(rig.save(&[save_item(1, 0)]), vec![SaveResult::Stored]);
+    assert_eq!(rig.save(&[page_ref(1, 0)]), vec![SaveResult::Stored]);
     let before = rig.pool.counters().puts;
     assert_eq!(
-        rig.save(&[save_item(1, 0), save_item(2, 0)]),
+        rig.save(&[page_ref(1, 0), page_ref(2, 0)]),
         vec![SaveResult::SkippedPresent, SaveResult::Stored]
     );
     assert_eq!(rig.pool.counters().puts, before + 1);
@@ -147,9 +138,9 @@ fn a_missing_object_fails_the_load_as_evicted_r25() {
     rig.device
         .write_page(GroupId(0), 0, &page_bytes(1))
         .unwrap();
-    rig.save(&[save_item(1, 0)]);
+    rig.save(&[page_ref(1, 0)]);
     assert_eq!(
-        rig.load(&[load_item(1, 3), load_item(9, 4)]),
+        rig.load(&[page_ref(1, 3), page_ref(9, 4)]),
         Err(LoadFailure::Evicted)
     );
 }
@@ -161,9 +152,9 @@ fn corrupt_objects_fail_the_load_r5() {
     rig.device
         .write_page(GroupId(0), 0, &page_bytes(1))
         .unwrap();
-    rig.save(&[save_item(1, 0)]);
+    rig.save(&[page_ref(1, 0)]);
     // Another block's key pointing at block 1's object: the hash in the header differs.
-    let mut wrong = load_item(1, 3);
+    let mut wrong = page_ref(1, 3);
     wrong.identity.chain_hash = BlockHash([2; 16]);
     assert_eq!(rig.load(&[wrong]), Err(LoadFailure::Corrupt));
     // A tampered payload under a fresh key.
@@ -175,13 +166,13 @@ fn corrupt_objects_fail_the_load_r5() {
         .put(&["k3"], &[&object])
         .into_iter()
         .for_each(|r| r.unwrap());
-    assert_eq!(rig.load(&[load_item(3, 3)]), Err(LoadFailure::Corrupt));
+    assert_eq!(rig.load(&[page_ref(3, 3)]), Err(LoadFailure::Corrupt));
     // A short object.
     rig.pool
         .put(&["k4"], &[&object[..HEADER_BYTES]])
         .into_iter()
         .for_each(|r| r.unwrap());
-    assert_eq!(rig.load(&[load_item(4, 3)]), Err(LoadFailure::Corrupt));
+    assert_eq!(rig.load(&[page_ref(4, 3)]), Err(LoadFailure::Corrupt));
 }
 
 /// R25: a failed device copy fails the load; a failed gather fails the save.
@@ -192,12 +183,12 @@ fn failed_copies_fail_loads_and_saves_r25() {
         .write_page(GroupId(0), 0, &page_bytes(1))
         .unwrap();
     rig.device.inject_copy_failures(1);
-    assert_eq!(rig.save(&[save_item(1, 0)]), vec![SaveResult::Failed]);
-    assert_eq!(rig.save(&[save_item(1, 0)]), vec![SaveResult::Stored]);
+    assert_eq!(rig.save(&[page_ref(1, 0)]), vec![SaveResult::Failed]);
+    assert_eq!(rig.save(&[page_ref(1, 0)]), vec![SaveResult::Stored]);
     rig.device.inject_copy_failures(1);
-    assert_eq!(rig.load(&[load_item(1, 3)]), Err(LoadFailure::DeviceCopy));
+    assert_eq!(rig.load(&[page_ref(1, 3)]), Err(LoadFailure::DeviceCopy));
     assert_eq!(
-        rig.load(&[load_item(1, 3)]),
+        rig.load(&[page_ref(1, 3)]),
         Ok(LoadMoved {
             pages: 1,
             bytes: PAGE as u64
@@ -212,14 +203,14 @@ fn a_load_past_its_deadline_times_out_r25() {
     rig.device
         .write_page(GroupId(0), 0, &page_bytes(1))
         .unwrap();
-    rig.save(&[save_item(1, 0)]);
+    rig.save(&[page_ref(1, 0)]);
     let staging = rig.staging.take().unwrap();
     let past = std::time::Instant::now();
     let (staging, result) = load_pages(
         &rig.pool,
         &mut rig.stream,
         staging,
-        &[load_item(1, 5)],
+        &[page_ref(1, 5)],
         Some(past),
     );
     rig.staging = Some(staging);
@@ -296,7 +287,7 @@ fn a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25() {
         rig.device
             .write_page(GroupId(0), 0, &page_bytes(1))
             .unwrap();
-        rig.save(&[save_item(1, 0)]);
+        rig.save(&[page_ref(1, 0)]);
         let before = vec![0xA5; PAGE];
         rig.device.write_page(GroupId(0), 5, &before).unwrap();
         let pool = WrongAnswers {
@@ -305,7 +296,7 @@ fn a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25() {
             no_answers,
         };
         let staging = rig.staging.take().unwrap();
-        let (_, result) = load_pages(&pool, &mut rig.stream, staging, &[load_item(1, 5)], None);
+        let (_, result) = load_pages(&pool, &mut rig.stream, staging, &[page_ref(1, 5)], None);
         assert_eq!(
             result,
             Err(failure),
@@ -336,203 +327,9 @@ fn a_put_without_answers_counts_the_saves_failed() {
         &pool,
         &mut rig.stream,
         staging,
-        &[save_item(1, 0), save_item(2, 1)],
+        &[page_ref(1, 0), page_ref(2, 1)],
     );
     assert_eq!(results, [SaveResult::Failed, SaveResult::Failed]);
 }
 
-/// A pool that does not lend or hand out objects: loads and saves go through staging.
-struct NoLend<'a>(&'a MemoryPool);
-
-impl Pool for NoLend<'_> {
-    fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
-        self.0.exists(keys)
-    }
-    fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
-        self.0.put(keys, values)
-    }
-    fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
-        self.0.get_into(keys, buffers)
-    }
-    fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
-        self.0.touch(keys)
-    }
-    fn counters(&self) -> crate::pool::PoolCounters {
-        self.0.counters()
-    }
-    fn name(&self) -> &'static str {
-        "no-lend"
-    }
-}
-
-const MANY: u32 = 300;
-
-fn many_identity(block: u32) -> ObjectIdentity {
-    let mut hash = [7; 16];
-    hash[..4].copy_from_slice(&block.to_le_bytes());
-    ObjectIdentity {
-        chain_hash: BlockHash(hash),
-        ..identity(0)
-    }
-}
-
-fn many_bytes(block: u32) -> Vec<u8> {
-    (0..u32::try_from(PAGE).unwrap())
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ block.wrapping_mul(40_503)).to_le_bytes()[1])
-        .collect()
-}
-
-fn many_device() -> (Device, CopyStream, StagingPool) {
-    let device = Device::open_host(&[PagePoolSpec {
-        group: GroupId(0),
-        page_bytes: PAGE,
-        num_pages: 2 * MANY,
-    }])
-    .unwrap();
-    let stream = device.stream().unwrap();
-    let staging = device.staging_pool(HEADER_BYTES + PAGE, 4).unwrap();
-    for block in 0..MANY {
-        device
-            .write_page(GroupId(0), block, &many_bytes(block))
-            .unwrap();
-    }
-    (device, stream, staging)
-}
-
-fn many_saves() -> Vec<SaveItem> {
-    (0..MANY)
-        .map(|block| SaveItem {
-            key: format!("m{block}"),
-            identity: many_identity(block),
-            page: block,
-            payload_len: PAGE,
-        })
-        .collect()
-}
-
-fn many_loads() -> Vec<LoadItem> {
-    (0..MANY)
-        .map(|block| LoadItem {
-            key: format!("m{block}"),
-            identity: many_identity(block),
-            page: MANY + block,
-            payload_len: PAGE,
-        })
-        .collect()
-}
-
-/// More pages than one lent batch ([`LENT_BATCH_PAGES`]): pipelined batches of lent and
-/// fresh pool objects, and parts of `staging.slots()` through a pool that does not lend,
-/// all come back byte-identical (R24).
-#[test]
-fn many_pages_round_trip_through_lending_and_staging_pools_r24() {
-    assert!(MANY as usize > LENT_BATCH_PAGES);
-    for lending in [true, false] {
-        let (device, mut stream, staging) = many_device();
-        let memory = rig(1).pool;
-        let no_lend = NoLend(&memory);
-        let pool: &dyn Pool = if lending { &memory } else { &no_lend };
-        let (staging, saved) = save_pages(pool, &mut stream, staging, &many_saves());
-        assert_eq!(
-            saved,
-            vec![SaveResult::Stored; MANY as usize],
-            "lending {lending}"
-        );
-        let (_, loaded) = load_pages(pool, &mut stream, staging, &many_loads(), None);
-        assert_eq!(loaded.map(|moved| moved.pages), Ok(u64::from(MANY)));
-        for block in [0, 255, 256, MANY - 1] {
-            assert_eq!(
-                device.read_page_to_vec(GroupId(0), MANY + block).unwrap(),
-                many_bytes(block),
-                "lending {lending}, block {block}"
-            );
-        }
-    }
-}
-
-/// R5, R25: a tampered object in the second lent batch fails the whole load, after the
-/// first batch (already in flight) finished.
-#[test]
-fn a_corrupt_object_in_a_later_lent_batch_fails_the_load_r5() {
-    let (_device, mut stream, staging) = many_device();
-    let pool = rig(1).pool;
-    let mut tampered = vec![0; HEADER_BYTES + PAGE];
-    tampered[HEADER_BYTES..].copy_from_slice(&many_bytes(290));
-    object::seal(&many_identity(290), &mut tampered, PAGE).unwrap();
-    tampered[HEADER_BYTES + 100] ^= 4;
-    pool.put(&["m290"], &[&tampered])
-        .into_iter()
-        .for_each(|r| r.unwrap());
-    let (staging, saved) = save_pages(&pool, &mut stream, staging, &many_saves());
-    assert_eq!(saved[290], SaveResult::SkippedPresent);
-    let (_, loaded) = load_pages(&pool, &mut stream, staging, &many_loads(), None);
-    assert_eq!(loaded, Err(LoadFailure::Corrupt));
-}
-
-/// Pages of two groups with different page sizes in one save batch: every fresh pool
-/// object is paired with a page of its own length (R19), and all come back (R24).
-#[test]
-fn mixed_page_sizes_in_one_batch_round_trip_r19_r24() {
-    let small = PAGE / 4;
-    let device = Device::open_host(&[
-        PagePoolSpec {
-            group: GroupId(0),
-            page_bytes: PAGE,
-            num_pages: 16,
-        },
-        PagePoolSpec {
-            group: GroupId(1),
-            page_bytes: small,
-            num_pages: 16,
-        },
-    ])
-    .unwrap();
-    let mut stream = device.stream().unwrap();
-    let staging = device.staging_pool(HEADER_BYTES + PAGE, 8).unwrap();
-    let pool = rig(1).pool;
-    let item = |block: u32, group: u32| {
-        let len = if group == 0 { PAGE } else { small };
-        let identity = ObjectIdentity {
-            group: GroupId(group),
-            ..many_identity(block)
-        };
-        (format!("g{group}/{block}"), identity, len)
-    };
-    let mut saves = Vec::new();
-    for block in 0..6_u32 {
-        for group in [1, 0] {
-            let (key, identity, len) = item(block, group);
-            device
-                .write_page(GroupId(group), block, &many_bytes(block * 2 + group)[..len])
-                .unwrap();
-            saves.push(SaveItem {
-                key,
-                identity,
-                page: block,
-                payload_len: len,
-            });
-        }
-    }
-    let (staging, stored) = save_pages(&pool, &mut stream, staging, &saves);
-    assert_eq!(stored, vec![SaveResult::Stored; saves.len()]);
-    let loads: Vec<LoadItem> = saves
-        .iter()
-        .map(|save| LoadItem {
-            key: save.key.clone(),
-            identity: save.identity,
-            page: save.page + 8,
-            payload_len: save.payload_len,
-        })
-        .collect();
-    let (_, loaded) = load_pages(&pool, &mut stream, staging, &loads, None);
-    assert_eq!(loaded.map(|moved| moved.pages), Ok(12));
-    for block in 0..6_u32 {
-        for group in [0, 1] {
-            let len = if group == 0 { PAGE } else { small };
-            assert_eq!(
-                device.read_page_to_vec(GroupId(group), block + 8).unwrap(),
-                many_bytes(block * 2 + group)[..len]
-            );
-        }
-    }
-}
+mod batches;

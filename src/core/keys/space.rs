@@ -1,8 +1,8 @@
 //! Where a page lives in the pool and what its header says, for every (group, shard):
 //! key prefixes built once at start (R3), the layout fingerprint in the model key (R4).
 
+use super::{KeyError, KeyPrefix, KeySpec, Shard};
 use crate::core::hash::BlockHash;
-use crate::core::keys::{KeyError, KeyPrefix, KeySpec, Shard};
 use crate::core::layout::{GroupId, Layout, LayoutFingerprint};
 use crate::core::object::ObjectIdentity;
 

@@ -30,39 +30,53 @@
 //! Neither path reads a payload with the CPU on a CUDA device: the copies are DMA and the
 //! checksums come from the device (`gpu::checked`).
 
+use crate::core::hash::BlockHash;
+use crate::core::ids::PageIndex;
+use crate::core::keys::KeySpace;
+use crate::core::layout::GroupId;
 use crate::core::ledger::LoadFailure;
 use crate::core::object::{self, ObjectIdentity, HEADER_BYTES};
-use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, SharedSlot, StagingPool};
+use crate::gpu::host_memory::SharedSlot;
+use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, StagingPool};
 use crate::pool::{Pool, PoolError};
 
 mod save;
 
 pub use save::save_pages;
 
-/// One page to load: its key, what its header must say, and where it goes.
+/// One page and its pool object: the object's key, what its header says, and the device
+/// page it is loaded into or saved from.
 #[derive(Clone, Debug)]
-pub struct LoadItem {
+pub struct PageRef {
     /// Pool key of the object.
     pub key: String,
-    /// What the object's header must say.
+    /// What the object's header says (checked on loads, written on saves).
     pub identity: ObjectIdentity,
-    /// Destination page index in the identity's group.
+    /// Device page index in the identity's group.
     pub page: u32,
     /// Payload bytes (the device page size).
     pub payload_len: usize,
 }
 
-/// One page to save.
-#[derive(Clone, Debug)]
-pub struct SaveItem {
-    /// Pool key of the object.
-    pub key: String,
-    /// What the header will say.
-    pub identity: ObjectIdentity,
-    /// Source page index in the identity's group.
-    pub page: u32,
-    /// Payload bytes (the device page size).
-    pub payload_len: usize,
+impl PageRef {
+    /// Device page `page` of block `hash` in `group` on `rank`, with the key and identity
+    /// the deployment's key space gives it (R3, R4); `None` when the key space has no such
+    /// group.
+    pub fn in_key_space(
+        keys: &KeySpace,
+        rank: u32,
+        group: GroupId,
+        page: PageIndex,
+        hash: BlockHash,
+    ) -> Option<Self> {
+        let group = keys.index_of(group).and_then(|index| keys.group(index))?;
+        Some(Self {
+            key: group.key(rank, &hash),
+            identity: keys.identity(group, rank, hash),
+            page: page.0,
+            payload_len: group.payload_len,
+        })
+    }
 }
 
 /// What a successful load moved.
@@ -99,7 +113,7 @@ pub fn load_pages(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
-    items: &[LoadItem],
+    items: &[PageRef],
     deadline: Option<std::time::Instant>,
 ) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
     let expired = || deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline);
@@ -159,7 +173,7 @@ pub const LENT_BATCH_PAGES: usize = 256;
 /// A batch of lent objects submitted and not yet waited for.
 struct LentBatch<'a> {
     in_flight: CheckedInFlight<Vec<SharedSlot>>,
-    batch: &'a [LoadItem],
+    batch: &'a [PageRef],
     stored: Vec<u64>,
 }
 
@@ -178,7 +192,7 @@ fn start_batch<'a>(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
-    batch: &'a [LoadItem],
+    batch: &'a [PageRef],
     expired: &dyn Fn() -> bool,
 ) -> (StagingPool, Result<Option<LentBatch<'a>>, LoadFailure>) {
     let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
@@ -218,7 +232,7 @@ fn load_through_staging(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
-    batch: &[LoadItem],
+    batch: &[PageRef],
     expired: &dyn Fn() -> bool,
 ) -> (StagingPool, Result<(), LoadFailure>) {
     let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
@@ -242,7 +256,7 @@ fn load_through_staging(
 
 /// The scatter copies of a batch: item `i`'s payload (after the header of slot or object
 /// `i`) to its page.
-fn load_copies(batch: &[LoadItem]) -> Vec<PageCopy> {
+fn load_copies(batch: &[PageRef]) -> Vec<PageCopy> {
     page_copies(
         batch
             .iter()
@@ -259,7 +273,7 @@ pub(super) fn batch_len(staging: &StagingPool) -> usize {
 }
 
 /// Compares each page's device checksum with its header's (R5).
-fn compare_checksums(batch: &[LoadItem], stored: &[u64], sums: &[u64]) -> Result<(), LoadFailure> {
+fn compare_checksums(batch: &[PageRef], stored: &[u64], sums: &[u64]) -> Result<(), LoadFailure> {
     for ((item, &stored), &computed) in batch.iter().zip(stored).zip(sums) {
         if let Err(error) = object::check_checksum(stored, computed) {
             tracing::warn!(key = %item.key, %error, "loaded page does not match its checksum");
@@ -274,9 +288,7 @@ fn compare_checksums(batch: &[LoadItem], stored: &[u64], sums: &[u64]) -> Result
 }
 
 /// One copy per item: the payload after the header of slot or object `i` to its page.
-pub(super) fn page_copies(
-    items: impl Iterator<Item = (crate::core::layout::GroupId, u32, usize)>,
-) -> Vec<PageCopy> {
+pub(super) fn page_copies(items: impl Iterator<Item = (GroupId, u32, usize)>) -> Vec<PageCopy> {
     items
         .enumerate()
         .map(|(slot, (group, page, len))| PageCopy {
@@ -292,7 +304,7 @@ pub(super) fn page_copies(
 /// The lent objects of a batch, each checked for length and header (R5); returns them
 /// with the stored checksums.
 fn take_lent(
-    batch: &[LoadItem],
+    batch: &[PageRef],
     lent: Vec<Result<SharedSlot, PoolError>>,
 ) -> Result<(Vec<SharedSlot>, Vec<u64>), LoadFailure> {
     if lent.len() != batch.len() {
@@ -320,7 +332,7 @@ fn take_lent(
 fn fetch_into_staging(
     pool: &dyn Pool,
     staging: &mut StagingPool,
-    batch: &[LoadItem],
+    batch: &[PageRef],
     keys: &[&str],
 ) -> Result<Vec<u64>, LoadFailure> {
     let mut buffers: Vec<&mut [u8]> = staging.slots_mut().take(batch.len()).collect();
@@ -350,7 +362,7 @@ fn fetch_into_staging(
 /// A pool that reports another byte count than the object's (or more than the buffer
 /// holds) is answering wrongly: the object counts as corrupt, and the buffer is only read
 /// within its bounds.
-fn open_checked_header(item: &LoadItem, buffer: &[u8], read: usize) -> Result<u64, LoadFailure> {
+fn open_checked_header(item: &PageRef, buffer: &[u8], read: usize) -> Result<u64, LoadFailure> {
     let expected = object::object_len(item.payload_len);
     let Some(object_bytes) = buffer.get(..read).filter(|_| read == expected) else {
         tracing::warn!(key = %item.key, expected, read, "pool answered a get with the wrong byte count");
