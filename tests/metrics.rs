@@ -254,12 +254,18 @@ fn a_metrics_port_in_use_gets_advice_that_works() -> anyhow::Result<()> {
 /// one `connector stopped` line per instance with the final totals.
 #[test]
 fn each_connector_logs_that_it_stopped() -> anyhow::Result<()> {
-    let stderr = replay_stderr(&["--limit", "3", "--quiet", "--instances", "2"], Some("info"))?;
+    let stderr = replay_stderr(
+        &["--limit", "3", "--quiet", "--instances", "2"],
+        Some("info"),
+    )?;
     let stopped: Vec<&str> = stderr
         .lines()
         .filter(|line| line.contains("connector stopped"))
         .collect();
     assert_eq!(stopped.len(), 2, "{stderr}");
-    assert!(stopped.iter().all(|line| line.contains("saves_done=")), "{stderr}");
+    assert!(
+        stopped.iter().all(|line| line.contains("saves_done=")),
+        "{stderr}"
+    );
     Ok(())
 }
