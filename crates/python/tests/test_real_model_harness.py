@@ -30,9 +30,12 @@ def test_paged_instance_equals_native_cache(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_fake_conversation_and_shared_prefix(name):
-    pair = scenarios.make_pair(fake, SPECS[name])
-    for checked in scenarios.conversation(pair) + scenarios.shared_prefix(pair):
-        scenarios.assert_matches(checked)
+    for scenario in (scenarios.conversation, scenarios.shared_prefix):
+        pair = scenarios.make_pair(fake, SPECS[name])
+        checked, live, final = scenarios.run_and_close(pair, scenario)
+        for c in checked:
+            scenarios.assert_matches(c)
+        scenarios.assert_loads_and_saves(pair, live, final)
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if SPECS[n].sliding_window])
@@ -51,7 +54,8 @@ def test_fake_foreign_page_is_caught(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_fake_corrupt_object_is_refused_and_recomputed(name):
-    checked, corrupted = scenarios.control_corrupt(fake, SPECS[name])
+    checked, corrupted, stats_b = scenarios.control_corrupt(fake, SPECS[name])
     assert corrupted == 1
+    assert scenarios.stat(stats_b, "failed_corrupt") == 1
     assert checked.served.filled is False and checked.served.start == 0
     assert checked.exact() and checked.served.generated == checked.baseline_generated

@@ -28,6 +28,7 @@ Per request (`Instance.serve`):
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -58,10 +59,13 @@ def sync(device) -> None:
 
 
 def forward(model, tokens: list[int], start: int, cache, device) -> torch.Tensor:
-    """Logits of tokens `[start, start + len(tokens))`, the cache holding `[0, start)`."""
+    """Logits of tokens `[start, start + len(tokens))`, the cache holding `[0, start)`.
+    Positions are explicit; the cache goes in as `cache`, or as `past_key_values` where
+    the installed transformers predates that name."""
     ids = torch.tensor([tokens], device=device)
     positions = torch.arange(start, start + len(tokens), device=device).unsqueeze(0)
-    out = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=ids, position_ids=positions, use_cache=True, **{name: cache})
     return out.logits[0]
 
 
@@ -122,6 +126,8 @@ class Instance:
             )
         self.next_rid = 1
         self.next_reservation = 1
+        # Pages that loads reported filled were asked to fill (R15's blocks, all groups).
+        self.pages_filled = 0
         self.unfreed: dict[int, Request] = {}  # finished requests whose saves are pending
 
     # -- pages -------------------------------------------------------------------------
@@ -200,14 +206,17 @@ class Instance:
         """Loads `[0, extra)` into fresh pages; returns (resume point, filled)."""
         reservation = self.next_reservation
         self.next_reservation += 1
+        pages = 0
         for gi, g in enumerate(self.layout["groups"]):
             for block in self.load_blocks(g, 0, extra):
                 self._ensure(req, gi, block)
+                pages += 1
             while len(req.tables[gi]) < extra // self.t:
                 req.tables[gi].append(-1)
         self._step(req, 0, 0, reservation)
         filled = self._wait_load(reservation)
         if filled:
+            self.pages_filled += pages
             return extra, True
         self.conn.release(req.rid, reservation, 0, extra)
         for gi, g in enumerate(self.layout["groups"]):

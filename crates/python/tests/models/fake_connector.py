@@ -82,7 +82,15 @@ class Connector:
         self.model_key = model_key
         self.requests: dict[int, dict] = {}
         self.loads: list[tuple[int, int, bool]] = []
-        self.counters = {"pages_loaded": 0, "pages_saved": 0, "corrupt": 0, "lookups": 0}
+        self.counters = {
+            "lookups": 0,
+            "pages_loaded": 0,
+            "loads_failed": 0,
+            "failed_corrupt": 0,
+            "pages_saved": 0,
+            "saves_failed": 0,
+            "published_past_chunk_end": 0,
+        }
 
     def _key(self, gi: int, digest: bytes) -> str:
         g = self.layout.groups[gi]
@@ -168,7 +176,8 @@ class Connector:
                 page = step.page_tables[gi][b] if b < len(step.page_tables[gi]) else -1
                 digest, payload = self.pool.objects.get(self._key(gi, state["hashes"][b]), (None, None))
                 if page < 0 or payload is None or _digest(payload) != digest:
-                    self.counters["corrupt"] += payload is not None and page >= 0
+                    self.counters["loads_failed"] += 1
+                    self.counters["failed_corrupt"] += payload is not None and page >= 0
                     self.loads.append((step.new_reservation, step.request_id, False))
                     return
                 pages.append((gi, page, payload))

@@ -211,10 +211,12 @@ def control_foreign_page(api, spec: ModelSpec) -> Checked:
         pair.close()
 
 
-def control_corrupt(api, spec: ModelSpec) -> tuple[Checked, int]:
-    """One stored object of the prefix has a flipped byte: the load must be refused and
-    B computes the prefix itself. Returns the check and how many objects were corrupted."""
+def control_corrupt(api, spec: ModelSpec) -> tuple[Checked, int, dict]:
+    """One stored object of the prefix (block 2 of the full-attention group) has a flipped
+    byte: the load must be refused and B computes the prefix itself. Returns the check,
+    how many objects were corrupted and B's final stats."""
     pair = make_pair(api, spec)
+    stats_b = {}
     try:
         a_prompt, b_prompt = system_prompts()
         pair.a.serve(a_prompt, decode=0)
@@ -222,6 +224,41 @@ def control_corrupt(api, spec: ModelSpec) -> tuple[Checked, int]:
         key = pair.a.conn.keys(a_prompt)[2][0]
         corrupted = pair.pool.corrupt(key, 1)
         served = pair.b.serve(b_prompt, decode=DECODE)
-        return check("corrupt object", pair.model, b_prompt, served, SYSTEM_TOKENS), corrupted
+        return check("corrupt object", pair.model, b_prompt, served, SYSTEM_TOKENS), corrupted, stats_b
     finally:
-        pair.close()
+        stats_b.update(pair.close()[1])
+
+
+def stat(stats: dict, name: str) -> int:
+    """Counter `name` anywhere in a (nested) stats dict."""
+    for key, value in stats.items():
+        if key == name and isinstance(value, int):
+            return value
+        if isinstance(value, dict):
+            try:
+                return stat(value, name)
+            except KeyError:
+                pass
+    raise KeyError(name)
+
+
+def run_and_close(pair: Pair, scenario) -> tuple[list[Checked], tuple[dict, dict], tuple[dict, dict]]:
+    """Runs `scenario(pair)`; returns its checks, both connectors' stats at its end and
+    their final reports."""
+    try:
+        checked = scenario(pair)
+        live = pair.a.conn.stats(), pair.b.conn.stats()
+    finally:
+        final = pair.close()
+    return checked, live, final
+
+
+def assert_loads_and_saves(pair: Pair, live, final) -> None:
+    """Every filled load moved exactly the pages R15 names, no load failed, no save
+    failed or went past a chunk end (R16)."""
+    for inst, stats in zip((pair.a, pair.b), live):
+        assert stat(stats, "pages_loaded") == inst.pages_filled
+        assert stat(stats, "loads_failed") == 0
+    for stats in final:
+        assert stat(stats, "published_past_chunk_end") == 0
+        assert stat(stats, "saves_failed") == 0
