@@ -45,6 +45,18 @@ def test_shared_system_prefix_resumes_bit_exact(name):
 
 
 @pytest.mark.parametrize("name", HYBRID)
+def test_window_walk_back_resumes_bit_exact(name):
+    """B resumes at an earlier prompt end whose window is in the pool: once past R
+    (`recovered`, R13), once within it (`rewound`, R12)."""
+    pair = scenarios.make_pair(kvc, SPECS[name])
+    checked, live, final = scenarios.run_and_close(pair, scenarios.walk_back)
+    for c in checked:
+        scenarios.assert_matches(c)
+    scenarios.assert_loads_and_saves(pair, live, final)
+    assert [scenarios.stat(live[1], o) for o in ("full", "rewound", "recovered")] == [0, 1, 1]
+
+
+@pytest.mark.parametrize("name", HYBRID)
 def test_window_tail_one_block_short_is_caught(name):
     c = scenarios.control_window_short(kvc, SPECS[name])
     assert c.served.filled and c.served.offer == scenarios.SYSTEM_TOKENS

@@ -11,6 +11,7 @@ from models.engine import Instance, native_run
 from models.tiny import SPECS, build_model, layout
 
 MODELS = list(SPECS)
+HYBRID = [name for name in MODELS if SPECS[name].sliding_window]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -38,7 +39,16 @@ def test_fake_conversation_and_shared_prefix(name):
         scenarios.assert_loads_and_saves(pair, live, final)
 
 
-@pytest.mark.parametrize("name", [n for n in MODELS if SPECS[n].sliding_window])
+@pytest.mark.parametrize("name", HYBRID)
+def test_fake_walk_back(name):
+    pair = scenarios.make_pair(fake, SPECS[name])
+    checked, live, final = scenarios.run_and_close(pair, scenarios.walk_back)
+    for c in checked:
+        scenarios.assert_matches(c)
+    assert [scenarios.stat(live[1], o) for o in ("full", "rewound", "recovered")] == [0, 1, 1]
+
+
+@pytest.mark.parametrize("name", HYBRID)
 def test_fake_window_short_is_caught(name):
     checked = scenarios.control_window_short(fake, SPECS[name])
     assert checked.served.filled and checked.served.offer == scenarios.SYSTEM_TOKENS

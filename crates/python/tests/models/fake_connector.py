@@ -83,7 +83,11 @@ class Connector:
         self.requests: dict[int, dict] = {}
         self.loads: list[tuple[int, int, bool]] = []
         self.counters = {
-            "lookups": 0,
+            "full": 0,
+            "rewound": 0,
+            "recovered": 0,
+            "window_miss": 0,
+            "full_miss": 0,
             "pages_loaded": 0,
             "loads_failed": 0,
             "failed_corrupt": 0,
@@ -104,7 +108,6 @@ class Connector:
 
     def lookup(self, request_id, tokens, local_match_tokens=0):
         tokens = list(tokens)
-        self.counters["lookups"] += 1
         self.requests[request_id] = {
             "hashes": chain_hashes(tokens, self.t, self.salt),
             "prompt_len": len(tokens),
@@ -139,7 +142,10 @@ class Connector:
         # R12 walks back at most R; R13's fallback (on by default) goes further.
         for e in range(h * self.t, 0, -self.t):
             if self._window_complete(hashes, e):
+                outcome = "full" if e == h * self.t else "rewound" if e >= h * self.t - self.rewind else "recovered"
+                self.counters[outcome] += 1
                 return e
+        self.counters["window_miss" if h else "full_miss"] += 1
         return 0
 
     def reserve(self, request_id, num_computed, reservation_id):

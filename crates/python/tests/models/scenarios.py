@@ -135,6 +135,27 @@ def shared_prefix(pair: Pair) -> list[Checked]:
     return out
 
 
+def walk_back(pair: Pair) -> list[Checked]:
+    """Window groups' walk-back (R12, R13): A serves a prompt's first 165 tokens, then the
+    whole 330-token prompt (its window saves start near its end, past block 13). B then
+    asks for the first 250 tokens plus new ones: the window of 240 is missing, and so is
+    every one down to 240 - R, so the lookup falls back to the earlier prompt end at 160
+    (`recovered`). Then the first 200 plus new ones: 192 and 176 are incomplete, 160 is
+    within R (`rewound`)."""
+    prompt = random_tokens(3, 330)
+    out = []
+    for name, tokens, inst, expected in (
+        ("A first part", prompt[:165], pair.a, 0),
+        ("A whole prompt", prompt, pair.a, 160),
+        ("B recovered", prompt[:250] + random_tokens(301, 40), pair.b, 160),
+        ("B rewound", prompt[:200] + random_tokens(302, 40), pair.b, 160),
+    ):
+        served = inst.serve(tokens, decode=DECODE)
+        inst.settle()
+        out.append(check(name, pair.model, tokens, served, expected))
+    return out
+
+
 def system_prompts() -> tuple[list[int], list[int]]:
     """A's prompt and B's prompt of the negative controls: one system prefix, different
     questions (B resumes at SYSTEM_TOKENS)."""
