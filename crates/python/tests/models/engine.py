@@ -113,6 +113,8 @@ class Instance:
         self.chunk = chunk
         self.zeros_for_missing = missing_pages == "zeros"
         self.paged = PagedKv(spec, layout, num_pages, self.device)
+        # R as configured; without it (or without a connector) window pages are given up
+        # as soon as no later token reads them.
         self.rewind = (config or {}).get("planner", {}).get("swa_endpoint_rewind_tokens", 0)
         self.api = api
         self.conn = None

@@ -11,7 +11,8 @@ into them. A sliding layer's cache holds only the keys its next query reads,
 
 Invariants:
 - a page is in at most one request's table, or on the free list;
-- fresh tensors are NaN, so a page read before anything wrote it poisons the logits;
+- a free page is NaN (fresh tensors are, and a released page is filled again), so a
+  page read before this request (or a load) wrote it poisons the logits;
 - a block whose page index is -1 reads as zeros (the "null page" of a paged engine)
   only where the instance was told to allow it (`missing_pages="zeros"`, negative
   controls); otherwise reading it is an error.
@@ -69,6 +70,7 @@ class PagedKv:
         return self.free[group].popleft()
 
     def release(self, group: int, page: int) -> None:
+        self.tensors[group][page].fill_(float("nan"))
         self.free[group].append(page)
 
     def write(self, tables: list[list[int]], start: int, added: dict) -> None:
