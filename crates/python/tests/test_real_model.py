@@ -74,8 +74,8 @@ def test_page_of_another_prompt_is_caught(name):
 def test_corrupt_object_is_refused_and_recomputed(name):
     """The connector refuses the load (R5, R25); B computes the prefix itself and then
     matches the baseline bit for bit."""
-    c, corrupted, stats_b = scenarios.control_corrupt(kvc, SPECS[name])
-    assert corrupted == 1
+    c, corrupted, key, stats_b = scenarios.control_corrupt(kvc, SPECS[name])
+    assert corrupted == [key]
     assert scenarios.stat(stats_b, "failed_corrupt") == 1
     assert c.served.offer == scenarios.SYSTEM_TOKENS
     assert c.served.filled is False and c.served.start == 0

@@ -64,8 +64,8 @@ def test_fake_foreign_page_is_caught(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_fake_corrupt_object_is_refused_and_recomputed(name):
-    checked, corrupted, stats_b = scenarios.control_corrupt(fake, SPECS[name])
-    assert corrupted == 1
+    checked, corrupted, key, stats_b = scenarios.control_corrupt(fake, SPECS[name])
+    assert corrupted == [key]
     assert scenarios.stat(stats_b, "failed_corrupt") == 1
     assert checked.served.filled is False and checked.served.start == 0
     assert checked.exact() and checked.served.generated == checked.baseline_generated

@@ -50,12 +50,14 @@ class MemoryPool:
     def __init__(self, capacity_bytes: int = 1 << 30):
         self.objects: dict[str, tuple[bytes, torch.Tensor]] = {}
 
-    def corrupt(self, key_substring: str | None = None, count: int = 1) -> int:
-        done = 0
-        for key, (digest, payload) in self.objects.items():
-            if done < count and (key_substring is None or key_substring in key):
-                payload.view(torch.uint8).view(-1)[0] ^= 0xFF
-                done += 1
+    def corrupt(self, key_substring: str | None = None, count: int = 1) -> list[str]:
+        """Flips a payload byte of up to `count` objects whose key holds `key_substring`,
+        in key order; returns their keys."""
+        done = []
+        for key in sorted(self.objects):
+            if len(done) < count and (key_substring is None or key_substring in key):
+                self.objects[key][1].view(torch.uint8).view(-1)[0] ^= 0xFF
+                done.append(key)
         return done
 
 

@@ -232,10 +232,10 @@ def control_foreign_page(api, spec: ModelSpec) -> Checked:
         pair.close()
 
 
-def control_corrupt(api, spec: ModelSpec) -> tuple[Checked, int, dict]:
+def control_corrupt(api, spec: ModelSpec) -> tuple[Checked, list[str], str, dict]:
     """One stored object of the prefix (block 2 of the full-attention group) has a flipped
     byte: the load must be refused and B computes the prefix itself. Returns the check,
-    how many objects were corrupted and B's final stats."""
+    the keys the pool corrupted, the key asked for and B's final stats."""
     pair = make_pair(api, spec)
     stats_b = {}
     try:
@@ -245,7 +245,7 @@ def control_corrupt(api, spec: ModelSpec) -> tuple[Checked, int, dict]:
         key = pair.a.conn.keys(a_prompt)[2][0]
         corrupted = pair.pool.corrupt(key, 1)
         served = pair.b.serve(b_prompt, decode=DECODE)
-        return check("corrupt object", pair.model, b_prompt, served, SYSTEM_TOKENS), corrupted, stats_b
+        return check("corrupt object", pair.model, b_prompt, served, SYSTEM_TOKENS), corrupted, key, stats_b
     finally:
         stats_b.update(pair.close()[1])
 
