@@ -10,6 +10,7 @@ no-reuse baseline.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ SYSTEM_TOKENS = 160  # the shared system prefix (10 blocks, a multiple of 80)
 QUESTION_TOKENS = (37, 52, 45)  # A's prompts after the system prefix
 USER_TOKENS = 64  # each later conversation turn adds the answer and this many tokens
 FIRST_TURN_TOKENS = 165
+# Resume points that are chunk boundaries for every instance.
+RESUME_GRID = math.lcm(CHUNK, TOKENS_PER_BLOCK)
 
 
 def device() -> str:
@@ -60,8 +63,8 @@ class Pair:
         return self.a.close(), self.b.close()
 
 
-def make_pair(api, spec: ModelSpec, *, model=None, window_tokens=None, missing_pages="error") -> Pair:
-    model = model if model is not None else build_model(spec, device())
+def make_pair(api, spec: ModelSpec, *, window_tokens=None, missing_pages="error") -> Pair:
+    model = build_model(spec, device())
     lay = layout(spec, window_tokens=window_tokens)
     pool = api.MemoryPool(capacity_bytes=64 << 20)
     a = Instance(spec, model, lay, api=api, pool=pool, config=config(), chunk=CHUNK)
@@ -163,14 +166,6 @@ def system_prompts() -> tuple[list[int], list[int]]:
     return system + random_tokens(200, QUESTION_TOKENS[0]), system + random_tokens(300, 70)
 
 
-def assert_offer_on_grid(offer: int) -> None:
-    assert offer % (CHUNK * TOKENS_PER_BLOCK // _gcd(CHUNK, TOKENS_PER_BLOCK)) == 0, offer
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 def assert_matches(c: Checked) -> None:
@@ -179,7 +174,7 @@ def assert_matches(c: Checked) -> None:
     the baseline's, bit for bit."""
     s = c.served
     assert s.offer == c.expected_offer, f"{c.name}: offered {s.offer}, expected {c.expected_offer}"
-    assert_offer_on_grid(s.offer)
+    assert s.offer % RESUME_GRID == 0, f"{c.name}: resume point {s.offer} is not a chunk boundary everywhere"
     if s.offer:
         assert s.filled, f"{c.name}: load of {s.offer} tokens not filled"
         assert s.start == s.offer
