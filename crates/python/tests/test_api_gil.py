@@ -5,7 +5,6 @@ loaded bytes be right; a deadlock would hang, so a watchdog ends the process aft
 generous bound instead (no timing is asserted)."""
 
 import faulthandler
-import sys
 import threading
 
 import pytest
@@ -32,7 +31,6 @@ def busy_gil():
             spins[index] += 1
 
     threads = [threading.Thread(target=spin, args=(i,), daemon=True) for i in range(BUSY_THREADS)]
-    old_interval = sys.getswitchinterval()
     for thread in threads:
         thread.start()
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
@@ -43,7 +41,6 @@ def busy_gil():
         stop.set()
         for thread in threads:
             thread.join()
-        sys.setswitchinterval(old_interval)
 
 
 def drive(a, kv_a, b, kv_b, requests=4):
