@@ -15,34 +15,30 @@
 //!   shut down by an `atexit` hook ([`shutdown_all`], registered by `__init__.py`) before
 //!   the interpreter finalizes, while a Mooncake client's threads can still take the GIL.
 
-use std::sync::{Arc, Weak};
+mod lifecycle;
+mod start;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use kv_connector::config::DeviceKind;
-use kv_connector::connector::{
-    ConnectorHandle, ConnectorParams, EngineConnector, ReserveAnswer, ScheduledRequest,
-    SchedulerOutput,
-};
-use kv_connector::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
+use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
+use kv_connector::core::hash::{hash_blocks, BlockHash};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::Layout;
-use kv_connector::pool::Pool;
-use kv_connector::stats::ConnectorStats;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+pub use self::lifecycle::shutdown_all;
+use self::lifecycle::State;
+use self::start::StartArgs;
 use crate::convert::int_sequence;
-use crate::errors::{self, ConfigError};
+use crate::errors;
 use crate::layout::PyLayout;
-use crate::pool::{self, PyMemoryPool};
-use crate::step::PyStepRequest;
-use crate::tensors::{self, Placement, Released};
-use crate::{config, stats};
-
-/// Every connector's state that may still be running, for [`shutdown_all`] (G3). Locked
-/// only briefly, never while waiting for the GIL.
-static LIVE: Mutex<Vec<Weak<Mutex<State>>>> = Mutex::new(Vec::new());
+use crate::pool::PyMemoryPool;
+use crate::stats;
+use crate::step::{PyStepRequest, StepCopy};
+use crate::tensors::Placement;
 
 /// The connector of one serving instance (module docs: threads and the GIL).
 #[pyclass(name = "Connector", module = "kv_connector", frozen)]
@@ -56,25 +52,6 @@ pub struct PyConnector {
     pool_name: &'static str,
     model_key: String,
     namespace: String,
-}
-
-/// What the hooks change.
-struct State {
-    handle: ConnectorHandle,
-    /// The report of `shutdown`, returned again by later calls.
-    final_stats: Option<ConnectorStats>,
-    /// Per rank: told when the device lets go of the tensors (`tensors` T5).
-    released: Vec<Arc<Released>>,
-}
-
-/// One `StepRequest`, copied out of Python so the runtime can run without the GIL.
-struct StepCopy {
-    request: RequestId,
-    prompt_len: usize,
-    computed_before: usize,
-    computed_after: usize,
-    new_reservation: Option<ReservationId>,
-    page_tables: Vec<Vec<i32>>,
 }
 
 #[pymethods]
@@ -95,62 +72,14 @@ impl PyConnector {
         namespace: Option<String>,
         salt: Option<&str>,
     ) -> PyResult<Self> {
-        let py = layout.py();
-        let layout = PyLayout::from_arg(layout)?;
-        let mut config = config::load(py, config)?;
-        if let Some(namespace) = namespace {
-            config.keys.namespace = namespace;
-        }
-        let model_key = model_key
-            .or_else(|| Some(config.keys.model_key.clone()).filter(|key| !key.is_empty()))
-            .unwrap_or_else(|| layout.name.clone());
-        let mut devices = Vec::new();
-        let mut placements = Vec::new();
-        let mut released = Vec::new();
-        for (rank, tensors) in tensors::per_rank(kv_caches, &layout)?.iter().enumerate() {
-            let opened = tensors::open_device(&layout, rank, tensors)?;
-            check_device_kind(config.device.kind, opened.placement)?;
-            devices.push(opened.device);
-            placements.push(opened.placement);
-            released.push(opened.released);
-        }
-        let pool: Arc<dyn Pool> = match pool {
-            Some(shared) => shared.get().inner.clone(),
-            None => pool::from_config(py, &config)?,
-        };
-        let seed = scope_seed(&Scope {
-            salt: salt.map(str::to_owned),
-            ..Scope::default()
-        });
-        let namespace = config.keys.namespace.clone();
-        let params = ConnectorParams {
-            config,
-            layout: layout.clone(),
-            pool: Arc::clone(&pool),
-            devices,
-            seed,
-            model_key: model_key.clone(),
-        };
-        let handle = py
-            .detach(|| ConnectorHandle::start(params))
-            .map_err(|error| errors::start(&error))?;
-        let state = Arc::new(Mutex::new(State {
-            handle,
-            final_stats: None,
-            released,
-        }));
-        let mut live = LIVE.lock();
-        live.retain(|state| state.strong_count() > 0);
-        live.push(Arc::downgrade(&state));
-        drop(live);
-        Ok(Self {
-            state,
+        start::start(StartArgs {
             layout,
-            seed,
-            placements,
-            pool_name: pool.name(),
+            kv_caches,
+            pool,
+            config,
             model_key,
             namespace,
+            salt,
         })
     }
 
@@ -230,23 +159,7 @@ impl PyConnector {
         let groups = self.layout.groups.len();
         let copies = requests
             .iter()
-            .map(|request| {
-                if request.page_tables.len() != groups {
-                    return Err(PyValueError::new_err(format!(
-                        "request {}: {} page tables given, the layout has {groups} groups",
-                        request.request_id,
-                        request.page_tables.len()
-                    )));
-                }
-                Ok(StepCopy {
-                    request: RequestId(request.request_id),
-                    prompt_len: request.prompt_len,
-                    computed_before: request.computed_before,
-                    computed_after: request.computed_after,
-                    new_reservation: request.new_reservation.map(ReservationId),
-                    page_tables: request.page_tables.clone(),
-                })
-            })
+            .map(|request| StepCopy::of(request, groups))
             .collect::<PyResult<Vec<_>>>()?;
         drop(requests);
         self.with(py, |state| {
@@ -420,68 +333,4 @@ impl PyConnector {
     fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R + Send) -> R {
         py.detach(|| f(&mut self.state.lock()))
     }
-}
-
-/// How long shutdown waits for the actor threads to drop the tensor references.
-const RELEASE_LIMIT: Duration = Duration::from_secs(30);
-
-impl State {
-    /// Shuts the handle down once and waits until the tensors are released (T5); returns
-    /// the final report (idempotent).
-    fn close(&mut self) -> ConnectorStats {
-        if self.final_stats.is_none() {
-            self.final_stats = Some(self.handle.close());
-            for (rank, released) in self.released.iter().enumerate() {
-                if !released.wait(RELEASE_LIMIT) {
-                    tracing::warn!(
-                        rank,
-                        "kv cache tensors still held by connector threads after shutdown"
-                    );
-                }
-            }
-        }
-        self.final_stats.clone().unwrap_or_default()
-    }
-}
-
-impl Drop for PyConnector {
-    /// G3: shut down a connector the engine forgot, without holding the GIL if possible.
-    fn drop(&mut self) {
-        let close = || drop(self.state.lock().close());
-        if Python::try_attach(|py| py.detach(close)).is_none() {
-            drop(self.state.lock().close());
-        }
-    }
-}
-
-/// Shuts down every connector still running (G3), with the GIL released.
-#[pyfunction]
-pub fn shutdown_all(py: Python<'_>) {
-    let live: Vec<Arc<Mutex<State>>> = LIVE
-        .lock()
-        .drain(..)
-        .filter_map(|state| state.upgrade())
-        .collect();
-    py.detach(|| {
-        for state in live {
-            drop(state.lock().close());
-        }
-    });
-}
-
-/// Refuses tensors on a device that `device.kind` excludes (`auto` takes the tensors').
-fn check_device_kind(kind: DeviceKind, placement: Placement) -> PyResult<()> {
-    let refused = match (kind, placement) {
-        (DeviceKind::Cuda, Placement::Host) => {
-            "device.kind = \"cuda\" but the kv caches are cpu tensors"
-        }
-        (DeviceKind::Host, Placement::Cuda(_)) => {
-            "device.kind = \"host\" but the kv caches are cuda tensors"
-        }
-        _ => return Ok(()),
-    };
-    Err(errors::raise::<ConfigError>(
-        "device_kind",
-        format!("{refused}; set device.kind = \"auto\" (the tensors decide)"),
-    ))
 }

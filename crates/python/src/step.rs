@@ -1,6 +1,7 @@
 //! `kv_connector.StepRequest`: one request in one engine step, as `Connector.on_step` takes
 //! it (the runtime's `ScheduledRequest`).
 
+use kv_connector::core::ids::{RequestId, ReservationId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -93,4 +94,41 @@ fn page_table(table: &Bound<'_, PyAny>, group: usize) -> PyResult<Vec<i32>> {
                 })
         })
         .collect()
+}
+
+/// One `StepRequest`, copied out of Python so the runtime can run without the GIL.
+pub struct StepCopy {
+    /// The request.
+    pub request: RequestId,
+    /// Prompt length in tokens.
+    pub prompt_len: usize,
+    /// Tokens computed before this step.
+    pub computed_before: usize,
+    /// Tokens computed by the end of this step.
+    pub computed_after: usize,
+    /// A reservation whose load starts now.
+    pub new_reservation: Option<ReservationId>,
+    /// Page table per group, layout order.
+    pub page_tables: Vec<Vec<i32>>,
+}
+
+impl StepCopy {
+    /// A copy of `request`, checked to hold one page table per each of `groups` groups.
+    pub fn of(request: &PyStepRequest, groups: usize) -> PyResult<Self> {
+        if request.page_tables.len() != groups {
+            return Err(PyValueError::new_err(format!(
+                "request {}: {} page tables given, the layout has {groups} groups",
+                request.request_id,
+                request.page_tables.len()
+            )));
+        }
+        Ok(Self {
+            request: RequestId(request.request_id),
+            prompt_len: request.prompt_len,
+            computed_before: request.computed_before,
+            computed_after: request.computed_after,
+            new_reservation: request.new_reservation.map(ReservationId),
+            page_tables: request.page_tables.clone(),
+        })
+    }
 }

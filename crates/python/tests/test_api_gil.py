@@ -1,7 +1,9 @@
 """Threads and the GIL (R31): Python threads keep the GIL busy with pure-Python loops while
 one thread drives the hooks through saves and loads, on the embedded pool and on Mooncake
 (whose client threads take the GIL for every call). The hooks must complete and the
-loaded bytes be right; a deadlock would hang, so a watchdog ends the process after a
+loaded bytes be right. The saving side settles its saves right after handing them off,
+while the saver still needs the GIL for its Mooncake puts: a hook that waited with the GIL
+held would deadlock there. A deadlock would hang, so a watchdog ends the process after a
 generous bound instead (no timing is asserted)."""
 
 import faulthandler
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 import kv_connector as kvc
-from api_support import SMALL_STAGING, T, caches, layout, mooncake_master, prompt, serve  # noqa: F401 (fixture)
+from api_support import SMALL_STAGING, T, caches, fill, layout, mooncake_master, prompt, serve, wait_until  # noqa: F401 (fixture)
 
 WATCHDOG_S = 900
 BUSY_THREADS = 3
@@ -43,12 +45,26 @@ def busy_gil():
             thread.join()
 
 
+def save_at_once(conn, kv, rid, tokens, pages):
+    """Computes the whole prompt in one step, then settles its saves and reads the stats
+    at once, before the saver had a chance to run (module docs)."""
+    conn.lookup(rid, tokens)
+    assert wait_until(lambda: conn.reserve(rid, 0, rid), conn, f"the lookup of {rid}") == (0, False)
+    for block in range(len(tokens) // T):
+        for group, cache in enumerate(kv):
+            fill(cache, pages[block], group, block)
+    tables = [pages] * len(kv)
+    conn.on_step([kvc.StepRequest(rid, len(tokens), 0, len(tokens), page_tables=tables)])
+    conn.settle_saves()
+    assert conn.stats()["saves"]["saves_enqueued"] > 0
+    assert conn.request_finished(rid) is False, "settled: nothing to wait for"
+
+
 def drive(a, kv_a, b, kv_b, requests=4):
     """A saves `requests` prompts; B loads each of them and checks the bytes."""
     for i in range(requests):
         tokens = prompt(6 * T + 3, start=20_000 + 1000 * i)
-        serve(a, kv_a, 10 + i, tokens, pages=list(range(7 * i, 7 * i + 7)))
-        a.settle_saves()
+        save_at_once(a, kv_a, 10 + i, tokens, pages=list(range(7 * i, 7 * i + 7)))
         served = serve(b, kv_b, 10 + i, tokens, pages=list(range(7 * i, 7 * i + 7)))
         assert served.offer == 6 * T and served.filled, i
         for block in range(6):
