@@ -50,9 +50,9 @@ def layout(full_only: bool = False) -> kvc.Layout:
     return kvc.Layout.from_dict(FULL_LAYOUT if full_only else LAYOUT)
 
 
-def caches(groups: int = 2, pages: int = PAGES) -> list[torch.Tensor]:
+def caches(groups: int = 2, pages: int = PAGES, device: str = "cpu") -> list[torch.Tensor]:
     """Zeroed page-major caches, one per group."""
-    return [torch.zeros((pages, *PAGE_SHAPE), dtype=torch.float32) for _ in range(groups)]
+    return [torch.zeros((pages, *PAGE_SHAPE), dtype=torch.float32, device=device) for _ in range(groups)]
 
 
 def prompt(length: int, start: int = 1000) -> list[int]:
@@ -62,7 +62,7 @@ def prompt(length: int, start: int = 1000) -> list[int]:
 def fill(cache: torch.Tensor, page: int, group: int, block: int, salt: int = 0) -> None:
     """The KV the engine 'computes' for `block` of `group`: distinct per block and group."""
     n = cache[page].numel()
-    values = torch.arange(n, dtype=torch.float32) + float(1_000_000 * (group + 1) + 1000 * block + salt)
+    values = torch.arange(n, dtype=torch.float32, device=cache.device) + float(1_000_000 * (group + 1) + 1000 * block + salt)
     cache[page].copy_(values.reshape(cache[page].shape))
 
 
@@ -90,7 +90,8 @@ class Served:
 def serve(conn: kvc.Connector, kv: list[torch.Tensor], rid: int, tokens: list[int], pages: list[int], chunk: int = 64) -> Served:
     """One request through the hooks, the way an engine drives them: lookup, reserve until
     answered, load the offer (or compute it when the load fails), compute the rest in
-    chunks (writing each completed block's KV), finish, wait for its saves."""
+    chunks (writing each completed block's KV, on the GPU finished before the chunk is
+    reported), finish, wait for its saves."""
     groups = len(kv)
     conn.lookup(rid, tokens)
     conn.flush()
@@ -112,6 +113,8 @@ def serve(conn: kvc.Connector, kv: list[torch.Tensor], rid: int, tokens: list[in
         for block in range(computed // T, end // T):
             for group in range(groups):
                 fill(kv[group], pages[block], group, block)
+        if kv[0].is_cuda:
+            torch.cuda.synchronize(kv[0].device)  # saves read what is on the device
         conn.on_step([kvc.StepRequest(rid, len(tokens), computed, end, page_tables=tables)])
         computed = end
     if conn.request_finished(rid):

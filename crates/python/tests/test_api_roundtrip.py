@@ -11,18 +11,22 @@ import kv_connector as kvc
 from api_support import SMALL_STAGING, T, caches, layout, prompt, serve, wait_until
 
 
-def pair(pool, full_only=False):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def pair(pool, full_only=False, device="cpu"):
     groups = 1 if full_only else 2
     lay = layout(full_only)
-    kv_a, kv_b = caches(groups), caches(groups)
+    kv_a, kv_b = caches(groups, device=device), caches(groups, device=device)
     a = kvc.Connector(layout=lay, kv_caches=kv_a, pool=pool, config=SMALL_STAGING, model_key="m")
     b = kvc.Connector(layout=lay, kv_caches=kv_b, pool=pool, config=SMALL_STAGING, model_key="m")
     return a, kv_a, b, kv_b
 
 
-def test_save_then_load_fills_the_other_connectors_tensors_byte_identical():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_save_then_load_fills_the_other_connectors_tensors_byte_identical(device):
     pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    a, kv_a, b, kv_b = pair(pool, full_only=True)
+    a, kv_a, b, kv_b = pair(pool, full_only=True, device=device)
     with a, b:
         tokens = prompt(10 * T + 5)
         first = serve(a, kv_a, 1, tokens, pages=list(range(11)))
@@ -41,9 +45,10 @@ def test_save_then_load_fills_the_other_connectors_tensors_byte_identical():
     assert pool.counters()["objects"] == 10, "A's ten full blocks; B saved none again (R19)"
 
 
-def test_a_hybrid_layout_loads_the_window_and_the_full_prefix():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_a_hybrid_layout_loads_the_window_and_the_full_prefix(device):
     pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    a, kv_a, b, kv_b = pair(pool)
+    a, kv_a, b, kv_b = pair(pool, device=device)
     with a, b:
         tokens = prompt(8 * T + 3)
         serve(a, kv_a, 1, tokens, pages=list(range(9)))
@@ -58,9 +63,10 @@ def test_a_hybrid_layout_loads_the_window_and_the_full_prefix():
 
 
 @pytest.mark.skipif("faults" not in kvc.FEATURES, reason="needs a wheel built with the faults feature")
-def test_a_corrupted_object_is_refused_and_the_prefix_recomputed():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_a_corrupted_object_is_refused_and_the_prefix_recomputed(device):
     pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    a, kv_a, b, kv_b = pair(pool, full_only=True)
+    a, kv_a, b, kv_b = pair(pool, full_only=True, device=device)
     with a, b:
         tokens = prompt(6 * T + 1)
         serve(a, kv_a, 1, tokens, pages=list(range(7)))
