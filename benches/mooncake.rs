@@ -169,6 +169,7 @@ fn bench_transfers(criterion: &mut Criterion, pool: &MooncakePool) -> Result<(),
 fn bench_conversions(criterion: &mut Criterion, keys: &[&str]) {
     let mut group = criterion.benchmark_group("pyo3_conversion");
     group.throughput(Throughput::Elements(keys.len() as u64));
+    kv_connector::pool::mooncake::ensure_interpreter();
     Python::attach(|py| {
         group.bench_function("keys_as_str", |bench| {
             bench.iter(|| black_box(PyList::new(py, keys).map(|list| list.len())));

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use crate::core::layout::GroupId;
 
+use super::borrowed::PageOwner;
 use super::copy::{CopyDirection, CopyRun};
 #[cfg(feature = "cuda")]
 use super::cuda::{CudaDevice, PendingCopy};
@@ -77,6 +78,9 @@ struct Shared {
     next_stream: AtomicU32,
     /// Submissions still to fail, set by [`Device::inject_copy_failures`] (`host::H3`).
     pending_copy_failures: AtomicU32,
+    /// What keeps borrowed page memory alive (`borrowed.rs`); `None` for owned pages.
+    /// Declared last so it drops after the backend (B4).
+    owner: Option<PageOwner>,
 }
 
 /// A handle to one device's page memory. Clones share the same memory.
@@ -120,6 +124,19 @@ impl Device {
     }
 
     fn from_parts(geometry: PageGeometry, backend: Backend) -> Self {
+        Self::with_owner(geometry, backend, None)
+    }
+
+    /// A device on borrowed page memory that `owner` keeps alive (`borrowed.rs`, B4).
+    pub(super) fn from_borrowed(
+        geometry: PageGeometry,
+        backend: Backend,
+        owner: PageOwner,
+    ) -> Self {
+        Self::with_owner(geometry, backend, Some(owner))
+    }
+
+    fn with_owner(geometry: PageGeometry, backend: Backend, owner: Option<PageOwner>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 geometry,
@@ -127,8 +144,15 @@ impl Device {
                 poisoned: AtomicBool::new(false),
                 next_stream: AtomicU32::new(0),
                 pending_copy_failures: AtomicU32::new(0),
+                owner,
             }),
         }
+    }
+
+    /// Whether the pages are memory the caller owns ([`Device::borrow_host`],
+    /// [`Device::borrow_cuda`]).
+    pub fn is_borrowed(&self) -> bool {
+        self.shared.owner.is_some()
     }
 
     /// The backend this device runs on.
@@ -390,6 +414,7 @@ impl fmt::Debug for Device {
             .field("kind", &self.kind())
             .field("cuda_ordinal", &self.cuda_ordinal())
             .field("pools", &self.shared.geometry.pools())
+            .field("borrowed", &self.is_borrowed())
             .field("poisoned", &self.is_poisoned())
             .finish()
     }

@@ -306,6 +306,46 @@ pub enum GpuError {
         /// The object's length.
         object_len: usize,
     },
+    /// A borrowed page region is unusable (`Device::borrow_host` / `borrow_cuda`, B1, B3).
+    #[error(
+        "the borrowed pages of layer group {group} at address {base:#x} are refused: {reason}"
+    )]
+    BorrowedRegionInvalid {
+        /// The group of the region.
+        group: GroupId,
+        /// The region's base address.
+        base: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// Two borrowed page regions overlap, so a copy into one would write the other (B2).
+    #[error(
+        "the borrowed pages of layer groups {first} and {second} overlap; give every group \
+         its own memory"
+    )]
+    BorrowedOverlap {
+        /// The group of the lower region.
+        first: GroupId,
+        /// The group of the region that starts inside it.
+        second: GroupId,
+    },
+
+    /// Borrowed CUDA pages lie in memory of another device than the one named (B3).
+    #[error(
+        "the borrowed pages of layer group {group} at address {base:#x} are memory of cuda \
+         device {actual}, not of device {expected}; put every cache of one rank on one device"
+    )]
+    BorrowedWrongDevice {
+        /// The group of the region.
+        group: GroupId,
+        /// The region's base address.
+        base: u64,
+        /// The device the caller named.
+        expected: u32,
+        /// The device the driver says the memory belongs to.
+        actual: i64,
+    },
 }
 
 impl GpuError {
@@ -344,6 +384,9 @@ impl GpuError {
             Self::ChecksumKernelInvalid { .. } => "checksum_kernel_invalid",
             Self::ObjectOutOfRange { .. } => "object_out_of_range",
             Self::ObjectRangeOutOfObject { .. } => "object_range_out_of_object",
+            Self::BorrowedRegionInvalid { .. } => "borrowed_region_invalid",
+            Self::BorrowedOverlap { .. } => "borrowed_overlap",
+            Self::BorrowedWrongDevice { .. } => "borrowed_wrong_device",
         }
     }
 

@@ -5,7 +5,8 @@
 //! This is the bottom layer of the sandwich for the host backend; the CUDA backend's bottom
 //! layer is `cuda/driver.rs` (cudarc driver calls) instead. Callers above (`Device`,
 //! `CopyStream`) have already bounds-checked every access (`gpu::I1`, `copy::C1`), so nothing here
-//! re-validates, and no `unsafe` is needed.
+//! re-validates. Pages are owned boxes, or windows into memory the caller owns
+//! (`Device::borrow_host`, [`PageMemory::Borrowed`]); only the latter needs `unsafe`.
 //!
 //! Invariants:
 //! - `host::H1`. Each page has its own lock; concurrent work on different pages never contends,
@@ -16,16 +17,59 @@
 //!   unchanged (`gpu::I6`).
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 
 use parking_lot::RwLock;
 
 use super::copy::{CopyDirection, CopyRun};
 use super::pages::PageGeometry;
 
-/// One group's pages. Pages are separate allocations so each gets its own lock (`host::H1`).
+/// One group's pages. Each page has its own lock (`host::H1`).
 struct HostPagePool {
     page_bytes: usize,
-    pages: Vec<RwLock<Box<[u8]>>>,
+    pages: Vec<RwLock<PageMemory>>,
+}
+
+/// The bytes of one page.
+enum PageMemory {
+    /// A separate allocation of this device.
+    Owned(Box<[u8]>),
+    /// `len` bytes at `ptr` (never null, B1) in memory the caller of `Device::borrow_host`
+    /// owns.
+    Borrowed { ptr: *mut u8, len: usize },
+}
+
+// SAFETY: a borrowed page is host memory that stays valid while the device lives and that
+// only this device touches while it works on the page (`Device::borrow_host`'s contract);
+// like the owned box it may be read and written from any thread under the page's lock.
+unsafe impl Send for PageMemory {}
+// SAFETY: `&PageMemory` only gives `&[u8]`; writers need `&mut`, which the page lock makes
+// exclusive (H1).
+unsafe impl Sync for PageMemory {}
+
+impl Deref for PageMemory {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Owned(bytes) => bytes,
+            // SAFETY: `ptr..ptr + len` is valid for reads while the device lives, and no one
+            // writes it while this shared borrow (under the page's read lock) lasts
+            // (`Device::borrow_host`'s contract).
+            Self::Borrowed { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+        }
+    }
+}
+
+impl DerefMut for PageMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Self::Owned(bytes) => bytes,
+            // SAFETY: as in `deref`, and the page's write lock makes this the only access
+            // from this device; nothing outside it touches the page meanwhile (contract).
+            Self::Borrowed { ptr, len } => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
+        }
+    }
 }
 
 /// Page memory of every group.
@@ -43,7 +87,41 @@ impl HostDevice {
             .map(|spec| HostPagePool {
                 page_bytes: spec.page_bytes,
                 pages: (0..spec.num_pages)
-                    .map(|_| RwLock::new(vec![0; spec.page_bytes].into_boxed_slice()))
+                    .map(|_| {
+                        RwLock::new(PageMemory::Owned(
+                            vec![0; spec.page_bytes].into_boxed_slice(),
+                        ))
+                    })
+                    .collect(),
+            })
+            .collect();
+        Self { pools }
+    }
+
+    /// Pages in memory the caller owns: pool `i` of `geometry` starts at `bases[i]`, page
+    /// `p` at `bases[i] + p * page_bytes`.
+    ///
+    /// # Safety
+    /// Every `bases[i]..bases[i] + page_bytes * num_pages` is non-null host memory, valid
+    /// for reads and writes while the device lives, the ranges are disjoint, and nothing
+    /// outside the device touches a page while it works on it (`Device::borrow_host`).
+    pub(crate) unsafe fn borrowed(geometry: &PageGeometry, bases: &[u64]) -> Self {
+        let pools = geometry
+            .pools()
+            .iter()
+            .zip(bases)
+            .map(|(spec, &base)| HostPagePool {
+                page_bytes: spec.page_bytes,
+                pages: (0..spec.num_pages)
+                    .map(|page| {
+                        // B1: `base + pool bytes` fits in usize, so neither step overflows.
+                        let base = usize::try_from(base).unwrap_or(usize::MAX);
+                        let address = base + spec.page_offset(page);
+                        RwLock::new(PageMemory::Borrowed {
+                            ptr: std::ptr::with_exposed_provenance_mut(address),
+                            len: spec.page_bytes,
+                        })
+                    })
                     .collect(),
             })
             .collect();

@@ -34,8 +34,10 @@
 //!
 //! 1. Start: `Device::open(request, &[PagePoolSpec { group, page_bytes, num_pages }, ..])`
 //!    with the configured [`DeviceRequest`] (`device.kind`: auto, cuda or host), or
-//!    `Device::open_host` / `Device::open_cuda` directly. The handle is cloned into the
-//!    engine simulator, every loader and the saver.
+//!    `Device::open_host` / `Device::open_cuda` directly; an engine that owns its KV cache
+//!    memory (torch tensors) opens one on it with `Device::borrow_host` /
+//!    `Device::borrow_cuda` (`borrowed.rs`). The handle is cloned into the engine
+//!    simulator, every loader and the saver.
 //! 2. Each loader (and the saver) takes one [`StagingPool`] (`device.staging_pool`) and one
 //!    [`CopyStream`] (`device.stream`), and owns both by value.
 //! 3. A load: the pool transport fills staging slots, the loader verifies headers, then
@@ -98,6 +100,7 @@
 
 #![deny(missing_docs)]
 
+mod borrowed;
 mod checked;
 mod checked_issue;
 mod copy;
@@ -115,6 +118,7 @@ mod stream;
 #[cfg(any(feature = "cuda", test))]
 mod strided;
 
+pub use borrowed::{BorrowedPages, PageOwner};
 pub use checked::{CheckedInFlight, CheckedSubmitError, HostSide, HostTarget, ResolvedCopy};
 pub use copy::{coalesce, plan_copies, CopyDirection, CopyRun, PageCopy};
 pub use device::{Device, DeviceKind};

@@ -65,6 +65,8 @@ use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 use super::{Pool, PoolClock, PoolCounters, PoolError};
 use crate::core::eviction::{EvictionEntry, EvictionError, EvictionPolicy, PoolUsage};
+#[cfg(feature = "faults")]
+use crate::core::object::HEADER_BYTES;
 use crate::gpu::host_memory::{HostArena, HostSlot, SharedSlot};
 
 /// The embedded memory pool. Cheap to share as `Arc<dyn Pool>`; every method takes `&self`.
@@ -446,6 +448,64 @@ impl Pool for MemoryPool {
     }
 }
 
+/// Test aid (feature `faults`): corrupting stored objects, so a test can show that a load
+/// of a damaged object is a miss and never KV the engine sees (R5, R25).
+#[cfg(feature = "faults")]
+impl MemoryPool {
+    /// Flips one payload byte (the first byte past the object header, or the last byte of
+    /// an object no longer than a header) of up to `count` stored objects whose key
+    /// contains `key_contains` (any key for `None`), taken in key order. Each object is
+    /// replaced by a damaged copy of the same length, which breaks I3 on purpose; a reader
+    /// that holds the old bytes keeps them. Returns the keys damaged, in key order.
+    ///
+    /// # Errors
+    /// [`PoolError::HostMemory`] when the arena has no memory for a copy; objects damaged
+    /// before it stay damaged.
+    pub fn corrupt_payloads(
+        &self,
+        key_contains: Option<&str>,
+        count: usize,
+    ) -> Result<Vec<String>, PoolError> {
+        let mut chosen: Vec<(Arc<str>, SharedSlot)> = {
+            let state = self.state.lock();
+            state
+                .objects
+                .iter()
+                .filter(|(key, object)| {
+                    !object.value.is_empty() && key_contains.is_none_or(|part| key.contains(part))
+                })
+                .map(|(key, object)| (Arc::clone(key), object.value.clone()))
+                .collect()
+        };
+        chosen.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        chosen.truncate(count);
+        let mut damaged = Vec::with_capacity(chosen.len());
+        let mut released = Vec::with_capacity(chosen.len());
+        for (key, original) in chosen {
+            let mut copy =
+                self.arena
+                    .alloc(original.len())
+                    .map_err(|error| PoolError::HostMemory {
+                        len: original.len(),
+                        cause: error.kind(),
+                    })?;
+            copy.copy_from_slice(&original);
+            let at = if copy.len() > HEADER_BYTES {
+                HEADER_BYTES
+            } else {
+                copy.len() - 1
+            };
+            copy[at] ^= 0xff;
+            if let Some(object) = self.state.lock().objects.get_mut(&*key) {
+                released.push(std::mem::replace(&mut object.value, copy.share()));
+                damaged.push(key.to_string());
+            }
+        }
+        drop(released); // after unlocking (I6)
+        Ok(damaged)
+    }
+}
+
 /// A length as `u64` (lossless on every supported target).
 fn byte_len(len: usize) -> u64 {
     u64::try_from(len).unwrap_or(u64::MAX)
@@ -502,6 +562,51 @@ mod tests {
             .collect::<Result<Vec<_>, _>>()?;
         assert_eq!(pool.exists(&["a"]), vec![Ok(false)]);
         assert_eq!(held.as_deref(), Some(&[7u8; 100][..]));
+        Ok(())
+    }
+
+    #[cfg(feature = "faults")]
+    #[test]
+    fn corrupt_payloads_flips_one_payload_byte_of_matching_objects() -> Result<(), PoolError> {
+        let (pool, _) = pool(1 << 20)?;
+        let object: Vec<u8> = (0..100u8).collect();
+        let keys = ["ns/m/lg0/b", "ns/m/lg1/a", "ns/m/lg0/a", "ns/m/lg0/c"];
+        let values = [&object[..], &object[..], &object[..], &[9u8; 3][..]];
+        pool.put(&keys, &values)
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let held = pool.state.lock().access("ns/m/lg0/a", 0);
+        let damaged = pool.corrupt_payloads(Some("lg0/"), 2)?;
+        assert_eq!(
+            damaged,
+            ["ns/m/lg0/a", "ns/m/lg0/b"],
+            "key order, at most count"
+        );
+        let mut buffer = [0u8; 100];
+        for key in ["ns/m/lg0/a", "ns/m/lg0/b", "ns/m/lg1/a"] {
+            pool.get_into(&[key], &mut [&mut buffer[..]])[0].clone()?;
+            let differ: Vec<usize> = (0..100).filter(|&i| buffer[i] != object[i]).collect();
+            let expected = if key.contains("lg0") {
+                vec![HEADER_BYTES]
+            } else {
+                vec![]
+            };
+            assert_eq!(differ, expected, "{key}");
+        }
+        assert_eq!(
+            held.as_deref(),
+            Some(&object[..]),
+            "a holder keeps its bytes"
+        );
+        assert_eq!(pool.corrupt_payloads(Some("lg0/c"), 1)?, ["ns/m/lg0/c"]);
+        let mut small = [0u8; 3];
+        pool.get_into(&["ns/m/lg0/c"], &mut [&mut small[..]])[0].clone()?;
+        assert_eq!(
+            small,
+            [9, 9, 9 ^ 0xff],
+            "a short object loses its last byte"
+        );
+        assert_eq!(pool.counters().used_bytes, 303);
         Ok(())
     }
 

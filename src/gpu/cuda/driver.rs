@@ -107,6 +107,20 @@ pub(crate) unsafe fn mem_free(ptr: DevicePtr) -> Result<(), DriverError> {
     unsafe { sys::cuMemFree_v2(ptr) }.result()
 }
 
+/// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`: the ordinal of the device
+/// whose memory `ptr` points into (an error for memory the driver does not know).
+pub(crate) fn pointer_device_ordinal(ptr: DevicePtr) -> Result<c_int, DriverError> {
+    let mut ordinal = MaybeUninit::<c_int>::uninit();
+    let attribute = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
+    // SAFETY: the out-pointer is valid for the one `int` this attribute writes; the driver
+    // only inspects the address, never dereferences it, and answers an error for an unknown
+    // one. The library is present (D1).
+    unsafe { sys::cuPointerGetAttribute(ordinal.as_mut_ptr().cast::<c_void>(), attribute, ptr) }
+        .result()?;
+    // SAFETY: the call succeeded, so the driver wrote the ordinal.
+    Ok(unsafe { ordinal.assume_init() })
+}
+
 /// `cuMemsetD8`: sets `bytes` bytes at `ptr` to `value`, synchronously.
 ///
 /// # Safety

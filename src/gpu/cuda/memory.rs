@@ -29,6 +29,8 @@ pub(crate) struct DeviceRegion {
     ptr: DevicePtr,
     bytes: usize,
     page_bytes: usize,
+    /// `false` for memory the caller owns (`Device::borrow_cuda`): never freed here.
+    owned: bool,
 }
 
 impl DeviceRegion {
@@ -70,7 +72,28 @@ impl DeviceRegion {
             ptr,
             bytes,
             page_bytes,
+            owned: true,
         })
+    }
+
+    /// The pool of `spec` in device memory the caller owns, from `ptr`; never freed here.
+    ///
+    /// # Safety
+    /// `ptr..ptr + num_pages * page_bytes` is device memory of `context`'s device, allocated
+    /// for as long as this value lives (M1; `Device::borrow_cuda`'s contract).
+    pub(crate) unsafe fn borrowed(
+        context: Arc<Context>,
+        ptr: DevicePtr,
+        spec: &PagePoolSpec,
+    ) -> Self {
+        Self {
+            context,
+            ptr,
+            // P3: the geometry checked that the product fits.
+            bytes: spec.pool_bytes().unwrap_or(usize::MAX),
+            page_bytes: spec.page_bytes,
+            owned: false,
+        }
     }
 
     /// The device address `offset` bytes into the region. The caller has checked
@@ -92,7 +115,7 @@ impl DeviceRegion {
 
 impl Drop for DeviceRegion {
     fn drop(&mut self) {
-        if self.context.make_current().is_err() {
+        if !self.owned || self.context.make_current().is_err() {
             return;
         }
         // SAFETY: the allocation is freed once, here; every stream and in-flight copy that
@@ -107,6 +130,7 @@ impl fmt::Debug for DeviceRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceRegion")
             .field("bytes", &self.bytes)
+            .field("owned", &self.owned)
             .finish_non_exhaustive()
     }
 }

@@ -96,23 +96,55 @@ impl CudaDevice {
     /// [`GpuError::CudaDriverMissing`], [`GpuError::CudaInit`], [`GpuError::CudaNoDevice`],
     /// or [`GpuError::Driver`] (e.g. out of device memory).
     pub(crate) fn open(ordinal: u32, geometry: &PageGeometry) -> Result<Self, GpuError> {
-        // `kernel::I1`: the checksum kernel reads pages in aligned 8-byte words.
-        if let Some(spec) = geometry
-            .pools()
-            .iter()
-            .find(|spec| spec.page_bytes % 8 != 0)
-        {
-            return Err(GpuError::PageBytesUnaligned {
-                group: spec.group,
-                page_bytes: spec.page_bytes,
-            });
-        }
+        check_page_alignment(geometry)?;
         let context = Arc::new(Context::retain(ordinal)?);
         let regions = geometry
             .pools()
             .iter()
             .map(|spec| DeviceRegion::zeroed(Arc::clone(&context), spec))
             .collect::<Result<Vec<_>, _>>()?;
+        Self::with_regions(context, regions)
+    }
+
+    /// Retains device `ordinal`'s primary context and uses the caller's device memory as
+    /// page pools: pool `i` of `geometry` at `bases[i]` (`Device::borrow_cuda`). Checks
+    /// that every base is memory of that device (B3).
+    ///
+    /// # Safety
+    /// Every `bases[i]..bases[i] + pool bytes` is device memory of device `ordinal`,
+    /// allocated while the device lives (`Device::borrow_cuda`'s contract).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); [`GpuError::BorrowedWrongDevice`] for memory of another
+    /// device; [`GpuError::Driver`] when the driver does not know an address.
+    pub(crate) unsafe fn borrow(
+        ordinal: u32,
+        geometry: &PageGeometry,
+        bases: &[u64],
+    ) -> Result<Self, GpuError> {
+        check_page_alignment(geometry)?;
+        let context = Arc::new(Context::retain(ordinal)?);
+        let mut regions = Vec::with_capacity(bases.len());
+        for (spec, &base) in geometry.pools().iter().zip(bases) {
+            let actual = driver::pointer_device_ordinal(base)
+                .map_err(GpuError::driver("cuPointerGetAttribute"))?;
+            if i64::from(actual) != i64::from(ordinal) {
+                return Err(GpuError::BorrowedWrongDevice {
+                    group: spec.group,
+                    base,
+                    expected: ordinal,
+                    actual: i64::from(actual),
+                });
+            }
+            // SAFETY: device memory of `ordinal` (checked just above for its base; the
+            // caller's contract for the rest), allocated while the device lives.
+            regions.push(unsafe { DeviceRegion::borrowed(Arc::clone(&context), base, spec) });
+        }
+        Self::with_regions(context, regions)
+    }
+
+    /// The engine stream, the checksum kernel and the scratch list around `regions`.
+    fn with_regions(context: Arc<Context>, regions: Vec<DeviceRegion>) -> Result<Self, GpuError> {
         let engine_stream = CudaStream::create(Arc::clone(&context))?;
         let kernel = ChecksumKernel::load(Arc::clone(&context))?;
         Ok(Self {
@@ -396,6 +428,21 @@ impl CudaDevice {
         if spares.len() < SPARE_SCRATCHES {
             spares.push(scratch);
         }
+    }
+}
+
+/// `kernel::I1`: the checksum kernel reads pages in aligned 8-byte words.
+fn check_page_alignment(geometry: &PageGeometry) -> Result<(), GpuError> {
+    match geometry
+        .pools()
+        .iter()
+        .find(|spec| spec.page_bytes % 8 != 0)
+    {
+        Some(spec) => Err(GpuError::PageBytesUnaligned {
+            group: spec.group,
+            page_bytes: spec.page_bytes,
+        }),
+        None => Ok(()),
     }
 }
 

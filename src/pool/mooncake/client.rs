@@ -297,6 +297,7 @@ mod tests {
 
     #[test]
     fn keys_cross_as_their_utf8_bytes_in_order() -> PyResult<()> {
+        python::ensure_interpreter();
         let keys = ["kvc/m/w1r0/lg0/t32b64/00ff", "", "clé"];
         Python::attach(|py| {
             let list = key_list(py, &keys)?;
@@ -312,6 +313,7 @@ mod tests {
 
     #[test]
     fn per_key_codes_read_lists_and_other_sequences_and_refuse_non_integers() -> PyResult<()> {
+        python::ensure_interpreter();
         Python::attach(|py| {
             let list = PyList::new(py, [1_i64, 0, -704, 262_144])?;
             assert_eq!(per_key_codes(list.as_any())?, [1, 0, -704, 262_144]);

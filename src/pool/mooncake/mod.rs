@@ -3,7 +3,7 @@
 //! [`MooncakePool`] implements [`Pool`](crate::pool::Pool) over the Mooncake Store client
 //! of the Python package index wheel `mooncake-transfer-engine-non-cuda`, driven in-process through `pyo3`: an
 //! embedded `CPython` 3.11 (shared `libpython`) with the wheel's virtual environment added at
-//! start. [`MooncakeMaster`] runs a `mooncake_master` on loopback for tests and for
+//! start, or, inside the `kv_connector` Python extension, the host interpreter. [`MooncakeMaster`] runs a `mooncake_master` on loopback for tests and for
 //! `replay --pool mooncake` without `--master`.
 //!
 //! ```text
@@ -61,5 +61,5 @@ mod staging;
 pub use error::MooncakeError;
 pub use master::{MasterPorts, MasterSettings, MooncakeMaster};
 pub use pool::MooncakePool;
-pub use python::MooncakeInstall;
+pub use python::{ensure_interpreter, MooncakeInstall};
 pub use settings::MooncakeSettings;

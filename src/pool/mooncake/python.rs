@@ -1,12 +1,15 @@
 //! Embedding: finding the Mooncake wheel in a virtual environment and making it importable
-//! in this process's Python (pyo3 with `auto-initialize` starts the interpreter on first use).
+//! in this process's Python. A binary has no interpreter until the first client starts one
+//! ([`prepare`] initializes it); inside the Python extension the host interpreter is
+//! already running and is used as it is.
 //!
 //! # Workflow
 //!
 //! 1. [`MooncakeInstall::discover`] finds `<venv>/lib/python3.X/site-packages/mooncake`
 //!    and the `mooncake_master` binary the wheel ships beside the client; no Python runs.
-//! 2. [`prepare`] (called by every client start) checks that the venv was made for the
-//!    embedded interpreter's version, adds its site-packages once (`site.addsitedir`, so its
+//! 2. [`prepare`] (called by every client start) starts the interpreter if this process
+//!    has none yet ([`ensure_interpreter`]), checks that the venv was made for the
+//!    interpreter's version, adds its site-packages once (`site.addsitedir`, so its
 //!    `.pth` files apply), exports the transfer engine's environment (`MC_TCP_BIND_ADDRESS`,
 //!    `MC_LOG_LEVEL`) through `os.environ`, and imports `mooncake.store`.
 //!
@@ -88,6 +91,7 @@ impl MooncakeInstall {
 /// belongs to another Python version; [`MooncakeError::Python`] when a step raises.
 pub fn prepare(settings: &MooncakeSettings) -> Result<MooncakeInstall, MooncakeError> {
     let install = MooncakeInstall::discover(&settings.venv_dir)?;
+    ensure_interpreter();
     let mut added = ADDED_SITE_DIRS.lock(); // `mooncake::python::I1`: before the interpreter
     Python::attach(|py| {
         let version = py.version_info();
@@ -114,6 +118,13 @@ pub fn prepare(settings: &MooncakeSettings) -> Result<MooncakeInstall, MooncakeE
         Ok(())
     })?;
     Ok(install)
+}
+
+/// Starts the embedded interpreter unless one runs already: a binary has none until its
+/// first client, a Python extension runs inside its host's (then this does nothing).
+/// Idempotent and cheap; every entry into Python in this backend comes after it.
+pub fn ensure_interpreter() {
+    Python::initialize();
 }
 
 /// Sets the variables the transfer engine reads when a client starts.

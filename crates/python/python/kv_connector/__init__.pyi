@@ -1,0 +1,186 @@
+"""Type stubs of kv_connector (the classes live in the native module kv_connector._native)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Final, TypeAlias
+
+__version__: Final[str]
+FEATURES: Final[list[str]]
+"""Cargo features of this build: "mooncake", "cuda", "faults" (test hooks)."""
+
+Tokens: TypeAlias = Sequence[int] | Any
+"""A list of ints, or a 1-D integer numpy array or torch tensor."""
+
+PathLike: TypeAlias = str | os.PathLike[str]
+
+class KvConnectorError(Exception):
+    """Base class of every error kv_connector raises."""
+
+    kind: str
+    """The runtime's stable label of the error ("unknown_key", "borrowed_overlap", ...)."""
+
+class ConfigError(KvConnectorError):
+    """A configuration source, key segment or value was refused."""
+
+class LayoutError(KvConnectorError):
+    """A layout, or a KV cache tensor registered against it, was refused."""
+
+class PoolError(KvConnectorError):
+    """The pool (memory or Mooncake) refused or failed."""
+
+class DeviceError(KvConnectorError):
+    """The device layer (CUDA driver, borrowed pages, staging memory) refused or failed."""
+
+class Layout:
+    """A validated KV layout: tokens per block, world size and layer groups (R6, R7)."""
+
+    @staticmethod
+    def from_dict(layout: dict[str, Any]) -> Layout:
+        """A layout from a dict with the keys of a layout TOML file."""
+    @staticmethod
+    def from_toml(path: PathLike) -> Layout:
+        """A layout from a TOML file."""
+    @staticmethod
+    def preset(name: str) -> Layout:
+        """A compiled-in preset ("tiny-hybrid", "gpt-oss-120b", ...)."""
+    @staticmethod
+    def preset_names() -> list[str]:
+        """The names of the compiled-in presets."""
+    def page_bytes(self, group_id: int) -> int:
+        """Bytes of one page of a group on one rank: all its layers, K and V, one block."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def tokens_per_block(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def groups(self) -> list[dict[str, Any]]:
+        """The groups in layout order, every field filled in."""
+    @property
+    def fingerprint(self) -> str:
+        """The 16-hex-digit layout fingerprint appended to the model key (R4)."""
+    def to_dict(self) -> dict[str, Any]:
+        """The layout as a dict that Layout.from_dict accepts."""
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class MemoryPool:
+    """The embedded in-process pool; connectors given the same pool share its objects."""
+
+    def __init__(
+        self,
+        capacity_bytes: int = 1 << 30,
+        *,
+        eviction_high_watermark_ratio: float = 0.95,
+        eviction_ratio: float = 0.05,
+        kv_lease_ttl_ms: int = 5000,
+    ) -> None: ...
+    def counters(self) -> dict[str, int]:
+        """Hits, misses, puts, evictions, bytes written and read, objects and bytes held."""
+    def corrupt(self, key_substring: str | None = None, count: int = 1) -> list[str]:
+        """Test aid, only in wheels built with the `faults` feature ("faults" in FEATURES):
+        flips one payload byte of up to `count` stored objects whose key contains
+        `key_substring`, in key order; their next load fails its integrity check and is
+        reported filled=False. Returns the keys damaged."""
+
+class StepRequest:
+    """One request in one engine step, for Connector.on_step."""
+
+    request_id: int
+    prompt_len: int
+    computed_before: int
+    computed_after: int
+    new_reservation: int | None
+    page_tables: list[list[int]]
+    """One page table per layer group, layout order; -1 where a window group has no page."""
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt_len: int,
+        computed_before: int,
+        computed_after: int,
+        new_reservation: int | None = None,
+        page_tables: Sequence[Tokens] | None = None,
+    ) -> None: ...
+
+class Connector:
+    """The connector of one serving instance, on the engine's own KV cache tensors.
+
+    Hooks are called from one thread (the engine's scheduler thread); the ones that wait
+    release the GIL. Use it as a context manager, or call shutdown().
+    """
+
+    def __init__(
+        self,
+        layout: Layout | str,
+        kv_caches: Sequence[Any] | Sequence[Sequence[Any]],
+        pool: MemoryPool | None = None,
+        config: PathLike | dict[str, Any] | None = None,
+        model_key: str | None = None,
+        namespace: str | None = None,
+        salt: str | None = None,
+    ) -> None:
+        """kv_caches: one page-major, C-contiguous tensor per layer group in layout order
+        (tensor[i] is page i; tensor[0] holds layout.page_bytes(group) bytes), all on the
+        CPU or all on one CUDA device; with world size > 1, one such list per rank."""
+    def lookup(self, request_id: int, tokens: Tokens, local_match_tokens: int = 0) -> None:
+        """Starts the lookup of a new request's prompt; never blocks."""
+    def flush(self) -> None:
+        """Sends queued lookups now (optional)."""
+    def reserve(
+        self, request_id: int, num_computed: int, reservation_id: int
+    ) -> tuple[int, bool] | None:
+        """None while the lookup runs; else (extra_tokens, is_async). Starts no transfer."""
+    def release(self, request_id: int, reservation_id: int, start: int, end: int) -> None:
+        """The engine trims or gives up tokens [start, end) of a reservation."""
+    def on_step(self, requests: Sequence[StepRequest]) -> None:
+        """Plans saves and starts loads for what the engine scheduled this step."""
+    def finished_loads(self) -> list[tuple[int, int, bool]]:
+        """(reservation_id, request_id, filled) of loads that ended since the last call."""
+    def request_finished(self, request_id: int) -> bool:
+        """True: keep the request's pages until finished_saves lists it."""
+    def finished_saves(self) -> list[int]:
+        """Requests whose saves are done or dropped: their pages may be freed."""
+    def wait_for_progress(self, timeout_s: float) -> None:
+        """Blocks (GIL released) until something completes or timeout_s passes."""
+    def settle_saves(self) -> None:
+        """Blocks (GIL released) until every enqueued save is stored, skipped or dropped."""
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Counters so far: {"lookups": {...}, "loads": {...}, "saves": {...}}."""
+    def shutdown(self) -> dict[str, dict[str, Any]]:
+        """Drains and returns the final counters; idempotent; releases the tensors."""
+    def keys(self, tokens: Tokens) -> list[list[str]]:
+        """Per full block of tokens, the pool keys of every group and shard."""
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def devices(self) -> list[str]:
+        """Each rank's device as torch names it ("cpu", "cuda:0")."""
+    @property
+    def pool_backend(self) -> str:
+        """"memory" or "mooncake"."""
+    @property
+    def model_key(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def closed(self) -> bool:
+        """Whether shutdown() has run."""
+    def __enter__(self) -> Connector: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...
+
+def init_logging(json: bool = False) -> None:
+    """Sends the runtime's logs (filtered by RUST_LOG) to stderr; call once."""
+
+def shutdown_all() -> None:
+    """Shuts down every connector still running (registered with atexit on import)."""

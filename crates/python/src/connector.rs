@@ -1,0 +1,336 @@
+//! `kv_connector.Connector`: the runtime's `ConnectorHandle` behind the engine hooks of
+//! DESIGN section 2, for an engine whose KV caches are torch tensors (R31).
+//!
+//! # Threads and the GIL
+//!
+//! - G1. Every hook converts its Python arguments while holding the GIL, then releases it
+//!   (`detach`) before it takes the connector's lock and calls the runtime. So a hook that
+//!   waits (`wait_for_progress`, `settle_saves`, `stats`, `shutdown`) never holds the GIL,
+//!   and a thread holding the GIL never waits for the lock: the lock-then-GIL order of the
+//!   Mooncake backend (whose client threads take the GIL for their Python calls) holds.
+//! - G2. Loaders and savers never take the GIL; only the Mooncake client does, on the
+//!   actor threads that call it.
+//! - G3. A connector dropped without `shutdown` is shut down then, with the GIL released
+//!   when the interpreter is still running. Connectors still live at interpreter exit are
+//!   shut down by an `atexit` hook ([`shutdown_all`], registered by `__init__.py`) before
+//!   the interpreter finalizes, while a Mooncake client's threads can still take the GIL.
+
+mod lifecycle;
+mod start;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
+use kv_connector::core::hash::{hash_blocks, BlockHash};
+use kv_connector::core::ids::{RequestId, ReservationId};
+use kv_connector::core::layout::Layout;
+use parking_lot::Mutex;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+pub use self::lifecycle::shutdown_all;
+use self::lifecycle::State;
+use self::start::StartArgs;
+use crate::convert::int_sequence;
+use crate::errors;
+use crate::layout::PyLayout;
+use crate::pool::PyMemoryPool;
+use crate::stats;
+use crate::step::{PyStepRequest, StepCopy};
+use crate::tensors::Placement;
+
+/// The connector of one serving instance (module docs: threads and the GIL).
+#[pyclass(name = "Connector", module = "kv_connector", frozen)]
+pub struct PyConnector {
+    /// The handle and the final report; locked only with the GIL released (G1).
+    state: Arc<Mutex<State>>,
+    layout: Layout,
+    /// Scope seed of every chain (R1): the salt's.
+    seed: BlockHash,
+    placements: Vec<Placement>,
+    pool_name: &'static str,
+    model_key: String,
+    namespace: String,
+}
+
+#[pymethods]
+impl PyConnector {
+    /// Starts a connector on the engine's KV cache tensors (one per layer group, in layout
+    /// order; a list of such lists with world size > 1). `pool`: a shared `MemoryPool`, or
+    /// `None` for the configured backend. `config`: `None`, a TOML path or a dict; `KVC_*`
+    /// variables apply over it. Raises `ConfigError`, `LayoutError`, `PoolError` or
+    /// `DeviceError` when refused.
+    #[new]
+    #[pyo3(signature = (layout, kv_caches, pool = None, config = None, model_key = None, namespace = None, salt = None))]
+    fn new(
+        layout: &Bound<'_, PyAny>,
+        kv_caches: &Bound<'_, PyAny>,
+        pool: Option<&Bound<'_, PyMemoryPool>>,
+        config: Option<&Bound<'_, PyAny>>,
+        model_key: Option<String>,
+        namespace: Option<String>,
+        salt: Option<&str>,
+    ) -> PyResult<Self> {
+        start::start(StartArgs {
+            layout,
+            kv_caches,
+            pool,
+            config,
+            model_key,
+            namespace,
+            salt,
+        })
+    }
+
+    /// Starts the lookup of a new request's prompt; never blocks. `tokens`: a list of ints
+    /// or a 1-D integer array or tensor. `local_match_tokens`: the engine's own prefix-cache
+    /// hit (block aligned).
+    #[pyo3(signature = (request_id, tokens, local_match_tokens = 0))]
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        request_id: u64,
+        tokens: &Bound<'_, PyAny>,
+        local_match_tokens: usize,
+    ) -> PyResult<()> {
+        let tokens: Arc<[i64]> = int_sequence(tokens, "tokens")?.into();
+        self.with(py, |state| {
+            state
+                .handle
+                .lookup_prefix(RequestId(request_id), tokens, local_match_tokens);
+        });
+        Ok(())
+    }
+
+    /// Sends the lookups queued since the last call now (optional: the next hook does).
+    fn flush(&self, py: Python<'_>) {
+        self.with(py, |state| state.handle.flush_lookups());
+    }
+
+    /// `None` while the lookup runs (ask again next step); else `(extra_tokens, is_async)`:
+    /// tokens loadable beyond `num_computed`, and whether the load runs while the engine
+    /// computes other requests. Starts no transfer.
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        request_id: u64,
+        num_computed: usize,
+        reservation_id: u64,
+    ) -> Option<(usize, bool)> {
+        let answer = self.with(py, |state| {
+            state.handle.reserve_prefix(
+                RequestId(request_id),
+                num_computed,
+                ReservationId(reservation_id),
+            )
+        });
+        match answer {
+            ReserveAnswer::Pending => None,
+            ReserveAnswer::Offer {
+                extra_tokens,
+                is_async,
+            } => Some((extra_tokens, is_async)),
+        }
+    }
+
+    /// The engine trims or gives up tokens `[start, end)` of a reservation.
+    fn release(
+        &self,
+        py: Python<'_>,
+        request_id: u64,
+        reservation_id: u64,
+        start: usize,
+        end: usize,
+    ) {
+        self.with(py, |state| {
+            state.handle.release_prefix_reservation(
+                RequestId(request_id),
+                ReservationId(reservation_id),
+                start,
+                end,
+            );
+        });
+    }
+
+    /// Plans saves and starts loads for what the engine scheduled this step: a list of
+    /// `StepRequest`, each with one page table per layer group.
+    fn on_step(&self, py: Python<'_>, requests: Vec<PyRef<'_, PyStepRequest>>) -> PyResult<()> {
+        let groups = self.layout.groups.len();
+        let copies = requests
+            .iter()
+            .map(|request| StepCopy::of(request, groups))
+            .collect::<PyResult<Vec<_>>>()?;
+        drop(requests);
+        self.with(py, |state| {
+            let tables: Vec<Vec<&[i32]>> = copies
+                .iter()
+                .map(|copy| copy.page_tables.iter().map(Vec::as_slice).collect())
+                .collect();
+            let output = SchedulerOutput {
+                requests: copies
+                    .iter()
+                    .zip(&tables)
+                    .map(|(copy, tables)| ScheduledRequest {
+                        request: copy.request,
+                        prompt_len: copy.prompt_len,
+                        computed_before: copy.computed_before,
+                        computed_after: copy.computed_after,
+                        new_reservation: copy.new_reservation,
+                        page_tables: tables,
+                    })
+                    .collect(),
+            };
+            state.handle.on_step(&output);
+        });
+        Ok(())
+    }
+
+    /// Loads that ended since the last call: `(reservation_id, request_id, filled)`;
+    /// `filled=False` means the engine computes that prefix itself (R25).
+    fn finished_loads(&self, py: Python<'_>) -> Vec<(u64, u64, bool)> {
+        self.with(py, |state| state.handle.get_finished_prefix_loads())
+            .into_iter()
+            .map(|load| (load.reservation.0, load.request.0, load.filled))
+            .collect()
+    }
+
+    /// A request ended; `True`: keep its pages until `finished_saves` lists it.
+    fn request_finished(&self, py: Python<'_>, request_id: u64) -> bool {
+        self.with(py, |state| {
+            state.handle.request_finished(RequestId(request_id))
+        })
+    }
+
+    /// Requests whose saves are done (or dropped) since the last call: their pages may go.
+    fn finished_saves(&self, py: Python<'_>) -> Vec<u64> {
+        self.with(py, |state| state.handle.get_finished_saves())
+            .into_iter()
+            .map(|request| request.0)
+            .collect()
+    }
+
+    /// Blocks, without the GIL, until a lookup, load or save completes or `timeout_s`
+    /// seconds pass.
+    fn wait_for_progress(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        let timeout = Duration::try_from_secs_f64(timeout_s).map_err(|_| {
+            PyValueError::new_err(format!(
+                "timeout_s must be a non-negative number, got {timeout_s}"
+            ))
+        })?;
+        self.with(py, |state| state.handle.wait_for_progress(timeout));
+        Ok(())
+    }
+
+    /// Blocks, without the GIL, until every save enqueued so far is stored, skipped or
+    /// dropped.
+    fn settle_saves(&self, py: Python<'_>) {
+        self.with(py, |state| state.handle.settle_saves());
+    }
+
+    /// Everything counted so far (see `shutdown` for the layout of the dict).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let counted = self.with(py, |state| match &state.final_stats {
+            Some(done) => done.clone(),
+            None => state.handle.stats(),
+        });
+        stats::to_dict(py, &counted)
+    }
+
+    /// Drains per the stop order and returns the final statistics: `{"lookups": {...},
+    /// "loads": {...}, "saves": {...}}`. Idempotent: later calls return the same report.
+    /// The KV cache tensors are released once it returns.
+    fn shutdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let report = self.with(py, State::close);
+        stats::to_dict(py, &report)
+    }
+
+    /// The pool keys of every full block of `tokens`, per block: every group's key for every
+    /// shard, in layout order (as `kv-connector keys` prints them).
+    fn keys(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
+        let tokens = int_sequence(tokens, "tokens")?;
+        let hashes = hash_blocks(self.seed, &tokens, self.layout.tokens_per_block as usize)
+            .map_err(|error| errors::hash(&error))?;
+        Ok(self.with(py, |state| {
+            let keys = state.handle.keys();
+            hashes
+                .iter()
+                .map(|hash| {
+                    keys.groups
+                        .iter()
+                        .flat_map(|group| group.all_shard_keys(hash))
+                        .collect()
+                })
+                .collect()
+        }))
+    }
+
+    /// The layout served.
+    #[getter]
+    fn layout(&self) -> PyLayout {
+        PyLayout {
+            inner: self.layout.clone(),
+        }
+    }
+
+    /// Where each rank's KV caches live, as torch names them (`cpu`, `cuda:0`).
+    #[getter]
+    fn devices(&self) -> Vec<String> {
+        self.placements
+            .iter()
+            .map(|placement| placement.torch_name())
+            .collect()
+    }
+
+    /// The pool backend: `memory` or `mooncake`.
+    #[getter]
+    fn pool_backend(&self) -> &'static str {
+        self.pool_name
+    }
+
+    /// The model key segment (the layout fingerprint is appended in keys).
+    #[getter]
+    fn model_key(&self) -> &str {
+        &self.model_key
+    }
+
+    /// The namespace segment.
+    #[getter]
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Whether `shutdown` has run.
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        self.with(py, |state| state.final_stats.is_some())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.shutdown(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Connector(layout={:?}, devices={:?}, pool={:?}, namespace={:?}, model_key={:?})",
+            self.layout.name,
+            self.devices(),
+            self.pool_name,
+            self.namespace,
+            self.model_key
+        )
+    }
+}
+
+impl PyConnector {
+    /// Runs `f` on the state with the GIL released (G1).
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R + Send) -> R {
+        py.detach(|| f(&mut self.state.lock()))
+    }
+}

@@ -1,0 +1,109 @@
+//! Starting a connector: the layout, the configuration, one device per rank on the
+//! engine's tensors, the pool, then the runtime's `ConnectorHandle` (with the GIL released,
+//! G1).
+
+use std::sync::Arc;
+
+use kv_connector::connector::{ConnectorHandle, ConnectorParams};
+use kv_connector::core::hash::{scope_seed, Scope};
+use kv_connector::gpu::DeviceRequest;
+use kv_connector::pool::Pool;
+use pyo3::prelude::*;
+
+use super::lifecycle::{self, State};
+use super::PyConnector;
+use crate::config;
+use crate::errors::{self, ConfigError};
+use crate::layout::PyLayout;
+use crate::pool::{self, PyMemoryPool};
+use crate::tensors::{self, Placement};
+
+/// The arguments of `Connector(...)`.
+pub(super) struct StartArgs<'a, 'py> {
+    pub layout: &'a Bound<'py, PyAny>,
+    pub kv_caches: &'a Bound<'py, PyAny>,
+    pub pool: Option<&'a Bound<'py, PyMemoryPool>>,
+    pub config: Option<&'a Bound<'py, PyAny>>,
+    pub model_key: Option<String>,
+    pub namespace: Option<String>,
+    pub salt: Option<&'a str>,
+}
+
+/// Starts a connector (module docs).
+pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
+    let StartArgs {
+        layout,
+        kv_caches,
+        pool,
+        config,
+        model_key,
+        namespace,
+        salt,
+    } = args;
+    let py = layout.py();
+    let layout = PyLayout::from_arg(layout)?;
+    let mut config = config::load(py, config)?;
+    if let Some(namespace) = namespace {
+        config.keys.namespace = namespace;
+    }
+    let model_key = model_key
+        .or_else(|| Some(config.keys.model_key.clone()).filter(|key| !key.is_empty()))
+        .unwrap_or_else(|| layout.name.clone());
+    let mut devices = Vec::new();
+    let mut placements = Vec::new();
+    let mut released = Vec::new();
+    for (rank, tensors) in tensors::per_rank(kv_caches, &layout)?.iter().enumerate() {
+        let opened = tensors::open_device(&layout, rank, tensors)?;
+        check_device_kind(config.device.kind, opened.placement)?;
+        devices.push(opened.device);
+        placements.push(opened.placement);
+        released.push(opened.released);
+    }
+    let pool: Arc<dyn Pool> = match pool {
+        Some(shared) => shared.get().inner.clone(),
+        None => pool::from_config(py, &config)?,
+    };
+    let seed = scope_seed(&Scope {
+        salt: salt.map(str::to_owned),
+        ..Scope::default()
+    });
+    let namespace = config.keys.namespace.clone();
+    let params = ConnectorParams {
+        config,
+        layout: layout.clone(),
+        pool: Arc::clone(&pool),
+        devices,
+        seed,
+        model_key: model_key.clone(),
+    };
+    let handle = py
+        .detach(|| ConnectorHandle::start(params))
+        .map_err(|error| errors::start(&error))?;
+    let state = lifecycle::register(State::new(handle, released));
+    Ok(PyConnector {
+        state,
+        layout,
+        seed,
+        placements,
+        pool_name: pool.name(),
+        model_key,
+        namespace,
+    })
+}
+
+/// Refuses tensors on a device that `device.kind` excludes (`auto` takes the tensors').
+fn check_device_kind(kind: DeviceRequest, placement: Placement) -> PyResult<()> {
+    let refused = match (kind, placement) {
+        (DeviceRequest::Cuda, Placement::Host) => {
+            "device.kind = \"cuda\" but the kv caches are cpu tensors"
+        }
+        (DeviceRequest::Host, Placement::Cuda(_)) => {
+            "device.kind = \"host\" but the kv caches are cuda tensors"
+        }
+        _ => return Ok(()),
+    };
+    Err(errors::raise::<ConfigError>(
+        "device_kind",
+        format!("{refused}; set device.kind = \"auto\" (the tensors decide)"),
+    ))
+}

@@ -1,0 +1,8 @@
+"""Real-model harness for the `kv_connector` tests.
+
+Tiny, seeded transformers models (GPT-OSS, Gemma 3, Llama styles) are served by
+`engine.Instance`, a small paged-KV serving instance that drives a connector through its
+hooks, and compared with `engine.native_run`, transformers computing the same tokens with
+its own cache and no reuse. `fake_connector` is a pure-Python stand-in for the package,
+used only by the harness self-tests.
+"""

@@ -1,0 +1,48 @@
+"""The connector on a real Mooncake Store (`mooncake_master` on loopback, started by the
+fixture; nothing mocked): each connector makes its own client in this interpreter, and a
+prompt saved through one is loaded byte-identical into the other's tensors."""
+
+import pytest
+import torch
+
+import kv_connector as kvc
+from api_support import T, caches, layout, mooncake_master, prompt, serve  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif("mooncake" not in kvc.FEATURES, reason="needs the mooncake feature")
+
+
+def test_save_then_load_through_mooncake_is_byte_identical(mooncake_master):
+    lay = layout()
+    kv_a, kv_b = caches(), caches()
+    a = kvc.Connector(layout=lay, kv_caches=kv_a, config=mooncake_master.config(), model_key="mc")
+    b = kvc.Connector(layout=lay, kv_caches=kv_b, config=mooncake_master.config(), model_key="mc")
+    with a, b:
+        assert a.pool_backend == b.pool_backend == "mooncake"
+        tokens = prompt(12 * T + 7, start=5000)
+        serve(a, kv_a, 1, tokens, pages=list(range(13)))
+        a.settle_saves()
+        assert a.stats()["saves"]["saves_done"] > 0
+        served = serve(b, kv_b, 2, tokens, pages=list(range(40, 53)))
+        assert served.offer == 12 * T and served.filled
+        for block in range(12):
+            assert torch.equal(kv_b[0][40 + block], kv_a[0][block]), block
+        for block in (10, 11):  # the window of e = 192 with W = 32
+            assert torch.equal(kv_b[1][40 + block], kv_a[1][block]), block
+        loads = b.stats()["loads"]
+        assert (loads["loads_done"], loads["pages_loaded"]) == (1, 14)
+    assert a.closed and b.closed
+
+
+def test_a_namespace_keeps_deployments_apart_on_one_master(mooncake_master):
+    lay = layout(full_only=True)
+    kv_a, kv_b = caches(1), caches(1)
+    config = mooncake_master.config()
+    with (
+        kvc.Connector(layout=lay, kv_caches=kv_a, config=config, namespace="one") as a,
+        kvc.Connector(layout=lay, kv_caches=kv_b, config=config, namespace="two") as b,
+    ):
+        tokens = prompt(4 * T + 1, start=9000)
+        serve(a, kv_a, 1, tokens, pages=list(range(5)))
+        a.settle_saves()
+        served = serve(b, kv_b, 2, tokens, pages=list(range(5)))
+        assert served.offer == 0, "another namespace's objects are never offered (R4)"
