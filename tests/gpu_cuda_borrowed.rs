@@ -13,7 +13,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use kv_connector::connector::transfer::{load_pages, save_pages, LoadMoved, SaveItem, SaveResult};
+use kv_connector::transfer::{load_pages, save_pages, LoadMoved, PageRef, SaveResult};
 use kv_connector::core::eviction::EvictionPolicy;
 use kv_connector::core::layout::GroupId;
 use kv_connector::core::object::HEADER_BYTES;
@@ -22,7 +22,7 @@ use kv_connector::pool::{MemoryPool, SystemClock};
 
 mod gpu_common;
 
-use gpu_common::{load_item, save_item, GPT_OSS_PAGE};
+use gpu_common::{page_ref, GPT_OSS_PAGE};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
@@ -147,7 +147,7 @@ fn connector_save_then_load_through_borrowed_pages() -> TestResult {
     )?;
     let (mut save_stream, mut load_stream) = (device.stream()?, device.stream()?);
     let slot_bytes = HEADER_BYTES + GPT_OSS_PAGE;
-    let saves: Vec<SaveItem> = (0..6).map(|b| save_item(b, b)).collect();
+    let saves: Vec<PageRef> = (0..6).map(|b| page_ref(b, b)).collect();
     let (_, results) = save_pages(
         &pool,
         &mut save_stream,
@@ -155,7 +155,7 @@ fn connector_save_then_load_through_borrowed_pages() -> TestResult {
         &saves,
     );
     assert_eq!(results, vec![SaveResult::Stored; 6]);
-    let loads: Vec<_> = (0..6).map(|b| load_item(b, 12 + b)).collect();
+    let loads: Vec<_> = (0..6).map(|b| page_ref(b, 12 + b)).collect();
     let (_, moved) = load_pages(
         &pool,
         &mut load_stream,
