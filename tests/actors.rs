@@ -18,7 +18,7 @@ use kv_connector::core::planner::{LookupOutcome, PlannerGroup, PlannerGroupKind}
 use kv_connector::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use kv_connector::messages::stats_reporter::CollectNow;
 use kv_connector::messages::EngineInbox;
-use kv_connector::pool::{ManualClock, MemoryPool, Pool};
+use kv_connector::pool::{ActorFaults, ManualClock, MemoryPool, Pool};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -65,7 +65,14 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
     )
     .start();
     let ledger = Ledger::new(16, [(layout.groups[0].id, 8)])?;
-    let manager = ReservationManager::new(ledger, Arc::clone(&keys), inbox, 8).start();
+    let manager = ReservationManager::new(
+        ledger,
+        Arc::clone(&keys),
+        inbox,
+        8,
+        ActorFaults::of(&pool_dyn),
+    )
+    .start();
     let prompt: Arc<[i64]> = (0..=16 * 5).collect::<Vec<i64>>().into();
     Ok(Rig {
         planner,
@@ -170,6 +177,7 @@ async fn the_reporter_collects_every_interval_r27() -> TestResult {
         rig.manager.clone(),
         Vec::new(),
         Duration::from_secs(30),
+        ActorFaults::default(),
     )
     .start();
     rig.lookup(1).await?;

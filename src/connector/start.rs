@@ -18,6 +18,7 @@ use crate::actors::lookup_planner::{LookupPlanner, PlannerSettings};
 use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
 use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
+use crate::actors::supervisor::{StagingSupervisor, Supervisee};
 use crate::config::Config;
 use crate::core::hash::BlockHash;
 use crate::core::layout::Layout;
@@ -27,7 +28,7 @@ use crate::core::planner::PlannerGroup;
 use crate::gpu::Device;
 use crate::gpu::StagingPool;
 use crate::messages::EngineInbox;
-use crate::pool::{Pool, PoolError};
+use crate::pool::{ActorFaults, Pool, PoolError};
 
 /// What a connector is started with.
 pub struct ConnectorParams {
@@ -244,9 +245,6 @@ async fn spawn_all(
     payload_lens: &[usize],
 ) -> Result<Started, StartError> {
     let config = &params.config;
-    let slot_bytes = HEADER_BYTES + payload_lens.iter().copied().max().unwrap_or(0);
-    let slots_for =
-        |bytes: u64| u32::try_from((bytes / slot_bytes as u64).max(1)).unwrap_or(u32::MAX);
     let settings = PlannerSettings {
         tokens_per_block: params.layout.tokens_per_block as usize,
         groups: PlannerGroup::of_layout(&params.layout),
@@ -264,64 +262,42 @@ async fn spawn_all(
         config.planner.mailbox_capacity,
     )
     .start();
+    let faults = ActorFaults::of(&params.pool);
     let manager = ReservationManager::new(
         ledger,
         Arc::clone(&keys),
         inbox.clone(),
         config.reservations.mailbox_capacity,
+        faults.clone(),
     )
     .start();
+    let mut registrations = StagingRegistrations::new(Arc::clone(&params.pool));
+    let ranks = RankActors {
+        config,
+        pool: &params.pool,
+        keys: &keys,
+        inbox: &inbox,
+        manager: &manager,
+        slot_bytes: HEADER_BYTES + payload_lens.iter().copied().max().unwrap_or(0),
+    };
     let mut loaders = Vec::new();
     let mut savers = Vec::new();
-    let mut registrations = StagingRegistrations::new(Arc::clone(&params.pool));
     for (rank, device) in params.devices.iter().enumerate() {
-        let mut rank_loaders = Vec::new();
-        for _ in 0..config.loaders.load_threads {
-            let (stream, staging) = (
-                device.stream()?,
-                device.staging_pool(
-                    slot_bytes,
-                    slots_for(config.loaders.staging_bytes_per_loader),
-                )?,
-            );
-            registrations.register(&staging, rank, StagingRole::Loader)?;
-            let (pool, manager, capacity) = (
-                Arc::clone(&params.pool),
-                manager.clone(),
-                config.loaders.mailbox_capacity,
-            );
-            let load_timeout = Duration::from_millis(config.loaders.load_timeout_ms);
-            let arbiter = Arbiter::new();
-            rank_loaders.push(Loader::start_in_arbiter(&arbiter.handle(), move |_| {
-                Loader::new(pool, stream, staging, manager, capacity, load_timeout)
-            }));
-        }
-        loaders.push(rank_loaders);
-        let staging = device.staging_pool(slot_bytes, slots_for(config.saver.staging_bytes))?;
-        registrations.register(&staging, rank, StagingRole::Saver)?;
-        let saver = SaverParams {
-            rank: u32::try_from(rank).unwrap_or(u32::MAX),
-            pool: Arc::clone(&params.pool),
-            keys: Arc::clone(&keys),
-            stream: device.stream()?,
-            staging,
-            queue_capacity_pages: NonZeroUsize::new(config.saver.queue_capacity_pages)
-                .unwrap_or(NonZeroUsize::MIN),
-            window_first: config.saver.window_first,
-            inbox: inbox.clone(),
-            mailbox_capacity: config.saver.mailbox_capacity,
-        };
-        let arbiter = Arbiter::new();
-        savers.push(SaverQueue::start_in_arbiter(&arbiter.handle(), move |_| {
-            SaverQueue::new(saver)
-        }));
+        loaders.push(ranks.loaders(rank, device, &mut registrations)?);
+        savers.push(ranks.saver(rank, device, &mut registrations)?);
     }
     if manager.send(AttachLoaders(loaders)).await.is_err() {
         return Err(StartError::Thread);
     }
     let interval = Duration::from_secs(config.stats.interval_s.max(1));
-    let reporter =
-        StatsReporter::new(planner.clone(), manager.clone(), savers.clone(), interval).start();
+    let reporter = StatsReporter::new(
+        planner.clone(),
+        manager.clone(),
+        savers.clone(),
+        interval,
+        faults,
+    )
+    .start();
     Ok(Started {
         planner,
         manager,
@@ -331,4 +307,86 @@ async fn spawn_all(
         system: System::current(),
         staging: registrations,
     })
+}
+
+/// What every rank's loaders and saver are built from.
+struct RankActors<'a> {
+    config: &'a Config,
+    pool: &'a Arc<dyn Pool>,
+    keys: &'a Arc<KeySpace>,
+    inbox: &'a EngineInbox,
+    manager: &'a Addr<ReservationManager>,
+    /// Bytes of one staging slot: a header and the largest page.
+    slot_bytes: usize,
+}
+
+impl RankActors<'_> {
+    /// Slots of a staging pool of `bytes`.
+    fn slots_for(&self, bytes: u64) -> u32 {
+        u32::try_from((bytes / self.slot_bytes as u64).max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Starts the loaders of `rank`, each on its own Arbiter with its own stream and
+    /// supervised staging pool.
+    fn loaders(
+        &self,
+        rank: usize,
+        device: &Device,
+        registrations: &mut StagingRegistrations,
+    ) -> Result<Vec<Addr<Loader>>, StartError> {
+        let loaders = &self.config.loaders;
+        let mut started = Vec::with_capacity(loaders.load_threads);
+        for _ in 0..loaders.load_threads {
+            let stream = device.stream()?;
+            let staging = device.staging_pool(
+                self.slot_bytes,
+                self.slots_for(loaders.staging_bytes_per_loader),
+            )?;
+            registrations.register(&staging, rank, StagingRole::Loader)?;
+            let supervisee = Supervisee {
+                actor: "loader",
+                rank: u32::try_from(rank).unwrap_or(u32::MAX),
+            };
+            let staging = StagingSupervisor::new(supervisee, Arc::clone(self.pool), staging);
+            let (pool, manager, capacity) = (
+                Arc::clone(self.pool),
+                self.manager.clone(),
+                loaders.mailbox_capacity,
+            );
+            let load_timeout = Duration::from_millis(loaders.load_timeout_ms);
+            let arbiter = Arbiter::new();
+            started.push(Loader::start_in_arbiter(&arbiter.handle(), move |_| {
+                Loader::new(pool, stream, staging, manager, capacity, load_timeout)
+            }));
+        }
+        Ok(started)
+    }
+
+    /// Starts the saver of `rank` on its own Arbiter.
+    fn saver(
+        &self,
+        rank: usize,
+        device: &Device,
+        registrations: &mut StagingRegistrations,
+    ) -> Result<Addr<SaverQueue>, StartError> {
+        let config = &self.config.saver;
+        let staging = device.staging_pool(self.slot_bytes, self.slots_for(config.staging_bytes))?;
+        registrations.register(&staging, rank, StagingRole::Saver)?;
+        let saver = SaverParams {
+            rank: u32::try_from(rank).unwrap_or(u32::MAX),
+            pool: Arc::clone(self.pool),
+            keys: Arc::clone(self.keys),
+            stream: device.stream()?,
+            staging,
+            queue_capacity_pages: NonZeroUsize::new(config.queue_capacity_pages)
+                .unwrap_or(NonZeroUsize::MIN),
+            window_first: config.window_first,
+            inbox: self.inbox.clone(),
+            mailbox_capacity: config.mailbox_capacity,
+        };
+        let arbiter = Arbiter::new();
+        Ok(SaverQueue::start_in_arbiter(&arbiter.handle(), move |_| {
+            SaverQueue::new(saver)
+        }))
+    }
 }
