@@ -2,6 +2,7 @@
 //! clock: the lookup planner answers through the engine inbox, and the stats reporter
 //! collects every `stats.interval_s` (R27) without any real waiting (STYLE G13).
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,7 +53,7 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
         }],
         rewind_tokens: 0,
         window_fallback: true,
-        probe_chunk_keys: 4,
+        probe_chunk_keys: NonZeroUsize::new(4).ok_or("a chunk of 4 keys")?,
         seed: scope_seed(&Scope::default()),
     };
     let pool_dyn: Arc<dyn Pool> = Arc::clone(&pool) as Arc<dyn Pool>;

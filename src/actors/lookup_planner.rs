@@ -18,6 +18,7 @@
 //! that task, which is answered the same way. Every lookup the planner receives is
 //! answered, so no request waits for a lookup forever.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +28,7 @@ use super::keyspace::KeySpace;
 use super::supervisor::catch;
 use crate::core::hash::{hash_blocks, BlockHash};
 use crate::core::ids::RequestId;
+use crate::core::layout::Layout;
 use crate::core::planner::{Lookup, LookupOutcome, LookupPlan, LookupRequest, PlannerGroup};
 use crate::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use crate::messages::{EngineInbox, LookupCompleted};
@@ -45,9 +47,27 @@ pub struct PlannerSettings {
     /// R13.
     pub window_fallback: bool,
     /// Keys per concurrent probe (R10).
-    pub probe_chunk_keys: usize,
+    pub probe_chunk_keys: NonZeroUsize,
     /// Scope seed of the chain (R1).
     pub seed: BlockHash,
+}
+
+impl PlannerSettings {
+    /// The settings of the validated `[planner]` section for `layout`, chaining from `seed`.
+    pub fn new(
+        planner: &crate::config::runtime::Planner,
+        layout: &Layout,
+        seed: BlockHash,
+    ) -> Self {
+        PlannerSettings {
+            tokens_per_block: layout.tokens_per_block as usize,
+            groups: PlannerGroup::of_layout(layout),
+            rewind_tokens: planner.rewind_tokens,
+            window_fallback: planner.window_fallback,
+            probe_chunk_keys: planner.probe_chunk,
+            seed,
+        }
+    }
 }
 
 /// The lookup planner actor.
@@ -238,7 +258,8 @@ pub fn run_lookup(
         groups: settings.groups.clone(),
         rewind_tokens: settings.rewind_tokens,
         window_fallback: settings.window_fallback,
-        probe_chunk_items: (settings.probe_chunk_keys / shard_keys).max(1),
+        // A chunk smaller than one item's shard keys still probes one item.
+        probe_chunk_items: (settings.probe_chunk_keys.get() / shard_keys).max(1),
     };
     let hashes: Arc<[BlockHash]> = Arc::from(hashes);
     let Ok(mut lookup) = Lookup::new(request) else {
@@ -282,7 +303,7 @@ fn probe_round(
     keys: &KeySpace,
     hashes: &[BlockHash],
     items: &[crate::core::planner::ProbeItem],
-    chunk_keys: usize,
+    chunk_keys: NonZeroUsize,
 ) -> (Vec<bool>, u64) {
     let mut all_keys: Vec<String> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
@@ -302,7 +323,7 @@ fn probe_round(
         }
     }
     let refs: Vec<&str> = all_keys.iter().map(String::as_str).collect();
-    let chunk_keys = chunk_keys.max(1);
+    let chunk_keys = chunk_keys.get();
     let answers: Vec<bool> = if refs.len() <= chunk_keys {
         present_flags(pool, &refs)
     } else {
