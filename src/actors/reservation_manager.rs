@@ -37,12 +37,10 @@ use super::supervisor::{catch, Panicked};
 use crate::connector::transfer::LoadItem;
 use crate::connector::FinishedLoad;
 use crate::core::hash::BlockHash;
-use crate::core::ids::PageIndex;
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::ledger::{
     CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket, ReservedPage,
 };
-use crate::core::planner::LookupPlan;
 use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::{
     CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad, StartLoads,
@@ -185,14 +183,7 @@ impl ReservationManager {
     }
 
     /// Builds one rank's load items from the reserved pages.
-    fn items_for_rank(
-        &self,
-        rank: u32,
-        pages: &[(
-            crate::core::ledger::ReservedPage,
-            crate::core::hash::BlockHash,
-        )],
-    ) -> Vec<LoadItem> {
+    fn items_for_rank(&self, rank: u32, pages: &[(ReservedPage, BlockHash)]) -> Vec<LoadItem> {
         pages
             .iter()
             .filter_map(|(page, hash)| {
@@ -264,22 +255,15 @@ impl ReservationManager {
     /// pending before any loader has it, so a panic while sending leaves it to be failed
     /// when its loaders answer (R29).
     fn start_load(&mut self, ctx: &mut Context<Self>, load: StartLoad) {
-        let StartLoad {
-            request,
-            reservation,
-            tokens,
-            plan,
-            hashes,
-            pages: page_indices,
-        } = load;
+        let (request, reservation) = (load.request, load.reservation);
         let Some(ledger) = self.ledger.as_mut() else {
             return self.fail_now(ctx, request, reservation);
         };
-        let pages = planned_pages(&plan, &hashes, &page_indices);
+        let pages = load.planned_pages();
         let started_at = Instant::now();
         let reserved = pages.iter().map(|(page, _)| *page).collect();
         let ticket = match ledger
-            .reserve(request, reservation, reserved, tokens)
+            .reserve(request, reservation, reserved, load.tokens)
             .and_then(|_| ledger.start_load(reservation))
         {
             Ok(ticket) => ticket,
@@ -292,7 +276,20 @@ impl ReservationManager {
             !self.faults.fires(ActorFault::ManagerPanic),
             "injected fault manager_panic: the reservation manager panicked starting a load"
         );
-        let key = (reservation, ticket);
+        self.dispatch(ctx, request, (reservation, ticket), &pages, started_at);
+    }
+
+    /// Sends a recorded load to one loader of every rank. The load is pending before any
+    /// loader has it, so a panic while sending leaves it to be failed when its loaders
+    /// answer (R29); one no loader took is finished (failed) at once.
+    fn dispatch(
+        &mut self,
+        ctx: &mut Context<Self>,
+        request: RequestId,
+        key: (ReservationId, LoadTicket),
+        pages: &[(ReservedPage, BlockHash)],
+        started_at: Instant,
+    ) {
         let result = if self.loaders.is_empty() {
             LoadResult::Failed(LoadFailure::LoaderGone)
         } else {
@@ -313,14 +310,12 @@ impl ReservationManager {
             let sent = loaders
                 .get(self.next_loader % loaders.len().max(1))
                 .is_some_and(|loader| {
-                    let items = self.items_for_rank(rank, &pages);
-                    loader
-                        .try_send(LoadBlocks {
-                            ticket,
-                            items,
-                            started_at,
-                        })
-                        .is_ok()
+                    let message = LoadBlocks {
+                        ticket: key.1,
+                        items: self.items_for_rank(rank, pages),
+                        started_at,
+                    };
+                    loader.try_send(message).is_ok()
                 });
             if let Some(pending) = self.pending.get_mut(&key) {
                 if sent {
@@ -335,7 +330,7 @@ impl ReservationManager {
             .get(&key)
             .is_some_and(|pending| pending.ranks_left == 0)
         {
-            self.finish(ctx, reservation, ticket);
+            self.finish(ctx, key.0, key.1);
         }
     }
 
@@ -429,115 +424,5 @@ impl Handler<CollectLoadStats> for ReservationManager {
     }
 }
 
-/// Pairs each planned (group, block) with its engine page and chain hash, in plan order.
-fn planned_pages(
-    plan: &LookupPlan,
-    hashes: &[BlockHash],
-    pages: &[u32],
-) -> Vec<(ReservedPage, BlockHash)> {
-    let blocks = plan
-        .loads
-        .iter()
-        .flat_map(|load| load.blocks.iter().map(move |&block| (load.group, block)));
-    blocks
-        .zip(pages)
-        .filter_map(|((group, block), &page)| {
-            let hash = *hashes.get(block)?;
-            Some((
-                ReservedPage {
-                    block_index: block as u64,
-                    group,
-                    page: PageIndex(page),
-                },
-                hash,
-            ))
-        })
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Instant;
-
-    use super::*;
-    use crate::core::hash::{hash_blocks, scope_seed, Scope};
-    use crate::core::layout::Layout;
-    use crate::core::planner::{GroupLoad, LookupOutcome};
-    use crate::messages::reservation_manager::{CollectLoadStats, StartLoad, StartLoads};
-
-    type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-    /// A load of blocks 0 and 1 of group 0 into `pages`, over `tokens`.
-    fn load(
-        request: u64,
-        reservation: u64,
-        tokens: std::ops::Range<u64>,
-        pages: Vec<u32>,
-        layout: &Layout,
-    ) -> Result<StartLoad, Box<dyn std::error::Error>> {
-        let prompt: Vec<i64> = (0..=16 * 2).collect();
-        let hashes = hash_blocks(scope_seed(&Scope::default()), &prompt, 16)?;
-        let plan = LookupPlan {
-            outcome: LookupOutcome::Full,
-            resume_tokens: 32,
-            local_match_tokens: 0,
-            full_hit_tokens: 32,
-            offered_tokens: 32,
-            loads: vec![GroupLoad {
-                group: layout.groups[0].id,
-                blocks: vec![0, 1],
-            }],
-            rounds: 1,
-            probed_items: 2,
-        };
-        Ok(StartLoad {
-            request: RequestId(request),
-            reservation: ReservationId(reservation),
-            tokens,
-            plan: Arc::new(plan),
-            hashes: hashes.into(),
-            pages,
-        })
-    }
-
-    /// One `StartLoads` carrying several reservations: each is handled in the message's
-    /// order and reported exactly once; with no loader attached every one fails (R25),
-    /// and one the ledger refuses (empty token range) fails in its place, not first.
-    #[actix::test]
-    async fn a_step_s_loads_are_handled_in_order_and_each_reported_once() -> TestResult {
-        let layout = Layout::preset("tiny-full")?;
-        let keys = Arc::new(KeySpace::new(&layout, "ns", "m", &[64])?);
-        let (lookups, _lookups) = flume::bounded(8);
-        let (loads, finished) = flume::bounded(8);
-        let (saves, _saves) = flume::bounded(8);
-        let inbox = EngineInbox {
-            lookups,
-            loads,
-            saves,
-        };
-        let ledger = Ledger::new(16, [(layout.groups[0].id, 8)])?;
-        let manager =
-            ReservationManager::new(ledger, keys, inbox, 8, ActorFaults::default()).start();
-        let message = StartLoads {
-            loads: vec![
-                load(3, 30, 0..32, vec![4, 5], &layout)?,
-                load(1, 10, 7..7, vec![0, 1], &layout)?,
-                load(2, 20, 0..32, vec![2, 3], &layout)?,
-            ],
-            enqueued_at: Instant::now(),
-        };
-        manager.send(message).await?;
-        let mut reported = Vec::new();
-        for _ in 0..3 {
-            let load = finished.recv_async().await?;
-            assert!(!load.filled, "no loader: nothing can be filled");
-            reported.push((load.request.0, load.reservation.0));
-        }
-        assert_eq!(reported, vec![(3, 30), (1, 10), (2, 20)]);
-        assert!(finished.is_empty(), "each reservation is reported once");
-        let stats = manager.send(CollectLoadStats).await?;
-        assert_eq!((stats.loads_started, stats.loads_failed), (3, 3));
-        Ok(())
-    }
-}
+mod tests;
