@@ -2,6 +2,7 @@
 //! clock: the lookup planner answers through the engine inbox, and the stats reporter
 //! collects every `stats.interval_s` (R27) without any real waiting.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use kv_connector::core::planner::{LookupOutcome, PlannerGroup};
 use kv_connector::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use kv_connector::messages::stats_reporter::CollectNow;
 use kv_connector::messages::EngineInbox;
-use kv_connector::pool::{ManualClock, MemoryPool, Pool};
+use kv_connector::pool::{ActorFaults, ManualClock, MemoryPool, Pool};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -52,7 +53,7 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
         }],
         rewind_tokens: 0,
         window_fallback: true,
-        probe_chunk_keys: 4,
+        probe_chunk_keys: NonZeroUsize::new(4).ok_or("a chunk of 4 keys")?,
         seed: scope_seed(&Scope::default()),
     };
     let pool_dyn: Arc<dyn Pool> = Arc::clone(&pool) as Arc<dyn Pool>;
@@ -65,7 +66,14 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
     )
     .start();
     let ledger = Ledger::new(16, [(layout.groups[0].id, 8)])?;
-    let manager = ReservationManager::new(ledger, Arc::clone(&keys), inbox, 8).start();
+    let manager = ReservationManager::new(
+        ledger,
+        Arc::clone(&keys),
+        inbox,
+        8,
+        ActorFaults::of(&pool_dyn),
+    )
+    .start();
     let prompt: Arc<[i64]> = (0..=16 * 5).collect::<Vec<i64>>().into();
     Ok(Rig {
         planner,
@@ -170,6 +178,7 @@ async fn the_reporter_collects_every_interval_r27() -> TestResult {
         rig.manager.clone(),
         Vec::new(),
         Duration::from_secs(30),
+        ActorFaults::default(),
     )
     .start();
     rig.lookup(1).await?;

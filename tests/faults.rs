@@ -16,90 +16,14 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{
-    finished_loads, memory_pool, page_content, prompt, replay_json, report_field as field, reserve,
-    start, Instance,
-};
+use common::faults::{faulty, load_once, save_with, saved_pool, tiny, PROMPT_BLOCKS};
+use common::{replay_json, report_field as field, start};
 use kv_connector::config::Config;
-use kv_connector::connector::{EngineConnector, ReserveAnswer};
-use kv_connector::core::ids::{RequestId, ReservationId};
-use kv_connector::core::layout::{GroupId, Layout};
-use kv_connector::pool::faults::{FaultInjector, FaultPoint, FaultSpec, FaultyPool};
-use kv_connector::pool::{MemoryPool, Pool};
+use kv_connector::pool::faults::{FaultPoint, FaultSpec};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// Tokens of the test prompt: 8 full blocks of tiny-full and one more token.
-const PROMPT_BLOCKS: usize = 8;
-
-fn tiny() -> Result<Layout, Box<dyn std::error::Error>> {
-    Ok(Layout::preset("tiny-full")?)
-}
-
-/// `inner` behind a fault injector of `spec`.
-fn faulty(inner: &Arc<MemoryPool>, spec: FaultSpec) -> (Arc<dyn Pool>, Arc<FaultInjector>) {
-    let injector = Arc::new(FaultInjector::new(spec));
-    let pool = FaultyPool::new(Arc::clone(inner) as Arc<dyn Pool>, Arc::clone(&injector));
-    (Arc::new(pool), injector)
-}
-
-/// Saves the test prompt through a pool without faults.
-fn saved_pool(layout: &Layout) -> (Arc<MemoryPool>, Arc<[i64]>) {
-    let inner = memory_pool(64 << 20);
-    let t = layout.tokens_per_block as usize;
-    let tokens = prompt(0, PROMPT_BLOCKS * t + 1);
-    let mut saver = start(
-        Arc::clone(&inner) as Arc<dyn Pool>,
-        layout,
-        Config::default(),
-    );
-    saver.save_prompt(RequestId(1), &tokens, layout, 0);
-    let _ = saver.handle.shutdown();
-    (inner, tokens)
-}
-
-/// Looks up, reserves and loads the test prompt into pages 100..; returns whether the load
-/// was filled, after checking that a filled load's pages are the saved bytes.
-fn load_once(
-    instance: &mut Instance,
-    layout: &Layout,
-    tokens: &Arc<[i64]>,
-    request: u64,
-) -> Result<bool, Box<dyn std::error::Error>> {
-    let (request, reservation) = (RequestId(request), ReservationId(request));
-    instance
-        .handle
-        .lookup_prefix(request, Arc::clone(tokens), 0);
-    let ReserveAnswer::Offer { extra_tokens, .. } =
-        reserve(&mut instance.handle, request, reservation)
-    else {
-        return Err("reserve stayed pending".into());
-    };
-    if extra_tokens == 0 {
-        return Ok(false);
-    }
-    instance.start_load(request, reservation, tokens.len(), layout, 100);
-    let finished = finished_loads(&mut instance.handle);
-    let filled = finished.iter().any(|load| load.filled);
-    if filled {
-        let len = instance.devices[0].page_pool(GroupId(0))?.page_bytes;
-        for block in 0..PROMPT_BLOCKS {
-            let page = u32::try_from(100 + block)?;
-            let bytes = instance.devices[0].read_page_to_vec(GroupId(0), page)?;
-            assert_eq!(
-                bytes,
-                page_content(GroupId(0), 0, block, len),
-                "a filled load has the saved bytes (block {block})"
-            );
-        }
-    }
-    instance.handle.request_finished(request);
-    Ok(filled)
-}
-
-/// Each load fault at rate 1 fails the load (R25) and closes the accounting (`stats::A2`).
+/// Each load fault at rate 1 fails the load (R25) and closes the accounting (A2).
 #[test]
 fn every_load_fault_fails_the_load_and_never_fills_it_r25() -> TestResult {
     let layout = tiny()?;
@@ -208,33 +132,7 @@ fn a_loader_that_panics_restarts_and_keeps_loading() -> TestResult {
     Ok(())
 }
 
-/// Saves the test prompt through `spec`; returns the stats after checking that the
-/// request's pages were handed back (R22) and the accounting is closed (`stats::A1`).
-fn save_with(
-    spec: FaultSpec,
-    config: Config,
-) -> Result<(kv_connector::stats::ConnectorStats, Arc<FaultInjector>), Box<dyn std::error::Error>> {
-    let layout = tiny()?;
-    let inner = memory_pool(64 << 20);
-    let (pool, injector) = faulty(&inner, spec);
-    let mut instance = start(pool, &layout, config);
-    let t = layout.tokens_per_block as usize;
-    let tokens = prompt(0, PROMPT_BLOCKS * t + 1);
-    instance.save_prompt(RequestId(1), &tokens, &layout, 0);
-    let keep = instance.handle.request_finished(RequestId(1));
-    instance.handle.settle_saves();
-    let freed = instance.handle.get_finished_saves();
-    assert!(
-        !keep || freed == vec![RequestId(1)],
-        "pages handed back (R22)"
-    );
-    let stats = instance.handle.shutdown();
-    stats.check_accounting()?;
-    assert_eq!(stats.saves.saves_enqueued, PROMPT_BLOCKS as u64);
-    Ok((stats, injector))
-}
-
-/// Each save fault at rate 1 stores nothing, and every page is counted and settled (`stats::A1`).
+/// Each save fault at rate 1 stores nothing, and every page is counted and settled (A1).
 #[test]
 fn every_save_fault_is_counted_and_settled_r22() -> TestResult {
     let save_points = [

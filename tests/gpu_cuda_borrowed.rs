@@ -13,12 +13,12 @@ use std::error::Error;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use kv_connector::transfer::{load_pages, save_pages, LoadMoved, PageRef, SaveResult};
 use kv_connector::core::eviction::EvictionPolicy;
 use kv_connector::core::layout::GroupId;
 use kv_connector::core::object::HEADER_BYTES;
 use kv_connector::gpu::{BorrowedPages, Device, GpuError, PageCopy};
 use kv_connector::pool::{MemoryPool, SystemClock};
+use kv_connector::transfer::{load_pages, save_pages, LoadMoved, PageRef, SaveResult};
 
 mod gpu_common;
 

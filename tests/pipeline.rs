@@ -337,6 +337,48 @@ fn a_window_layout_without_prefix_aware_scheduling_is_refused_r7() {
     );
 }
 
+/// A configuration built in code is validated by `start` (once: the actors run on the
+/// typed values): one it could not run is refused naming the key, never clamped.
+#[test]
+fn a_configuration_the_connector_cannot_run_is_refused_at_start() {
+    let layout = Layout::preset("tiny-full").unwrap();
+    for (key, change) in [
+        (
+            "loaders.load_threads",
+            (|c: &mut Config| c.loaders.load_threads = 0) as fn(&mut Config),
+        ),
+        ("saver.queue_capacity_pages", |c| {
+            c.saver.queue_capacity_pages = 0;
+        }),
+        ("stats.interval_s", |c| c.stats.interval_s = 0),
+    ] {
+        let mut config = Config::default();
+        change(&mut config);
+        let device = kv_connector::gpu::Device::open_host(&[kv_connector::gpu::PagePoolSpec {
+            group: GroupId(0),
+            page_bytes: usize::try_from(layout.page_bytes(&layout.groups[0]).unwrap()).unwrap(),
+            num_pages: 4,
+        }])
+        .unwrap();
+        let params = kv_connector::connector::ConnectorParams {
+            config,
+            layout: layout.clone(),
+            pool: memory_pool(1 << 20),
+            devices: vec![device],
+            seed: kv_connector::core::hash::scope_seed(&kv_connector::core::hash::Scope::default()),
+            model_key: "test".into(),
+        };
+        let error = kv_connector::connector::ConnectorHandle::start(params)
+            .err()
+            .unwrap();
+        let message = error.to_string();
+        assert!(
+            message.contains(key) && message.contains("must be at least 1"),
+            "{message}"
+        );
+    }
+}
+
 /// R20: with re-save on, the last chunk lists the prompt's earlier blocks again; present
 /// ones are refreshed, not rewritten.
 #[test]

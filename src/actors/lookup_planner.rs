@@ -7,18 +7,32 @@
 //! Mailbox: `planner.mailbox_capacity`; the engine's handle reaches it through the
 //! courier (`try_send`), and a full mailbox defers the lookups to the handle's next flush
 //! point.
+//!
+//! # Supervision: restart in place
+//!
+//! The planner's only state is its settings and its interval counters, which a panic cannot
+//! leave wrong in a way that matters (a count at worst). A panic while a lookup starts (on
+//! the actor's thread) is caught ([`crate::actors::supervisor::catch`]): that lookup is
+//! answered with nothing offered (counted `failed`), and the planner serves the next. A
+//! panic inside a lookup's work (hashing, probes, planning: on the blocking pool) ends
+//! that task, which is answered the same way. Every lookup the planner receives is
+//! answered, so no request waits for a lookup forever.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
 
+use super::supervisor::catch;
 use crate::core::hash::{hash_blocks, BlockHash};
+use crate::core::ids::RequestId;
 use crate::core::keys::KeySpace;
+use crate::core::layout::Layout;
 use crate::core::planner::{Lookup, LookupOutcome, LookupPlan, LookupRequest, PlannerGroup};
 use crate::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use crate::messages::{EngineInbox, LookupCompleted};
-use crate::pool::Pool;
+use crate::pool::{actor_fault_fires, ActorFault, Pool};
 use crate::stats::LookupStats;
 
 /// What every lookup of this deployment shares.
@@ -33,9 +47,27 @@ pub struct PlannerSettings {
     /// R13.
     pub window_fallback: bool,
     /// Keys per concurrent probe (R10).
-    pub probe_chunk_keys: usize,
+    pub probe_chunk_keys: NonZeroUsize,
     /// Scope seed of the chain (R1).
     pub seed: BlockHash,
+}
+
+impl PlannerSettings {
+    /// The settings of the validated `[planner]` section for `layout`, chaining from `seed`.
+    pub fn new(
+        planner: &crate::config::runtime::Planner,
+        layout: &Layout,
+        seed: BlockHash,
+    ) -> Self {
+        PlannerSettings {
+            tokens_per_block: layout.tokens_per_block as usize,
+            groups: PlannerGroup::of_layout(layout),
+            rewind_tokens: planner.rewind_tokens,
+            window_fallback: planner.window_fallback,
+            probe_chunk_keys: planner.probe_chunk,
+            seed,
+        }
+    }
 }
 
 /// The lookup planner actor.
@@ -100,7 +132,7 @@ impl Handler<LookupPrefix> for LookupPlanner {
     type Result = ();
 
     fn handle(&mut self, message: LookupPrefix, ctx: &mut Self::Context) {
-        self.start_lookup(message, ctx);
+        self.start_supervised(message, ctx);
     }
 }
 
@@ -109,14 +141,27 @@ impl Handler<LookupPrefixes> for LookupPlanner {
 
     fn handle(&mut self, message: LookupPrefixes, ctx: &mut Self::Context) {
         for lookup in message.lookups {
-            self.start_lookup(lookup, ctx);
+            self.start_supervised(lookup, ctx);
         }
     }
 }
 
 impl LookupPlanner {
+    /// Starts one lookup; one that panics is answered with nothing (module docs).
+    fn start_supervised(&mut self, message: LookupPrefix, ctx: &mut Context<Self>) {
+        let request = message.request;
+        if let Err(panicked) = catch(|| self.start_lookup(message, ctx)) {
+            tracing::error!(%request, panic = panicked.message(), "lookup planner panicked starting a lookup; nothing offered, planner restarted");
+            self.answer(LookupResult::failed(), request, ctx);
+        }
+    }
+
     /// Runs one lookup off the actor's thread and answers through the engine inbox.
     fn start_lookup(&mut self, message: LookupPrefix, ctx: &mut Context<Self>) {
+        assert!(
+            !actor_fault_fires(&*self.pool, ActorFault::PlannerPanic),
+            "injected fault planner_panic: the lookup planner panicked starting a lookup"
+        );
         let pool = Arc::clone(&self.pool);
         let keys = Arc::clone(&self.keys);
         let settings = Arc::clone(&self.settings);
@@ -130,22 +175,29 @@ impl LookupPlanner {
                 message.local_match_tokens,
             )
         });
-        let inbox = self.inbox.clone();
-        ctx.spawn(work.into_actor(self).then(move |joined, actor, _| {
+        ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
             let result = joined.unwrap_or_else(|_| LookupResult::failed());
-            actor.count(&result);
-            let completed = LookupCompleted {
-                request,
-                plan: result.plan,
-                hashes: result.hashes,
-            };
+            actor.answer(result, request, ctx);
+        }));
+    }
+
+    /// Counts a finished lookup and sends its result to the engine.
+    fn answer(&mut self, result: LookupResult, request: RequestId, ctx: &mut Context<Self>) {
+        self.count(&result);
+        let completed = LookupCompleted {
+            request,
+            plan: result.plan,
+            hashes: result.hashes,
+        };
+        let inbox = self.inbox.clone();
+        ctx.spawn(
             async move {
                 if inbox.lookups.send_async(completed).await.is_err() {
                     tracing::debug!(%request, "engine handle gone; lookup result dropped");
                 }
             }
-            .into_actor(actor)
-        }));
+            .into_actor(self),
+        );
     }
 }
 
@@ -206,7 +258,8 @@ pub fn run_lookup(
         groups: settings.groups.clone(),
         rewind_tokens: settings.rewind_tokens,
         window_fallback: settings.window_fallback,
-        probe_chunk_items: (settings.probe_chunk_keys / shard_keys).max(1),
+        // A chunk smaller than one item's shard keys still probes one item.
+        probe_chunk_items: (settings.probe_chunk_keys.get() / shard_keys).max(1),
     };
     let hashes: Arc<[BlockHash]> = Arc::from(hashes);
     let Ok(mut lookup) = Lookup::new(request) else {
@@ -250,7 +303,7 @@ fn probe_round(
     keys: &KeySpace,
     hashes: &[BlockHash],
     items: &[crate::core::planner::ProbeItem],
-    chunk_keys: usize,
+    chunk_keys: NonZeroUsize,
 ) -> (Vec<bool>, u64) {
     let mut all_keys: Vec<String> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
@@ -270,7 +323,7 @@ fn probe_round(
         }
     }
     let refs: Vec<&str> = all_keys.iter().map(String::as_str).collect();
-    let chunk_keys = chunk_keys.max(1);
+    let chunk_keys = chunk_keys.get();
     let answers: Vec<bool> = if refs.len() <= chunk_keys {
         present_flags(pool, &refs)
     } else {

@@ -28,19 +28,32 @@
 //!    on the blocking pool), and the staging pools are unregistered from the pool. The
 //!    pool (Mooncake `close()`) is closed by its owner once every connector on it stopped.
 //!
-//! Supervision, per actor:
-//! - loaders and savers restart in place: each load or save batch runs under
-//!   `catch_unwind`; a panicking one is reported failed (every page counted and settled)
-//!   and the staging pool it lost is rebuilt (host memory, registered again). One whose
-//!   staging is pinned CUDA memory cannot rebuild it and retires: it fails every later
-//!   load or page at once, counted (`loader.rs`, `saver_queue.rs` module docs);
-//! - the lookup planner, reservation manager and stats reporter do no I/O of their own
-//!   that could panic; if one did, it takes its Arbiter down, its mailbox refuses
-//!   `try_send`, and the handle turns that into lookups with nothing offered and failed
-//!   loads (service degrades, nothing wrong reaches the engine).
+//! Supervision, per actor (`supervisor.rs` says why each actor catches its own panics
+//! rather than relying on actix's `Supervisor`: a panic in a handler ends the actor's task
+//! without stopping its context, so nothing would restart it, and its mailbox closes):
+//! - loaders and savers restart in place: each load or save batch runs under a
+//!   `StagingSupervisor`; a panicking one is reported failed (every page counted and
+//!   settled) and the staging pool it lost is rebuilt (host memory, registered again). One
+//!   whose staging is pinned CUDA memory cannot rebuild it and retires: it fails every
+//!   later load or page at once, counted (`loader.rs`, `saver_queue.rs` module docs);
+//! - the lookup planner restarts in place: a lookup whose start panicked is answered with
+//!   nothing offered (counted `failed`), and the planner serves the next;
+//! - the reservation manager retires, never restarts: a panic may leave its ledger
+//!   half-updated, and an empty one would not know the engine's reservations or the loads
+//!   writing into them. It drops the ledger; the engine then sees every load reported
+//!   failed (loads still at a loader when their loader answers, so no page is handed back
+//!   while being written), never filled, and computes the prefixes itself
+//!   (`reservation_manager.rs` module docs);
+//! - the stats reporter restarts in place: a panic as a collection starts changes nothing
+//!   and the collection goes on, so `stats` and `shutdown` always get the whole report.
+//!
+//! No actor dies of a panic in its own code, so no mailbox closes under the handle. Should
+//! one close anyway, the handle turns a closed planner into lookups with nothing offered
+//! and a closed manager into failed loads.
 
 pub mod loader;
 pub mod lookup_planner;
 pub mod reservation_manager;
 pub mod saver_queue;
 pub mod stats_reporter;
+pub mod supervisor;

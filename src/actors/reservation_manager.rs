@@ -5,6 +5,25 @@
 //! Decisions live in [`crate::core::ledger::Ledger`]; this shell translates messages.
 //! Mailbox: `reservations.mailbox_capacity`; the handle's messages arrive through the
 //! courier (`try_send`), loaders use `send`.
+//!
+//! # Supervision: retire, never restart
+//!
+//! A panic in a handler ([`crate::actors::supervisor::catch`]) may leave the ledger
+//! half-updated, and a ledger rebuilt empty would not know the reservations the engine
+//! holds, the loads being written into their pages, or the releases deferred until those
+//! loads settle (R26, R29). So the manager does not restart: it drops the ledger and
+//! retires, and from then on
+//! - the load being started when it panicked fails at once, unless its loaders already
+//!   have it;
+//! - a load its loaders still hold is reported failed when they answer (never earlier: the
+//!   engine may reuse released pages only once the load settled, R29);
+//! - every later load fails at once (R25), releases are ignored, stats are still answered.
+//!
+//! The engine sees every load reported failed, never filled, and computes the prefixes
+//! itself; nothing waits forever, and the accounting stays closed (M1).
+//!
+//! Invariant M1: every `StartLoad` is counted in `loads_started` and answered by exactly one
+//! `FinishedLoad`, counted done or failed (or a stale completion, R26), retired or not.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,19 +32,19 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::loader::Loader;
+use super::supervisor::{catch, Panicked};
 use crate::core::hash::BlockHash;
-use crate::core::ids::PageIndex;
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::keys::KeySpace;
 use crate::core::ledger::{
     CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket, ReservedPage,
 };
-use crate::core::planner::LookupPlan;
 use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::{
     CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad, StartLoads,
 };
 use crate::messages::{EngineInbox, FinishedLoad};
+use crate::pool::{ActorFault, ActorFaults};
 use crate::stats::LoadStats;
 use crate::transfer::PageRef;
 
@@ -41,7 +60,8 @@ struct PendingLoad {
 
 /// The reservation manager.
 pub struct ReservationManager {
-    ledger: Ledger,
+    /// `None` once a panic retired the manager (module docs).
+    ledger: Option<Ledger>,
     keys: Arc<KeySpace>,
     /// Loaders per rank; a load goes round robin to one loader of every rank.
     loaders: Vec<Vec<Addr<Loader>>>,
@@ -50,6 +70,7 @@ pub struct ReservationManager {
     inbox: EngineInbox,
     mailbox_capacity: usize,
     stats: LoadStats,
+    faults: ActorFaults,
 }
 
 impl ReservationManager {
@@ -59,9 +80,10 @@ impl ReservationManager {
         keys: Arc<KeySpace>,
         inbox: EngineInbox,
         mailbox_capacity: usize,
+        faults: ActorFaults,
     ) -> Self {
         ReservationManager {
-            ledger,
+            ledger: Some(ledger),
             keys,
             loaders: Vec::new(),
             next_loader: 0,
@@ -69,7 +91,36 @@ impl ReservationManager {
             inbox,
             mailbox_capacity,
             stats: LoadStats::default(),
+            faults,
         }
+    }
+
+    /// After a panic: drops the ledger and retires (module docs); loads whose loaders all
+    /// answered but that were not reported yet are reported failed now (M1).
+    fn retire(&mut self, ctx: &mut Context<Self>, panicked: &Panicked) {
+        tracing::error!(
+            panic = panicked.message(),
+            pending_loads = self.pending.len(),
+            "reservation manager panicked; ledger dropped, retired: every load fails from now on"
+        );
+        self.ledger = None;
+        let answered: Vec<_> = self
+            .pending
+            .iter()
+            .filter(|(_, pending)| pending.ranks_left == 0)
+            .map(|(&key, _)| key)
+            .collect();
+        for (reservation, ticket) in answered {
+            self.finish(ctx, reservation, ticket);
+        }
+    }
+
+    /// Loads pending for `reservation` (module docs: whether its loaders have a load).
+    fn pending_for(&self, reservation: ReservationId) -> usize {
+        self.pending
+            .keys()
+            .filter(|(pending, _)| *pending == reservation)
+            .count()
     }
 
     /// Hands a finished load to the engine inbox: at once while it has room (so the
@@ -95,7 +146,12 @@ impl ReservationManager {
 
     /// Hands finished reservations from the ledger to the engine.
     fn hand_over(&mut self, ctx: &mut Context<Self>, request: RequestId) {
-        for (reservation, result) in self.ledger.take_finished() {
+        let finished = self
+            .ledger
+            .as_mut()
+            .map(Ledger::take_finished)
+            .unwrap_or_default();
+        for (reservation, result) in finished {
             let filled = result == LoadResult::Filled;
             self.report(
                 ctx,
@@ -126,14 +182,7 @@ impl ReservationManager {
     }
 
     /// Builds one rank's load items from the reserved pages.
-    fn items_for_rank(
-        &self,
-        rank: u32,
-        pages: &[(
-            crate::core::ledger::ReservedPage,
-            crate::core::hash::BlockHash,
-        )],
-    ) -> Vec<PageRef> {
+    fn items_for_rank(&self, rank: u32, pages: &[(ReservedPage, BlockHash)]) -> Vec<PageRef> {
         pages
             .iter()
             .filter_map(|(page, hash)| {
@@ -172,30 +221,40 @@ impl Handler<StartLoads> for ReservationManager {
 
     fn handle(&mut self, message: StartLoads, ctx: &mut Self::Context) {
         for load in message.loads {
-            self.start_load(ctx, load);
+            self.start_supervised(ctx, load);
         }
     }
 }
 
 impl ReservationManager {
-    /// Records one reservation and sends its load to a loader of every rank.
-    fn start_load(&mut self, ctx: &mut Context<Self>, load: StartLoad) {
-        let StartLoad {
-            request,
-            reservation,
-            tokens,
-            plan,
-            hashes,
-            pages: page_indices,
-        } = load;
-        let pages = planned_pages(&plan, &hashes, &page_indices);
-        let started_at = Instant::now();
+    /// Starts one load; a panic retires the manager, and the load fails at once unless its
+    /// loaders already have it (module docs, M1).
+    fn start_supervised(&mut self, ctx: &mut Context<Self>, load: StartLoad) {
+        let (request, reservation) = (load.request, load.reservation);
         self.stats.loads_started += 1;
+        let pending_before = self.pending_for(reservation);
+        if let Err(panicked) = catch(|| self.start_load(ctx, load)) {
+            self.retire(ctx, &panicked);
+            if self.pending_for(reservation) == pending_before {
+                self.fail_now(ctx, request, reservation);
+            }
+        }
+    }
+
+    /// Records one reservation and sends its load to a loader of every rank. The load is
+    /// pending before any loader has it, so a panic while sending leaves it to be failed
+    /// when its loaders answer (R29).
+    fn start_load(&mut self, ctx: &mut Context<Self>, load: StartLoad) {
+        let (request, reservation) = (load.request, load.reservation);
+        let Some(ledger) = self.ledger.as_mut() else {
+            return self.fail_now(ctx, request, reservation);
+        };
+        let pages = load.planned_pages();
+        let started_at = Instant::now();
         let reserved = pages.iter().map(|(page, _)| *page).collect();
-        let ticket = match self
-            .ledger
-            .reserve(request, reservation, reserved, tokens)
-            .and_then(|_| self.ledger.start_load(reservation))
+        let ticket = match ledger
+            .reserve(request, reservation, reserved, load.tokens)
+            .and_then(|_| ledger.start_load(reservation))
         {
             Ok(ticket) => ticket,
             Err(error) => {
@@ -203,70 +262,108 @@ impl ReservationManager {
                 return self.fail_now(ctx, request, reservation);
             }
         };
-        let ranks = self.loaders.len();
-        self.next_loader = self.next_loader.wrapping_add(1);
-        let mut sent = 0;
-        for (rank, loaders) in self.loaders.iter().enumerate() {
-            let Some(loader) = loaders.get(self.next_loader % loaders.len().max(1)) else {
-                continue;
-            };
-            let items = self.items_for_rank(u32::try_from(rank).unwrap_or(u32::MAX), &pages);
-            if loader
-                .try_send(LoadBlocks {
-                    ticket,
-                    items,
-                    started_at,
-                })
-                .is_ok()
-            {
-                sent += 1;
-            }
-        }
-        let result = if sent == ranks && ranks > 0 {
-            LoadResult::Filled
-        } else {
+        assert!(
+            !self.faults.fires(ActorFault::ManagerPanic),
+            "injected fault manager_panic: the reservation manager panicked starting a load"
+        );
+        self.dispatch(ctx, request, (reservation, ticket), &pages, started_at);
+    }
+
+    /// Sends a recorded load to one loader of every rank. The load is pending before any
+    /// loader has it, so a panic while sending leaves it to be failed when its loaders
+    /// answer (R29); one no loader took is finished (failed) at once.
+    fn dispatch(
+        &mut self,
+        ctx: &mut Context<Self>,
+        request: RequestId,
+        key: (ReservationId, LoadTicket),
+        pages: &[(ReservedPage, BlockHash)],
+        started_at: Instant,
+    ) {
+        let result = if self.loaders.is_empty() {
             LoadResult::Failed(LoadFailure::LoaderGone)
+        } else {
+            LoadResult::Filled
         };
         self.pending.insert(
-            (reservation, ticket),
+            key,
             PendingLoad {
                 request,
-                ranks_left: sent,
+                ranks_left: 0,
                 result,
                 pages: 0,
                 bytes: 0,
             },
         );
-        if sent == 0 {
-            self.finish(ctx, reservation, ticket);
+        self.next_loader = self.next_loader.wrapping_add(1);
+        for (rank, loaders) in (0..).zip(&self.loaders) {
+            let sent = loaders
+                .get(self.next_loader % loaders.len().max(1))
+                .is_some_and(|loader| {
+                    let message = LoadBlocks {
+                        ticket: key.1,
+                        items: self.items_for_rank(rank, pages),
+                        started_at,
+                    };
+                    loader.try_send(message).is_ok()
+                });
+            if let Some(pending) = self.pending.get_mut(&key) {
+                if sent {
+                    pending.ranks_left += 1;
+                } else {
+                    pending.result = LoadResult::Failed(LoadFailure::LoaderGone);
+                }
+            }
+        }
+        if self
+            .pending
+            .get(&key)
+            .is_some_and(|pending| pending.ranks_left == 0)
+        {
+            self.finish(ctx, key.0, key.1);
         }
     }
 
+    /// Completes a load all of whose ranks answered: through the ledger (accepted or stale,
+    /// R26), or failed once retired. It stays pending until reported (M1).
     fn finish(&mut self, ctx: &mut Context<Self>, reservation: ReservationId, ticket: LoadTicket) {
-        let Some(pending) = self.pending.remove(&(reservation, ticket)) else {
+        let key = (reservation, ticket);
+        let Some(&PendingLoad {
+            request,
+            result,
+            pages,
+            bytes,
+            ..
+        }) = self.pending.get(&key)
+        else {
             return;
         };
-        match self.ledger.complete(ticket, pending.result) {
+        let Some(ledger) = self.ledger.as_mut() else {
+            self.pending.remove(&key);
+            return self.fail_now(ctx, request, reservation);
+        };
+        match ledger.complete(ticket, result) {
             CompletionDisposition::Accepted => {
-                if pending.result == LoadResult::Filled {
+                if result == LoadResult::Filled {
                     self.stats.loads_done += 1;
-                    self.stats.pages_loaded += pending.pages;
-                    self.stats.bytes_loaded += pending.bytes;
+                    self.stats.pages_loaded += pages;
+                    self.stats.bytes_loaded += bytes;
                 } else {
                     self.stats.loads_failed += 1;
-                    match pending.result {
+                    match result {
                         LoadResult::Failed(LoadFailure::Evicted) => self.stats.failed_evicted += 1,
                         LoadResult::Failed(LoadFailure::Corrupt) => self.stats.failed_corrupt += 1,
                         _ => {}
                     }
                 }
-                self.hand_over(ctx, pending.request);
+                self.hand_over(ctx, request);
             }
             CompletionDisposition::Stale { reason } => {
                 self.stats.stale_completions += 1;
                 tracing::debug!(%reservation, reason = reason.as_str(), "stale load completion ignored");
             }
         }
+        self.pending.remove(&key);
     }
 }
 
@@ -286,7 +383,9 @@ impl Handler<RankLoadFinished> for ReservationManager {
         }
         if pending.ranks_left == 0 {
             self.stats.load_time.record(message.started_at.elapsed());
-            self.finish(ctx, key.0, key.1);
+            if let Err(panicked) = catch(|| self.finish(ctx, key.0, key.1)) {
+                self.retire(ctx, &panicked);
+            }
         }
     }
 }
@@ -294,11 +393,16 @@ impl Handler<RankLoadFinished> for ReservationManager {
 impl Handler<ReleaseReservation> for ReservationManager {
     type Result = ();
 
-    fn handle(&mut self, message: ReleaseReservation, _ctx: &mut Self::Context) {
-        let outcome = self
-            .ledger
-            .release(message.reservation, message.start, message.end);
-        tracing::trace!(reservation = %message.reservation, ?outcome, "reservation released");
+    fn handle(&mut self, message: ReleaseReservation, ctx: &mut Self::Context) {
+        let Some(ledger) = self.ledger.as_mut() else {
+            return tracing::debug!(reservation = %message.reservation, "reservation manager retired; release ignored");
+        };
+        match catch(|| ledger.release(message.reservation, message.start, message.end)) {
+            Ok(outcome) => {
+                tracing::trace!(reservation = %message.reservation, ?outcome, "reservation released");
+            }
+            Err(panicked) => self.retire(ctx, &panicked),
+        }
     }
 }
 
@@ -310,114 +414,5 @@ impl Handler<CollectLoadStats> for ReservationManager {
     }
 }
 
-/// Pairs each planned (group, block) with its engine page and chain hash, in plan order.
-fn planned_pages(
-    plan: &LookupPlan,
-    hashes: &[BlockHash],
-    pages: &[u32],
-) -> Vec<(ReservedPage, BlockHash)> {
-    let blocks = plan
-        .loads
-        .iter()
-        .flat_map(|load| load.blocks.iter().map(move |&block| (load.group, block)));
-    blocks
-        .zip(pages)
-        .filter_map(|((group, block), &page)| {
-            let hash = *hashes.get(block)?;
-            Some((
-                ReservedPage {
-                    block_index: block as u64,
-                    group,
-                    page: PageIndex(page),
-                },
-                hash,
-            ))
-        })
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Instant;
-
-    use super::*;
-    use crate::core::hash::{hash_blocks, scope_seed, Scope};
-    use crate::core::layout::Layout;
-    use crate::core::planner::{GroupLoad, LookupOutcome};
-    use crate::messages::reservation_manager::{CollectLoadStats, StartLoad, StartLoads};
-
-    type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-    /// A load of blocks 0 and 1 of group 0 into `pages`, over `tokens`.
-    fn load(
-        request: u64,
-        reservation: u64,
-        tokens: std::ops::Range<u64>,
-        pages: Vec<u32>,
-        layout: &Layout,
-    ) -> Result<StartLoad, Box<dyn std::error::Error>> {
-        let prompt: Vec<i64> = (0..=16 * 2).collect();
-        let hashes = hash_blocks(scope_seed(&Scope::default()), &prompt, 16)?;
-        let plan = LookupPlan {
-            outcome: LookupOutcome::Full,
-            resume_tokens: 32,
-            local_match_tokens: 0,
-            full_hit_tokens: 32,
-            offered_tokens: 32,
-            loads: vec![GroupLoad {
-                group: layout.groups[0].id,
-                blocks: vec![0, 1],
-            }],
-            rounds: 1,
-            probed_items: 2,
-        };
-        Ok(StartLoad {
-            request: RequestId(request),
-            reservation: ReservationId(reservation),
-            tokens,
-            plan: Arc::new(plan),
-            hashes: hashes.into(),
-            pages,
-        })
-    }
-
-    /// One `StartLoads` carrying several reservations: each is handled in the message's
-    /// order and reported exactly once; with no loader attached every one fails (R25),
-    /// and one the ledger refuses (empty token range) fails in its place, not first.
-    #[actix::test]
-    async fn a_step_s_loads_are_handled_in_order_and_each_reported_once() -> TestResult {
-        let layout = Layout::preset("tiny-full")?;
-        let keys = Arc::new(KeySpace::new(&layout, "ns", "m", &[64])?);
-        let (lookups, _lookups) = flume::bounded(8);
-        let (loads, finished) = flume::bounded(8);
-        let (saves, _saves) = flume::bounded(8);
-        let inbox = EngineInbox {
-            lookups,
-            loads,
-            saves,
-        };
-        let ledger = Ledger::new(16, [(layout.groups[0].id, 8)])?;
-        let manager = ReservationManager::new(ledger, keys, inbox, 8).start();
-        let message = StartLoads {
-            loads: vec![
-                load(3, 30, 0..32, vec![4, 5], &layout)?,
-                load(1, 10, 7..7, vec![0, 1], &layout)?,
-                load(2, 20, 0..32, vec![2, 3], &layout)?,
-            ],
-            enqueued_at: Instant::now(),
-        };
-        manager.send(message).await?;
-        let mut reported = Vec::new();
-        for _ in 0..3 {
-            let load = finished.recv_async().await?;
-            assert!(!load.filled, "no loader: nothing can be filled");
-            reported.push((load.request.0, load.reservation.0));
-        }
-        assert_eq!(reported, vec![(3, 30), (1, 10), (2, 20)]);
-        assert!(finished.is_empty(), "each reservation is reported once");
-        let stats = manager.send(CollectLoadStats).await?;
-        assert_eq!((stats.loads_started, stats.loads_failed), (3, 3));
-        Ok(())
-    }
-}
+mod tests;

@@ -16,26 +16,25 @@
 //!
 //! # Supervision: restart in place
 //!
-//! A panic inside a save batch (a pool client or a copy that panics) is caught in the blocking
-//! task: the batch's pages count as failed and are settled (`saver_queue::A1`), and the saver goes
-//! on. Its staging pool was moved into the batch and is lost, so the saver rebuilds one of the same
-//! shape (host memory, registered with the pool); the copy stream is borrowed by the batch and
-//! survives. A pinned (CUDA) staging pool cannot be rebuilt without the device: that saver then
-//! retires and fails every later page at once (counted and settled), so the engine's pages are
-//! still released and serving goes on without saves.
+//! Each batch runs in its blocking task with the staging pool lent by the saver's
+//! [`StagingSupervisor`]: a panic inside it (a pool client or a copy that panics) is
+//! caught there, the batch's pages count as failed and are settled (`saver_queue::A1`), and the saver goes
+//! on with a rebuilt staging pool. A saver whose pinned (CUDA) staging pool was lost
+//! retires and fails every later page at once (counted and settled), so the engine's pages
+//! are still released and serving goes on without saves.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
 
+use super::supervisor::{Batch, StagingSupervisor, Supervisee};
 use crate::core::ids::RequestId;
 use crate::core::keys::KeySpace;
 use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
-use crate::gpu::{CopyStream, StagingGeometry, StagingPool};
+use crate::gpu::{CopyStream, StagingPool};
 use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
 use crate::pool::{actor_fault_fires, ActorFault, Pool};
@@ -50,26 +49,17 @@ struct Queued {
     enqueued_at: Instant,
 }
 
-/// The resources a batch needs, moved into the blocking task and back.
-struct Worker {
-    stream: CopyStream,
-    staging: StagingPool,
-}
-
 /// One rank's saver.
 pub struct SaverQueue {
     rank: u32,
     pool: Arc<dyn Pool>,
     keys: Arc<KeySpace>,
     queue: SaveQueue<Queued>,
-    /// `None` while a batch is in flight, and for good once the saver retired.
-    worker: Option<Worker>,
-    /// The staging pool's shape and memory kind, to rebuild it after a panic.
-    staging_shape: (StagingGeometry, bool),
-    /// Set when a panic lost a staging pool that cannot be rebuilt (module docs).
-    retired: bool,
-    /// Start address of a staging pool this saver rebuilt and registered itself.
-    rebuilt_registration: Option<usize>,
+    /// The copy stream, moved into a batch's blocking task and back: `None` while a batch
+    /// is in flight (or for good, when its task never ran and the saver retired).
+    stream: Option<CopyStream>,
+    /// The staging pool, lent to each batch (module docs).
+    staging: StagingSupervisor,
     waiters: Vec<flume::Sender<()>>,
     /// Settlements waiting for room in the engine channel.
     pending_sends: usize,
@@ -103,18 +93,17 @@ pub struct SaverParams {
 impl SaverQueue {
     /// Builds the saver.
     pub fn new(params: SaverParams) -> Self {
+        let supervisee = Supervisee {
+            actor: "saver",
+            rank: params.rank,
+        };
         SaverQueue {
             rank: params.rank,
+            staging: StagingSupervisor::new(supervisee, Arc::clone(&params.pool), params.staging),
             pool: params.pool,
             keys: params.keys,
             queue: SaveQueue::new(params.queue_capacity_pages, params.window_first),
-            staging_shape: (params.staging.geometry(), params.staging.is_pinned()),
-            retired: false,
-            rebuilt_registration: None,
-            worker: Some(Worker {
-                stream: params.stream,
-                staging: params.staging,
-            }),
+            stream: Some(params.stream),
             waiters: Vec::new(),
             pending_sends: 0,
             inbox: params.inbox,
@@ -154,9 +143,9 @@ impl SaverQueue {
 
     /// Starts the next batch if none is in flight; answers settle waiters when idle.
     fn kick(&mut self, ctx: &mut Context<Self>) {
-        if self.retired {
+        if self.staging.is_retired() {
             self.fail_queued(ctx);
-        } else if self.worker.is_none() {
+        } else if self.stream.is_none() {
             return;
         }
         if self.queue.is_empty() {
@@ -167,10 +156,8 @@ impl SaverQueue {
             }
             return;
         }
-        let Some(worker) = self.worker.take() else {
-            return;
-        };
-        let batch_len = usize::try_from(worker.staging.slots()).unwrap_or(1).max(1);
+        // One staging slot per page: a batch is at most one pass through the staging pool.
+        let batch_len = self.staging.slots() as usize;
         let mut batch = Vec::with_capacity(batch_len);
         while batch.len() < batch_len {
             let Some(queued) = self.queue.pop() else {
@@ -179,12 +166,19 @@ impl SaverQueue {
             batch.push(queued);
         }
         if actor_fault_fires(&*self.pool, ActorFault::StagingExhausted) {
-            // The batch's pages fail (counted and settled, `saver_queue::A1`); the next batch may
-            // find staging again.
-            self.worker = Some(worker);
+            // The batch's pages fail (counted and settled, `saver_queue::A1`); the next batch may find
+            // staging again.
             self.account(ctx, &batch, &[], &[]);
             return self.kick(ctx);
         }
+        // In flight and retired returned above, so both are here; A1 holds either way.
+        let Some(stream) = self.stream.take() else {
+            return self.account(ctx, &batch, &[], &[]);
+        };
+        let Some(lent) = self.staging.lend() else {
+            self.stream = Some(stream);
+            return self.account(ctx, &batch, &[], &[]);
+        };
         // One transfer item per queued page, or `None` (counted failed) when its group is
         // unknown; results come back for the transfer items only, in order.
         let positions: Vec<Option<PageRef>> = batch
@@ -197,30 +191,25 @@ impl SaverQueue {
         let items: Vec<PageRef> = positions.iter().flatten().cloned().collect();
         let pool = Arc::clone(&self.pool);
         let work = tokio::task::spawn_blocking(move || {
-            let Worker {
-                mut stream,
-                staging,
-            } = worker;
-            let guarded = catch_unwind(AssertUnwindSafe(|| {
-                save_pages(pool.as_ref(), &mut stream, staging, &items)
-            }));
-            match guarded {
-                Ok((staging, results)) => (stream, Some(staging), results, items),
-                Err(_) => (stream, None, Vec::new(), items),
-            }
+            let mut stream = stream;
+            let outcome =
+                lent.run(|staging| save_pages(pool.as_ref(), &mut stream, staging, &items));
+            (stream, outcome, items)
         });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
-            let Ok((stream, staging, results, items)) = joined else {
-                // The task itself could not run (runtime shutting down): the stream is gone with
-                // it, so the saver retires (`saver_queue::A1` still holds for this batch).
-                actor.retired = true;
+            let Ok((stream, outcome, items)) = joined else {
+                // The task itself could not run (runtime shutting down): the stream and
+                // the staging pool are gone with it, so the saver retires (`saver_queue::A1` still holds
+                // for this batch).
+                actor.staging.retire();
                 actor.account(ctx, &batch, &[], &[]);
                 return actor.kick(ctx);
             };
-            match staging.or_else(|| actor.rebuild_staging()) {
-                Some(staging) => actor.worker = Some(Worker { stream, staging }),
-                None => actor.retired = true,
-            }
+            actor.stream = Some(stream);
+            let results = match actor.staging.settle(outcome) {
+                Batch::Done(results) => results,
+                Batch::Panicked => Vec::new(),
+            };
             let results = aligned_results(&positions, &items, &results);
             actor.account(ctx, &batch, &positions, &results);
             actor.kick(ctx);
@@ -235,37 +224,6 @@ impl SaverQueue {
         }
         if !failed.is_empty() {
             self.account(ctx, &failed, &[], &[]);
-        }
-    }
-
-    /// After a panic lost the staging pool: a host pool of the same shape, registered with
-    /// the pool, or `None` when it cannot be rebuilt (module docs).
-    fn rebuild_staging(&mut self) -> Option<StagingPool> {
-        let (geometry, pinned) = self.staging_shape;
-        if pinned {
-            tracing::error!(rank = self.rank, "save batch panicked and the pinned staging pool is lost; saver retired, later saves fail");
-            return None;
-        }
-        let staging = StagingPool::new_host(geometry);
-        if let Err(err) = self.pool.register_staging(staging.bytes()) {
-            tracing::error!(rank = self.rank, error = %err, kind = err.kind(), "save batch panicked and the new staging pool was refused; saver retired");
-            return None;
-        }
-        self.release_rebuilt();
-        self.rebuilt_registration = Some(staging.as_ptr().addr());
-        tracing::error!(
-            rank = self.rank,
-            "save batch panicked; its pages failed, saver restarted"
-        );
-        Some(staging)
-    }
-
-    /// Unregisters a staging pool this saver rebuilt (idempotent).
-    fn release_rebuilt(&mut self) {
-        if let Some(start) = self.rebuilt_registration.take() {
-            if let Err(err) = self.pool.unregister_staging(start) {
-                tracing::warn!(error = %err, kind = err.kind(), "could not unregister a rebuilt staging pool");
-            }
         }
     }
 
@@ -323,10 +281,6 @@ impl Actor for SaverQueue {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox_capacity);
-    }
-
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.release_rebuilt();
     }
 }
 

@@ -3,6 +3,17 @@
 //!
 //! Actors keep plain counters (no shared atomics) and hand them over on request; the reporter
 //! merges. Mailbox: default capacity; only the handle and its own tick send to it.
+//!
+//! # Supervision: restart in place
+//!
+//! The reporter's only state is its totals. A panic as a collection starts (before any
+//! counter is taken from an actor) is caught ([`crate::actors::supervisor::catch`]) and
+//! changes nothing, so the reporter carries on with that collection: the engine's report
+//! (`stats`, `shutdown`) stays complete and the accounting closed. A panic while an
+//! interval is merged into the totals (after its counters were taken) loses that interval,
+//! logged; the totals keep the intervals merged before it and the reporter serves the next
+//! collection. Either way the reporter never dies, so `stats` and `shutdown` always get an
+//! answer.
 
 use std::time::Duration;
 
@@ -11,10 +22,12 @@ use actix::prelude::*;
 use super::lookup_planner::LookupPlanner;
 use super::reservation_manager::ReservationManager;
 use super::saver_queue::SaverQueue;
+use super::supervisor::catch;
 use crate::messages::lookup_planner::CollectLookupStats;
 use crate::messages::reservation_manager::CollectLoadStats;
 use crate::messages::saver_queue::CollectSaveStats;
 use crate::messages::stats_reporter::CollectNow;
+use crate::pool::{ActorFault, ActorFaults};
 use crate::stats::ConnectorStats;
 
 /// The stats reporter.
@@ -24,6 +37,7 @@ pub struct StatsReporter {
     savers: Vec<Addr<SaverQueue>>,
     interval: Duration,
     totals: ConnectorStats,
+    faults: ActorFaults,
 }
 
 impl StatsReporter {
@@ -33,6 +47,7 @@ impl StatsReporter {
         manager: Addr<ReservationManager>,
         savers: Vec<Addr<SaverQueue>>,
         interval: Duration,
+        faults: ActorFaults,
     ) -> Self {
         StatsReporter {
             planner,
@@ -40,6 +55,37 @@ impl StatsReporter {
             savers,
             interval,
             totals: ConnectorStats::default(),
+            faults,
+        }
+    }
+
+    /// Starts a collection; a panic before it takes anything changes nothing, and the
+    /// collection goes on (module docs).
+    fn start_collection(&self) -> impl std::future::Future<Output = ConnectorStats> + 'static {
+        let started = catch(|| {
+            assert!(
+                !self.faults.fires(ActorFault::ReporterPanic),
+                "injected fault reporter_panic: the stats reporter panicked starting a collection"
+            );
+        });
+        if let Err(panicked) = started {
+            tracing::error!(
+                panic = panicked.message(),
+                "stats reporter panicked starting a collection; restarted, collection goes on"
+            );
+        }
+        self.collect_future()
+    }
+
+    /// Merges one interval into the totals; a panic loses that interval (module docs).
+    fn absorb(&mut self, interval: &ConnectorStats) {
+        let mut totals = self.totals.clone();
+        match catch(|| totals.merge(interval)) {
+            Ok(()) => self.totals = totals,
+            Err(panicked) => tracing::error!(
+                panic = panicked.message(),
+                "stats reporter panicked merging an interval; interval lost, restarted"
+            ),
         }
     }
 
@@ -123,11 +169,16 @@ impl Actor for StatsReporter {
         ctx.run_interval(self.interval, |actor, ctx| {
             ctx.spawn(
                 actor
-                    .collect_future()
+                    .start_collection()
                     .into_actor(actor)
                     .map(|interval, actor, _| {
-                        log_interval(&interval, actor.interval);
-                        actor.totals.merge(&interval);
+                        actor.absorb(&interval);
+                        if let Err(panicked) = catch(|| log_interval(&interval, actor.interval)) {
+                            tracing::error!(
+                                panic = panicked.message(),
+                                "stats reporter panicked logging an interval"
+                            );
+                        }
                     }),
             );
         });
@@ -140,9 +191,9 @@ impl Handler<CollectNow> for StatsReporter {
     type Result = AtomicResponse<Self, ConnectorStats>;
 
     fn handle(&mut self, _message: CollectNow, _ctx: &mut Self::Context) -> Self::Result {
-        AtomicResponse::new(Box::pin(self.collect_future().into_actor(self).map(
+        AtomicResponse::new(Box::pin(self.start_collection().into_actor(self).map(
             |interval, actor, _| {
-                actor.totals.merge(&interval);
+                actor.absorb(&interval);
                 actor.totals.clone()
             },
         )))

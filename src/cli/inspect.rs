@@ -36,12 +36,11 @@ use serde::Serialize;
 
 use super::validate::ConfigArgs;
 use crate::actors::lookup_planner::{run_lookup, PlannerSettings};
-use crate::config::{Config, ConfigError, PoolBackend};
+use crate::config::{Config, ConfigError, LoadedConfig, PoolBackend};
 use crate::core::hash::{hash_blocks, scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
 use crate::core::keys::KeySpace;
 use crate::core::layout::{Layout, LayoutError};
-use crate::core::planner::PlannerGroup;
 use crate::replay::workload::{read_mooncake_trace, TraceError};
 use crate::replay::ReplayError;
 
@@ -234,11 +233,12 @@ pub fn run<S: std::hash::BuildHasher>(
     if let Some(scale) = args.kv_bytes_scale.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
         return Err(InspectError::BadScale { scale });
     }
-    let config = load_config(args, env)?;
-    let layout = args.config.layout(&config)?;
+    let loaded = load_config(args, env)?;
+    let config = &loaded.config;
+    let layout = args.config.layout(config)?;
     let prompt = read_prompt(args)?;
-    let under_test = open_pool(args, &config, &layout)?;
-    let inspection = inspect(args, &config, &layout, &prompt, &under_test)?;
+    let under_test = open_pool(args, config, &layout)?;
+    let inspection = inspect(args, &loaded, &layout, &prompt, &under_test)?;
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &inspection).map_err(InspectError::Json)?;
         writeln!(out).map_err(InspectError::Write)?;
@@ -252,7 +252,7 @@ pub fn run<S: std::hash::BuildHasher>(
 fn load_config<S: std::hash::BuildHasher>(
     args: &InspectArgs,
     env: HashMap<String, String, S>,
-) -> Result<Config, ConfigError> {
+) -> Result<LoadedConfig, ConfigError> {
     let mut sources = args.config.sources(env.into_iter().collect())?;
     if let Some(pool) = args.pool {
         sources
@@ -264,7 +264,7 @@ fn load_config<S: std::hash::BuildHasher>(
             .cli_overrides
             .push(("mooncake.master_address".to_owned(), master.clone()));
     }
-    Ok(Config::load(&sources)?.config)
+    Config::load(&sources)
 }
 
 /// Workflow step 2.
@@ -293,11 +293,12 @@ fn read_prompt(args: &InspectArgs) -> Result<Vec<i64>, InspectError> {
 /// Workflow steps 4-6.
 fn inspect(
     args: &InspectArgs,
-    config: &Config,
+    loaded: &LoadedConfig,
     layout: &Layout,
     prompt: &[i64],
     under_test: &PoolUnderTest,
 ) -> Result<Inspection, InspectError> {
+    let config = &loaded.config;
     let model_key = if config.keys.model_key.is_empty() {
         layout.name.clone()
     } else {
@@ -312,15 +313,7 @@ fn inspect(
     let tokens_per_block = usize::try_from(layout.tokens_per_block).unwrap_or(usize::MAX);
     let seed = scope_seed(&Scope::default());
     let hashes = hash_blocks(seed, prompt, tokens_per_block)?;
-    let settings = PlannerSettings {
-        tokens_per_block,
-        groups: PlannerGroup::of_layout(layout),
-        rewind_tokens: usize::try_from(config.planner.swa_endpoint_rewind_tokens)
-            .unwrap_or(usize::MAX),
-        window_fallback: config.planner.window_fallback,
-        probe_chunk_keys: config.planner.probe_chunk,
-        seed,
-    };
+    let settings = PlannerSettings::new(&loaded.runtime.planner, layout, seed);
     let result = run_lookup(
         under_test.pool.as_ref(),
         &keys,

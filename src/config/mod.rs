@@ -12,6 +12,11 @@
 //! 4. apply command-line overrides `section.key=value`;
 //! 5. deserialize into [`Config`] and [`Config::validate`] it.
 //!
+//! Validation also gives the actor sections in the types its checks proved
+//! ([`RuntimeConfig`]: nonzero counts, times as `Duration`s): the runtime takes those and
+//! never re-checks or clamps a configured value. An entry point handed a plain [`Config`]
+//! (built or edited in code) validates it once itself (`ConnectorHandle::start`).
+//!
 //! Invariants:
 //! 1. Unknown keys are errors in every layer (`deny_unknown_fields` for typed input, the
 //!    key table for text input); an unknown `KVC_*` variable is an error too.
@@ -29,6 +34,7 @@ mod actor_sections;
 mod error;
 mod keys;
 mod layers;
+pub mod runtime;
 mod sections;
 mod validate;
 
@@ -43,6 +49,7 @@ pub use actor_sections::{
 pub use error::{ConfigError, ConfigWarning, ValueOrigin};
 pub use keys::{parse_byte_size, KeySpec, LeafKind, KEYS};
 pub use layers::{parse_override, ENV_PREFIX};
+pub use runtime::RuntimeConfig;
 pub use sections::{
     DeviceConfig, KeysConfig, ModelConfig, MooncakeConfig, NodeConfig, PoolBackend, PoolConfig,
     GIB, MIB, MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
@@ -125,6 +132,9 @@ impl ConfigSources {
 pub struct LoadedConfig {
     /// The effective configuration.
     pub config: Config,
+    /// Its actor sections as validation typed them (describes `config` as loaded: a caller
+    /// that edits `config` validates it again).
+    pub runtime: RuntimeConfig,
     /// Things to log at WARN (a legacy alias overridden, ...).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -223,8 +233,12 @@ fn load_layers(
     let config: Config = tree
         .try_into()
         .map_err(|source| ConfigError::Typed { source })?;
-    config.validate()?;
-    Ok(LoadedConfig { config, warnings })
+    let runtime = config.validate()?;
+    Ok(LoadedConfig {
+        config,
+        runtime,
+        warnings,
+    })
 }
 
 /// The defaults as a two-level table, `section -> key -> value`.

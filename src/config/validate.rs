@@ -4,11 +4,24 @@
 //! value that works. Checks run in section order and the first failure is returned.
 
 use std::fmt::Display;
+use std::num::{NonZeroU64, NonZeroUsize};
+use std::time::Duration;
 
 use super::error::ConfigError;
 use super::keys::env_of;
+use super::runtime::RuntimeConfig;
 use super::sections::{PoolBackend, MOONCAKE_MIN_SEGMENT_BYTES};
 use super::{Config, MooncakeConfig};
+
+/// The refusal of `value` for `key`, with `hint` saying what works.
+fn refusal(key: &'static str, value: &dyn Display, hint: &str) -> ConfigError {
+    ConfigError::OutOfRange {
+        key,
+        env: env_of(key),
+        value: value.to_string(),
+        hint: hint.to_owned(),
+    }
+}
 
 /// Refuses `value` for `key` unless `ok`, with `hint` saying what works.
 fn require(
@@ -20,12 +33,7 @@ fn require(
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::OutOfRange {
-            key,
-            env: env_of(key),
-            value: value.to_string(),
-            hint: hint.to_owned(),
-        })
+        Err(refusal(key, value, hint))
     }
 }
 
@@ -39,19 +47,75 @@ fn positive(value: u64, key: &'static str, example: &str) -> Result<(), ConfigEr
     )
 }
 
-/// Refuses a value outside `1..=max` (a count or size a process cannot use: a huge
-/// staging pool aborts on allocation, a huge timeout overflows the deadline arithmetic).
-fn bounded(value: u64, key: &'static str, max: u64, example: &str) -> Result<(), ConfigError> {
-    require(
-        (1..=max).contains(&value),
-        key,
-        &value,
-        &format!("must be at least 1 and at most {max}, e.g. {example}"),
-    )
+/// Refuses a zero count; the count as the nonzero type the runtime takes.
+pub(super) fn nonzero(
+    value: usize,
+    key: &'static str,
+    example: &str,
+) -> Result<NonZeroUsize, ConfigError> {
+    NonZeroUsize::new(value)
+        .ok_or_else(|| refusal(key, &value, &format!("must be at least 1, e.g. {example}")))
+}
+
+/// The hint of a value outside `1..=max`.
+fn range_hint(max: &dyn Display, example: &str) -> String {
+    format!("must be at least 1 and at most {max}, e.g. {example}")
+}
+
+/// Refuses a value outside `1..=max` (a size a process cannot use: a huge staging pool
+/// aborts on allocation, a huge timeout overflows the deadline arithmetic).
+pub(super) fn bounded(
+    value: u64,
+    key: &'static str,
+    max: u64,
+    example: &str,
+) -> Result<NonZeroU64, ConfigError> {
+    NonZeroU64::new(value)
+        .filter(|value| value.get() <= max)
+        .ok_or_else(|| refusal(key, &value, &range_hint(&max, example)))
+}
+
+/// [`bounded`] for a count.
+pub(super) fn bounded_count(
+    value: usize,
+    key: &'static str,
+    max: usize,
+    example: &str,
+) -> Result<NonZeroUsize, ConfigError> {
+    NonZeroUsize::new(value)
+        .filter(|value| value.get() <= max)
+        .ok_or_else(|| refusal(key, &value, &range_hint(&max, example)))
+}
+
+/// Refuses a value above `max` (zero allowed), with `hint` saying what works.
+pub(super) fn at_most(
+    value: u64,
+    key: &'static str,
+    max: u64,
+    hint: &str,
+) -> Result<u64, ConfigError> {
+    require(value <= max, key, &value, hint).map(|()| value)
+}
+
+/// A bounded millisecond count as a time.
+pub(super) fn millis(value: NonZeroU64) -> Duration {
+    Duration::from_millis(value.get())
+}
+
+/// A token count as the `usize` the runtime counts tokens in (refused only where `usize`
+/// is narrower than 64 bits).
+pub(super) fn tokens(value: u64, key: &'static str, example: &str) -> Result<usize, ConfigError> {
+    usize::try_from(value).map_err(|_| {
+        refusal(
+            key,
+            &value,
+            &format!("must be at most {}, e.g. {example}", usize::MAX),
+        )
+    })
 }
 
 /// Most loader threads per rank: each owns a thread, a stream and a staging pool.
-pub const MAX_LOAD_THREADS: u64 = 64;
+pub const MAX_LOAD_THREADS: usize = 64;
 /// Largest staging pool (64 GiB): a batch never needs more, and an allocation the host
 /// cannot make would abort the process instead of failing with an error.
 pub const MAX_STAGING_BYTES: u64 = 64 << 30;
@@ -129,18 +193,15 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
     )
 }
 
-fn usize_u64(value: usize) -> u64 {
-    u64::try_from(value).unwrap_or(u64::MAX)
-}
-
 impl Config {
-    /// Checks ranges and the node memory budget.
+    /// Checks ranges and the node memory budget, and returns the actor sections in the
+    /// types the checks proved ([`RuntimeConfig`]).
     ///
     /// # Errors
     /// [`ConfigError::OutOfRange`] naming the first key with a value that cannot work, or
     /// [`ConfigError::Budget`] when `node.memory_budget_bytes` is nonzero and too small for
     /// the pool segment plus staging pools (R9).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<RuntimeConfig, ConfigError> {
         key_segment(&self.keys.namespace, "keys.namespace", false, "kvc")?;
         key_segment(&self.keys.model_key, "keys.model_key", true, "llama-3.1-8b")?;
         positive(
@@ -156,73 +217,7 @@ impl Config {
         ratio(self.pool.eviction_ratio, "pool.eviction_ratio", "0.05")?;
         positive(self.pool.kv_lease_ttl_ms, "pool.kv_lease_ttl_ms", "5000")?;
         check_mooncake(&self.mooncake)?;
-        positive(
-            usize_u64(self.planner.probe_chunk),
-            "planner.probe_chunk",
-            "4096",
-        )?;
-        positive(
-            usize_u64(self.planner.mailbox_capacity),
-            "planner.mailbox_capacity",
-            "256",
-        )?;
-        positive(
-            usize_u64(self.reservations.mailbox_capacity),
-            "reservations.mailbox_capacity",
-            "1024",
-        )?;
-        bounded(
-            usize_u64(self.loaders.load_threads),
-            "loaders.load_threads",
-            MAX_LOAD_THREADS,
-            "2",
-        )?;
-        bounded(
-            self.loaders.staging_bytes_per_loader,
-            "loaders.staging_bytes_per_loader",
-            MAX_STAGING_BYTES,
-            "268435456 (256MiB)",
-        )?;
-        positive(
-            usize_u64(self.loaders.mailbox_capacity),
-            "loaders.mailbox_capacity",
-            "64",
-        )?;
-        bounded(
-            self.loaders.load_timeout_ms,
-            "loaders.load_timeout_ms",
-            MAX_TIMEOUT_MS,
-            "30000",
-        )?;
-        positive(
-            usize_u64(self.saver.queue_capacity_pages),
-            "saver.queue_capacity_pages",
-            "65536",
-        )?;
-        bounded(
-            self.saver.staging_bytes,
-            "saver.staging_bytes",
-            MAX_STAGING_BYTES,
-            "268435456 (256MiB)",
-        )?;
-        require(
-            self.saver.shutdown_drain_timeout_ms <= MAX_TIMEOUT_MS,
-            "saver.shutdown_drain_timeout_ms",
-            &self.saver.shutdown_drain_timeout_ms,
-            &format!("must be at most {MAX_TIMEOUT_MS} (one day), e.g. 10000"),
-        )?;
-        positive(
-            usize_u64(self.saver.mailbox_capacity),
-            "saver.mailbox_capacity",
-            "1024",
-        )?;
-        self.check_handoff()?;
-        bounded(
-            self.stats.interval_s,
-            "stats.interval_s",
-            MAX_TIMEOUT_MS / 1000,
-            "30",
-        )?;
+        let runtime = RuntimeConfig::check(self)?;
         let metrics_addr = self.stats.metrics_addr.trim();
         require(
             metrics_addr.is_empty() || metrics_addr.parse::<std::net::SocketAddr>().is_ok(),
@@ -230,34 +225,13 @@ impl Config {
             &format!("{metrics_addr:?}"),
             "must be HOST:PORT with an IP address, e.g. 127.0.0.1:9464, or empty for none",
         )?;
-        self.check_budget()
-    }
-
-    /// `[handoff]`: a non-empty outbox, and a poll interval and idle time within limits.
-    fn check_handoff(&self) -> Result<(), ConfigError> {
-        positive(
-            usize_u64(self.handoff.outbox_capacity),
-            "handoff.outbox_capacity",
-            "1024",
-        )?;
-        let handoff = &self.handoff;
-        require(
-            handoff.poll_interval_us <= MAX_POLL_INTERVAL_US,
-            "handoff.poll_interval_us",
-            &handoff.poll_interval_us,
-            &format!("must be at most {MAX_POLL_INTERVAL_US}, e.g. 100"),
-        )?;
-        require(
-            handoff.park_after_idle_ms <= MAX_PARK_AFTER_IDLE_MS,
-            "handoff.park_after_idle_ms",
-            &handoff.park_after_idle_ms,
-            &format!("must be at most {MAX_PARK_AFTER_IDLE_MS}, e.g. 200"),
-        )
+        self.check_budget(&runtime)?;
+        Ok(runtime)
     }
 
     /// R9: the budget covers the pool memory this node contributes (the embedded pool's
     /// capacity, or this process's Mooncake segment) plus every staging pool.
-    fn check_budget(&self) -> Result<(), ConfigError> {
+    fn check_budget(&self, runtime: &RuntimeConfig) -> Result<(), ConfigError> {
         let budget_bytes = self.node.memory_budget_bytes;
         if budget_bytes == 0 {
             return Ok(());
@@ -270,10 +244,12 @@ impl Config {
                 MOONCAKE_MIN_SEGMENT_BYTES,
             ),
         };
-        let loader_staging_bytes = usize_u64(self.loaders.load_threads)
-            .saturating_mul(self.loaders.staging_bytes_per_loader);
-        let saver_staging_bytes = self.saver.staging_bytes;
-        let staging_bytes = loader_staging_bytes.saturating_add(saver_staging_bytes);
+        // At most 64 loaders of 64 GiB each plus one saver of 64 GiB: no overflow.
+        let loaders = &runtime.loaders;
+        let loader_staging_bytes =
+            loaders.load_threads.get() as u64 * loaders.staging_bytes_per_loader.get();
+        let saver_staging_bytes = runtime.saver.staging_bytes.get();
+        let staging_bytes = loader_staging_bytes + saver_staging_bytes;
         let required_bytes = pool_bytes.saturating_add(staging_bytes);
         if required_bytes <= budget_bytes {
             return Ok(());
@@ -303,7 +279,7 @@ mod tests {
         let mut config = Config::default();
         change(&mut config);
         match config.validate() {
-            Ok(()) => panic!("validate accepted {config:?}"),
+            Ok(_) => panic!("validate accepted {config:?}"),
             Err(err) => err,
         }
     }

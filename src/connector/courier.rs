@@ -27,6 +27,7 @@
 //!    channel, which the handle drains at every hook and while it waits; a handle that is
 //!    gone closes it, and the courier then drops what it would hand back.
 
+use std::num::NonZeroUsize;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,7 @@ use actix::{Actor, Addr, Handler, Message};
 use crate::actors::lookup_planner::LookupPlanner;
 use crate::actors::reservation_manager::ReservationManager;
 use crate::actors::saver_queue::SaverQueue;
-use crate::config::HandoffConfig;
+use crate::config::runtime::Handoff;
 use crate::messages::courier::{Outgoing, Refused};
 
 /// How the courier waits between messages (module docs).
@@ -50,11 +51,11 @@ pub struct CourierTiming {
 }
 
 impl CourierTiming {
-    /// The timing of `[handoff]`.
-    pub fn of(config: &HandoffConfig) -> Self {
+    /// The timing of the validated `[handoff]` section.
+    pub fn of(handoff: &Handoff) -> Self {
         CourierTiming {
-            poll_interval: Duration::from_micros(config.poll_interval_us),
-            park_after_idle: Duration::from_millis(config.park_after_idle_ms),
+            poll_interval: handoff.poll_interval,
+            park_after_idle: handoff.park_after_idle,
         }
     }
 }
@@ -148,11 +149,11 @@ impl Courier {
     /// The thread could not be spawned.
     pub fn start(
         recipients: impl Deliver + Send + 'static,
-        capacity: usize,
+        capacity: NonZeroUsize,
         timing: CourierTiming,
     ) -> std::io::Result<Self> {
-        let (outbox, outbox_rx) = flume::bounded(capacity.max(1));
-        let (returns_tx, returns) = flume::bounded(capacity.max(1));
+        let (outbox, outbox_rx) = flume::bounded(capacity.get());
+        let (returns_tx, returns) = flume::bounded(capacity.get());
         let thread = std::thread::Builder::new()
             .name("kvc-courier".into())
             .spawn(move || run(&outbox_rx, &returns_tx, recipients, timing))?;
@@ -306,6 +307,10 @@ mod tests {
         })
     }
 
+    fn capacity(messages: usize) -> NonZeroUsize {
+        NonZeroUsize::new(messages).unwrap()
+    }
+
     fn timings() -> [CourierTiming; 3] {
         [
             // Parks whenever empty: every hand-off wakes it.
@@ -334,7 +339,7 @@ mod tests {
                 delivered,
                 refuse: vec![3, 7],
             };
-            let mut courier = Courier::start(recorder, 64, timing).unwrap();
+            let mut courier = Courier::start(recorder, capacity(64), timing).unwrap();
             for id in 0..10 {
                 courier.hand_off(release(id)).unwrap();
             }
@@ -367,7 +372,7 @@ mod tests {
             }
         }
         let (unblock, blocked) = flume::bounded(1);
-        let mut courier = Courier::start(Stuck(blocked), 2, timings()[0]).unwrap();
+        let mut courier = Courier::start(Stuck(blocked), capacity(2), timings()[0]).unwrap();
         let mut refused = None;
         for id in 0..16 {
             if let Err(error) = courier.hand_off(release(id)) {
@@ -392,7 +397,7 @@ mod tests {
                 delivered,
                 refuse: Vec::new(),
             };
-            let mut courier = Courier::start(recorder, 256, timing).unwrap();
+            let mut courier = Courier::start(recorder, capacity(256), timing).unwrap();
             for id in 0..200 {
                 courier.hand_off(release(id)).unwrap();
             }

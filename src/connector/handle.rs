@@ -4,6 +4,7 @@
 //! I/O.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,7 +92,8 @@ pub struct ConnectorHandle {
     groups: Vec<SaveGroup>,
     tokens_per_block: usize,
     rewind_tokens: usize,
-    resave_min_tokens: usize,
+    /// `saver.resave_min_tokens`; `None`: re-save off (R20).
+    resave_min_tokens: Option<NonZeroUsize>,
     sync_load: bool,
     /// Pages refused by a full saver mailbox (R22), counted here.
     saves_refused: u64,
@@ -107,7 +109,8 @@ pub struct ConnectorHandle {
     /// Loads sent to the reservation manager whose completion has not come back yet
     /// (the shutdown protocol waits for them).
     loads_in_flight: u64,
-    /// `saver.shutdown_drain_timeout_ms`: how long `shutdown` lets queued work finish.
+    /// `saver.shutdown_drain_timeout_ms`: how long `shutdown` lets queued work finish (at
+    /// most one day, validated).
     drain_timeout: Duration,
     /// The report of the first `close`, for a repeated call.
     final_stats: Option<ConnectorStats>,
@@ -118,7 +121,10 @@ impl ConnectorHandle {
     /// Starts the actor system and returns the handle.
     ///
     /// # Errors
-    /// [`StartError`] when devices, keys or the actor thread cannot be set up.
+    /// [`StartError`] when the configuration is refused ([`Config::validate`]), or devices,
+    /// keys or the actor thread cannot be set up.
+    ///
+    /// [`Config::validate`]: crate::config::Config::validate
     pub fn start(params: ConnectorParams) -> Result<Self, StartError> {
         let (lookups_tx, lookups) = flume::bounded(ENGINE_INBOX_CAPACITY);
         let (loads_tx, loads) = flume::bounded(ENGINE_INBOX_CAPACITY);
@@ -128,21 +134,13 @@ impl ConnectorHandle {
             loads: loads_tx,
             saves: saves_tx,
         };
+        // Validated once, here: everything below takes the typed values as they are.
+        let config = params.config.validate()?;
         let groups = save_groups(&params.layout);
         let tokens_per_block = params.layout.tokens_per_block as usize;
-        let rewind_tokens =
-            usize::try_from(params.config.planner.swa_endpoint_rewind_tokens).unwrap_or(usize::MAX);
-        let sync_load = params.config.loaders.sync_load;
-        let drain_timeout = Duration::from_millis(params.config.saver.shutdown_drain_timeout_ms);
-        let resave_min_tokens =
-            usize::try_from(params.config.saver.resave_min_tokens).unwrap_or(usize::MAX);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .map_err(|_| StartError::Thread)?;
-        let (courier_capacity, timing) = (
-            params.config.handoff.outbox_capacity,
-            CourierTiming::of(&params.config.handoff),
-        );
         let (
             Started {
                 planner,
@@ -154,14 +152,15 @@ impl ConnectorHandle {
                 staging,
             },
             thread,
-        ) = start_actors(params, inbox)?;
+        ) = start_actors(params, config.clone(), inbox)?;
         let ranks = savers.len();
         let recipients = ActorRecipients {
             planner,
             manager,
             savers,
         };
-        let Ok(courier) = Courier::start(recipients, courier_capacity, timing) else {
+        let timing = CourierTiming::of(&config.handoff);
+        let Ok(courier) = Courier::start(recipients, config.handoff.outbox_capacity, timing) else {
             system.stop();
             let _ = thread.join();
             return Err(StartError::Thread);
@@ -188,16 +187,16 @@ impl ConnectorHandle {
             save_ranges: Vec::new(),
             groups,
             tokens_per_block,
-            rewind_tokens,
-            resave_min_tokens,
-            sync_load,
+            rewind_tokens: config.planner.rewind_tokens,
+            resave_min_tokens: config.saver.resave_min_tokens,
+            sync_load: config.loaders.sync_load,
             saves_refused: 0,
             published_past_chunk_end: 0,
             lookups_deferred: 0,
             loads_asked: 0,
             loads_sent: 0,
             loads_in_flight: 0,
-            drain_timeout,
+            drain_timeout: config.saver.shutdown_drain_timeout,
             final_stats: None,
             runtime,
         })

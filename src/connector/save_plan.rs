@@ -18,6 +18,7 @@
 //!   generation pages are never published, with or without a drafter (R18).
 //! - `save_plan::S3`. A block below `reused_until` is planned only as a re-save (R19, R20).
 
+use std::num::NonZeroUsize;
 use std::ops::Range;
 
 use crate::core::layout::{Attention, GroupKind};
@@ -42,8 +43,8 @@ pub struct SaveStep {
     pub last_chunk: bool,
     /// `R` (R17).
     pub rewind_tokens: usize,
-    /// Re-save threshold in computed tokens; 0 = off (R20).
-    pub resave_min_tokens: usize,
+    /// Re-save threshold in computed tokens; `None`: off (R20).
+    pub resave_min_tokens: Option<NonZeroUsize>,
 }
 
 /// Where a step's saves end.
@@ -127,7 +128,11 @@ pub fn block_ranges_to_save(
             // R16: only blocks whose every token is computed by the end of this chunk.
             let end = cap_tokens.min(step.prompt_len) / t;
             let computed = step.prompt_len.saturating_sub(step.reused_until);
-            if step.last_chunk && step.resave_min_tokens > 0 && computed >= step.resave_min_tokens {
+            if step.last_chunk
+                && step
+                    .resave_min_tokens
+                    .is_some_and(|min| computed >= min.get())
+            {
                 push(0..first.min(end), 0, SavePriority::Resave);
             }
             push(first..end, first, SavePriority::Full);
@@ -172,7 +177,7 @@ mod tests {
             hashed_blocks: 12,
             last_chunk: after >= 200,
             rewind_tokens: 32,
-            resave_min_tokens: 0,
+            resave_min_tokens: None,
         }
     }
 
@@ -229,7 +234,7 @@ mod tests {
     #[test]
     fn resave_relists_the_whole_prompt_at_the_last_chunk_r20() {
         let on = SaveStep {
-            resave_min_tokens: 150,
+            resave_min_tokens: NonZeroUsize::new(150),
             ..step(100, 200)
         };
         let saves = blocks_to_save(Attention::FULL, &on);
@@ -246,7 +251,7 @@ mod tests {
         assert_eq!(resaved, vec![0, 1, 2, 3, 4, 5]);
         assert_eq!(full, vec![6, 7, 8, 9, 10, 11]);
         let below_threshold = SaveStep {
-            resave_min_tokens: 150,
+            resave_min_tokens: NonZeroUsize::new(150),
             reused_until: 64,
             ..step(100, 200)
         };
@@ -254,7 +259,7 @@ mod tests {
             .iter()
             .all(|(_, p)| *p == SavePriority::Full));
         let not_last = SaveStep {
-            resave_min_tokens: 1,
+            resave_min_tokens: NonZeroUsize::new(1),
             ..step(0, 100)
         };
         assert!(blocks_to_save(Attention::FULL, &not_last)
@@ -283,8 +288,9 @@ mod tests {
                         let end = (step.computed_after.min(step.prompt_len) / t).min(prompt_blocks);
                         let computed = step.prompt_len.saturating_sub(step.reused_until);
                         let resave = step.last_chunk
-                            && step.resave_min_tokens > 0
-                            && computed >= step.resave_min_tokens;
+                            && step
+                                .resave_min_tokens
+                                .is_some_and(|min| computed >= min.get());
                         if resave && block < first.min(end) {
                             out.push((block, SavePriority::Resave));
                         }
@@ -335,7 +341,7 @@ mod tests {
                     hashed_blocks: (prompt_len / t).saturating_sub(hashed_cut),
                     last_chunk: computed_after >= prompt_len,
                     rewind_tokens,
-                    resave_min_tokens,
+                    resave_min_tokens: NonZeroUsize::new(resave_min_tokens),
                 };
                 let attention = match window {
                     Some((window_tokens, sink_tokens)) => {
@@ -388,7 +394,7 @@ mod tests {
                 hashed_blocks: prompt_len / tokens_per_block,
                 last_chunk: before + chunk >= prompt_len,
                 rewind_tokens: 64,
-                resave_min_tokens,
+                resave_min_tokens: NonZeroUsize::new(resave_min_tokens),
             };
             let attention = window.map_or(Attention::FULL, |(window_tokens, sinks)| {
                 Attention::window(window_tokens, sinks.min(window_tokens - 1))

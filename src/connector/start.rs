@@ -6,9 +6,8 @@
 //! and unregisters them when the connector stops (after its actor thread has ended) or when
 //! start fails, so the memory can be freed and reused.
 
-use std::num::NonZeroUsize;
+use std::num::NonZeroU64;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 
@@ -17,17 +16,16 @@ use crate::actors::lookup_planner::{LookupPlanner, PlannerSettings};
 use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
 use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
-use crate::config::Config;
+use crate::actors::supervisor::{StagingSupervisor, Supervisee};
+use crate::config::{Config, RuntimeConfig};
 use crate::core::hash::BlockHash;
 use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::core::ledger::Ledger;
 use crate::core::object::HEADER_BYTES;
-use crate::core::planner::PlannerGroup;
-use crate::gpu::Device;
-use crate::gpu::StagingPool;
+use crate::gpu::{Device, StagingPool};
 use crate::messages::EngineInbox;
-use crate::pool::{Pool, PoolError};
+use crate::pool::{ActorFaults, Pool, PoolError};
 
 /// What a connector is started with.
 pub struct ConnectorParams {
@@ -95,7 +93,7 @@ impl StagingRegistrations {
     fn register(
         &mut self,
         staging: &StagingPool,
-        rank: usize,
+        rank: u32,
         role: StagingRole,
     ) -> Result<(), StartError> {
         self.pool
@@ -163,7 +161,7 @@ pub enum StartError {
     )]
     RegisterStaging {
         /// The rank whose staging pool it is.
-        rank: usize,
+        rank: u32,
         /// A loader's or the saver's.
         role: StagingRole,
         /// Its size.
@@ -172,19 +170,40 @@ pub enum StartError {
         #[source]
         source: PoolError,
     },
+    /// A staging pool holds more slots than a staging pool can address.
+    #[error(
+        "the {} staging pool of rank {rank} ({bytes} bytes) holds more than 2^32 slots of \
+         {slot_bytes} bytes; give it fewer bytes",
+        role.as_str()
+    )]
+    StagingSlots {
+        /// The rank whose staging pool it is.
+        rank: u32,
+        /// A loader's or the saver's.
+        role: StagingRole,
+        /// Its configured size.
+        bytes: u64,
+        /// Bytes of one slot.
+        slot_bytes: usize,
+    },
+    /// The configuration is refused (`Config::validate`).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// The actor thread did not come up.
     #[error("the actor system thread did not start")]
     Thread,
 }
 
-/// Starts the actors on a new thread and returns their addresses once they run.
+/// Starts the actors on a new thread and returns their addresses once they run;
+/// `runtime` is `params.config` validated.
 pub(super) fn start_actors(
     params: ConnectorParams,
+    runtime: RuntimeConfig,
     inbox: EngineInbox,
 ) -> Result<(Started, std::thread::JoinHandle<()>), StartError> {
     params
         .layout
-        .register(params.config.reservations.prefix_aware_scheduling)?;
+        .register(runtime.reservations.prefix_aware_scheduling)?;
     let world = params.layout.world_size;
     if params.devices.len() != world as usize || params.devices.is_empty() {
         return Err(StartError::Devices {
@@ -223,7 +242,7 @@ pub(super) fn start_actors(
         .spawn(move || {
             let system = System::new();
             let started = system.block_on(async move {
-                spawn_all(params, inbox, thread_keys, ledger, &payload_lens).await
+                spawn_all(params, &runtime, inbox, thread_keys, ledger, &payload_lens).await
             });
             let ok = started.is_ok();
             let _ = sender.send(started);
@@ -238,90 +257,57 @@ pub(super) fn start_actors(
 
 async fn spawn_all(
     params: ConnectorParams,
+    runtime: &RuntimeConfig,
     inbox: EngineInbox,
     keys: Arc<KeySpace>,
     ledger: Ledger,
     payload_lens: &[usize],
 ) -> Result<Started, StartError> {
-    let config = &params.config;
-    let slot_bytes = HEADER_BYTES + payload_lens.iter().copied().max().unwrap_or(0);
-    let slots_for =
-        |bytes: u64| u32::try_from((bytes / slot_bytes as u64).max(1)).unwrap_or(u32::MAX);
-    let settings = PlannerSettings {
-        tokens_per_block: params.layout.tokens_per_block as usize,
-        groups: PlannerGroup::of_layout(&params.layout),
-        rewind_tokens: usize::try_from(config.planner.swa_endpoint_rewind_tokens)
-            .unwrap_or(usize::MAX),
-        window_fallback: config.planner.window_fallback,
-        probe_chunk_keys: config.planner.probe_chunk,
-        seed: params.seed,
-    };
+    let settings = PlannerSettings::new(&runtime.planner, &params.layout, params.seed);
     let planner = LookupPlanner::new(
         Arc::clone(&params.pool),
         Arc::clone(&keys),
         settings,
         inbox.clone(),
-        config.planner.mailbox_capacity,
+        runtime.planner.mailbox_capacity.get(),
     )
     .start();
+    let faults = ActorFaults::of(&params.pool);
     let manager = ReservationManager::new(
         ledger,
         Arc::clone(&keys),
         inbox.clone(),
-        config.reservations.mailbox_capacity,
+        runtime.reservations.mailbox_capacity.get(),
+        faults.clone(),
     )
     .start();
+    let mut registrations = StagingRegistrations::new(Arc::clone(&params.pool));
+    let ranks = RankActors {
+        runtime,
+        pool: &params.pool,
+        keys: &keys,
+        inbox: &inbox,
+        manager: &manager,
+        slot_bytes: HEADER_BYTES + payload_lens.iter().copied().max().unwrap_or(0),
+    };
     let mut loaders = Vec::new();
     let mut savers = Vec::new();
-    let mut registrations = StagingRegistrations::new(Arc::clone(&params.pool));
-    for (rank, device) in params.devices.iter().enumerate() {
-        let mut rank_loaders = Vec::new();
-        for _ in 0..config.loaders.load_threads {
-            let (stream, staging) = (
-                device.stream()?,
-                device.staging_pool(
-                    slot_bytes,
-                    slots_for(config.loaders.staging_bytes_per_loader),
-                )?,
-            );
-            registrations.register(&staging, rank, StagingRole::Loader)?;
-            let (pool, manager, capacity) = (
-                Arc::clone(&params.pool),
-                manager.clone(),
-                config.loaders.mailbox_capacity,
-            );
-            let load_timeout = Duration::from_millis(config.loaders.load_timeout_ms);
-            let arbiter = Arbiter::new();
-            rank_loaders.push(Loader::start_in_arbiter(&arbiter.handle(), move |_| {
-                Loader::new(pool, stream, staging, manager, capacity, load_timeout)
-            }));
-        }
-        loaders.push(rank_loaders);
-        let staging = device.staging_pool(slot_bytes, slots_for(config.saver.staging_bytes))?;
-        registrations.register(&staging, rank, StagingRole::Saver)?;
-        let saver = SaverParams {
-            rank: u32::try_from(rank).unwrap_or(u32::MAX),
-            pool: Arc::clone(&params.pool),
-            keys: Arc::clone(&keys),
-            stream: device.stream()?,
-            staging,
-            queue_capacity_pages: NonZeroUsize::new(config.saver.queue_capacity_pages)
-                .unwrap_or(NonZeroUsize::MIN),
-            window_first: config.saver.window_first,
-            inbox: inbox.clone(),
-            mailbox_capacity: config.saver.mailbox_capacity,
-        };
-        let arbiter = Arbiter::new();
-        savers.push(SaverQueue::start_in_arbiter(&arbiter.handle(), move |_| {
-            SaverQueue::new(saver)
-        }));
+    // One device per rank, checked by `start_actors`.
+    for (rank, device) in (0..params.layout.world_size).zip(&params.devices) {
+        loaders.push(ranks.loaders(rank, device, &mut registrations)?);
+        savers.push(ranks.saver(rank, device, &mut registrations)?);
     }
     if manager.send(AttachLoaders(loaders)).await.is_err() {
         return Err(StartError::Thread);
     }
-    let interval = Duration::from_secs(config.stats.interval_s.max(1));
-    let reporter =
-        StatsReporter::new(planner.clone(), manager.clone(), savers.clone(), interval).start();
+    let reporter = StatsReporter::new(
+        planner.clone(),
+        manager.clone(),
+        savers.clone(),
+        runtime.stats.interval,
+        faults,
+    )
+    .start();
     Ok(Started {
         planner,
         manager,
@@ -331,4 +317,109 @@ async fn spawn_all(
         system: System::current(),
         staging: registrations,
     })
+}
+
+/// What every rank's loaders and saver are built from.
+struct RankActors<'a> {
+    runtime: &'a RuntimeConfig,
+    pool: &'a Arc<dyn Pool>,
+    keys: &'a Arc<KeySpace>,
+    inbox: &'a EngineInbox,
+    manager: &'a Addr<ReservationManager>,
+    /// Bytes of one staging slot: a header and the largest page.
+    slot_bytes: usize,
+}
+
+impl RankActors<'_> {
+    /// A staging pool of `bytes` on `device`, registered with the pool: as many slots as
+    /// fit, and at least one (a pool smaller than a slot stages one page at a time).
+    fn staging(
+        &self,
+        device: &Device,
+        bytes: NonZeroU64,
+        rank: u32,
+        role: StagingRole,
+        registrations: &mut StagingRegistrations,
+    ) -> Result<StagingPool, StartError> {
+        let fitting = bytes.get() / self.slot_bytes as u64;
+        let slots = u32::try_from(fitting.max(1)).map_err(|_| StartError::StagingSlots {
+            rank,
+            role,
+            bytes: bytes.get(),
+            slot_bytes: self.slot_bytes,
+        })?;
+        let staging = device.staging_pool(self.slot_bytes, slots)?;
+        registrations.register(&staging, rank, role)?;
+        Ok(staging)
+    }
+
+    /// Starts the loaders of `rank`, each on its own Arbiter with its own stream and
+    /// supervised staging pool.
+    fn loaders(
+        &self,
+        rank: u32,
+        device: &Device,
+        registrations: &mut StagingRegistrations,
+    ) -> Result<Vec<Addr<Loader>>, StartError> {
+        let loaders = &self.runtime.loaders;
+        let mut started = Vec::with_capacity(loaders.load_threads.get());
+        for _ in 0..loaders.load_threads.get() {
+            let stream = device.stream()?;
+            let staging = self.staging(
+                device,
+                loaders.staging_bytes_per_loader,
+                rank,
+                StagingRole::Loader,
+                registrations,
+            )?;
+            let supervisee = Supervisee {
+                actor: "loader",
+                rank,
+            };
+            let staging = StagingSupervisor::new(supervisee, Arc::clone(self.pool), staging);
+            let (pool, manager, capacity, load_timeout) = (
+                Arc::clone(self.pool),
+                self.manager.clone(),
+                loaders.mailbox_capacity.get(),
+                loaders.load_timeout,
+            );
+            let arbiter = Arbiter::new();
+            started.push(Loader::start_in_arbiter(&arbiter.handle(), move |_| {
+                Loader::new(pool, stream, staging, manager, capacity, load_timeout)
+            }));
+        }
+        Ok(started)
+    }
+
+    /// Starts the saver of `rank` on its own Arbiter.
+    fn saver(
+        &self,
+        rank: u32,
+        device: &Device,
+        registrations: &mut StagingRegistrations,
+    ) -> Result<Addr<SaverQueue>, StartError> {
+        let config = &self.runtime.saver;
+        let staging = self.staging(
+            device,
+            config.staging_bytes,
+            rank,
+            StagingRole::Saver,
+            registrations,
+        )?;
+        let saver = SaverParams {
+            rank,
+            pool: Arc::clone(self.pool),
+            keys: Arc::clone(self.keys),
+            stream: device.stream()?,
+            staging,
+            queue_capacity_pages: config.queue_capacity_pages,
+            window_first: config.window_first,
+            inbox: self.inbox.clone(),
+            mailbox_capacity: config.mailbox_capacity.get(),
+        };
+        let arbiter = Arbiter::new();
+        Ok(SaverQueue::start_in_arbiter(&arbiter.handle(), move |_| {
+            SaverQueue::new(saver)
+        }))
+    }
 }

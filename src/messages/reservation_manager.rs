@@ -7,8 +7,8 @@ use std::time::Instant;
 use actix::Message;
 
 use crate::core::hash::BlockHash;
-use crate::core::ids::{RequestId, ReservationId};
-use crate::core::ledger::{LoadResult, LoadTicket};
+use crate::core::ids::{PageIndex, RequestId, ReservationId};
+use crate::core::ledger::{LoadResult, LoadTicket, ReservedPage};
 use crate::core::planner::LookupPlan;
 use crate::stats::LoadStats;
 
@@ -51,6 +51,32 @@ pub struct StartLoad {
     pub hashes: Arc<[BlockHash]>,
     /// The engine's page for each planned block, in plan order (groups, then blocks).
     pub pages: Vec<u32>,
+}
+
+impl StartLoad {
+    /// Pairs each planned (group, block) with its engine page and chain hash, in plan
+    /// order; a block without a hash or a page is left out.
+    pub(crate) fn planned_pages(&self) -> Vec<(ReservedPage, BlockHash)> {
+        let blocks = self
+            .plan
+            .loads
+            .iter()
+            .flat_map(|load| load.blocks.iter().map(move |&block| (load.group, block)));
+        blocks
+            .zip(&self.pages)
+            .filter_map(|((group, block), &page)| {
+                let hash = *self.hashes.get(block)?;
+                Some((
+                    ReservedPage {
+                        block_index: block as u64,
+                        group,
+                        page: PageIndex(page),
+                    },
+                    hash,
+                ))
+            })
+            .collect()
+    }
 }
 
 /// Forget tokens `[start, end)` of a reservation (`release_prefix_reservation`).

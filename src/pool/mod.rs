@@ -152,7 +152,7 @@ pub trait Pool: Send + Sync {
     }
 
     /// The fault injector of a [`faults::FaultyPool`] (feature `faults`), through which
-    /// loaders and savers fire the fault points that are not pool calls. Default: none.
+    /// the actors fire the fault points that are not pool calls. Default: none.
     #[cfg(feature = "faults")]
     fn faults(&self) -> Option<&faults::FaultInjector> {
         None
@@ -166,6 +166,12 @@ pub(crate) enum ActorFault {
     StagingExhausted,
     /// A page finds the save queue full.
     SaveQueueFull,
+    /// The lookup planner panics while it starts a lookup.
+    PlannerPanic,
+    /// The reservation manager panics while it starts a load.
+    ManagerPanic,
+    /// The stats reporter panics as a collection starts.
+    ReporterPanic,
 }
 
 /// Whether `fault` fires now, through the injector of a [`faults::FaultyPool`]; always
@@ -180,11 +186,57 @@ pub(crate) fn actor_fault_fires(pool: &dyn Pool, fault: ActorFault) -> bool {
         let point = match fault {
             ActorFault::StagingExhausted => faults::FaultPoint::StagingExhausted,
             ActorFault::SaveQueueFull => faults::FaultPoint::SaveQueueFull,
+            ActorFault::PlannerPanic => faults::FaultPoint::PlannerPanic,
+            ActorFault::ManagerPanic => faults::FaultPoint::ManagerPanic,
+            ActorFault::ReporterPanic => faults::FaultPoint::ReporterPanic,
         };
         pool.faults().is_some_and(|faults| faults.fire(point))
     }
     #[cfg(not(feature = "faults"))]
     false
+}
+
+/// The actor fault points, for the actors that hold no pool of their own (the reservation
+/// manager, the stats reporter): they fire through the injector of the connector's pool
+/// (feature `faults`). Without the feature, or built with [`Default`], nothing fires.
+#[derive(Clone, Default)]
+pub struct ActorFaults {
+    #[cfg(feature = "faults")]
+    pool: Option<std::sync::Arc<dyn Pool>>,
+}
+
+impl ActorFaults {
+    /// The fault points of `pool`'s injector.
+    #[cfg_attr(
+        not(feature = "faults"),
+        expect(unused_variables, reason = "the fault points exist only with `faults`")
+    )]
+    pub fn of(pool: &std::sync::Arc<dyn Pool>) -> Self {
+        Self {
+            #[cfg(feature = "faults")]
+            pool: Some(std::sync::Arc::clone(pool)),
+        }
+    }
+
+    /// Whether `fault` fires now.
+    #[cfg_attr(
+        not(feature = "faults"),
+        expect(
+            unused_variables,
+            clippy::unused_self,
+            reason = "the fault points exist only with `faults`"
+        )
+    )]
+    pub(crate) fn fires(&self, fault: ActorFault) -> bool {
+        #[cfg(feature = "faults")]
+        {
+            self.pool
+                .as_deref()
+                .is_some_and(|pool| actor_fault_fires(pool, fault))
+        }
+        #[cfg(not(feature = "faults"))]
+        false
+    }
 }
 
 /// Counters of one pool since it was created, plus its current fill.

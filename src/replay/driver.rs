@@ -241,9 +241,17 @@ fn run(
             });
         }
     }
+    // The replay's own use of the configuration (`R`); each connector validates its copy.
+    let rewind_tokens = params.config.validate()?.planner.rewind_tokens;
     let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
     warn_if_pool_below_one_prompt(params, &deployment, workload);
-    let engines = build_engines(params, &deployment, factory, timeline.as_mut())?;
+    let engines = build_engines(
+        params,
+        rewind_tokens,
+        &deployment,
+        factory,
+        timeline.as_mut(),
+    )?;
     // Refuse up front, naming the page count that fits the whole workload, rather than
     // when the first request that does not fit arrives.
     let largest = workload
@@ -252,7 +260,8 @@ fn run(
     if let (Some(engine), Some(largest)) = (engines.first(), largest) {
         engine.check_fits(largest.id, largest.prompt.prompt_len())?;
     }
-    let mut driver = Driver::new(params, workload, deployment, engines);
+    let oracle = oracle_for(params, rewind_tokens);
+    let mut driver = Driver::new(params, workload, deployment, engines, oracle);
     driver.timeline = timeline;
     progress.start(u64::try_from(workload.len()).unwrap_or(u64::MAX));
     driver.run(progress)?;
@@ -284,11 +293,10 @@ fn run(
 
 /// The oracle for the layout in use: with a window group, window groups count only at
 /// prompt ends within the rewind (`workload::Oracle`'s window oracle).
-fn oracle_for(params: &ReplayParams) -> Oracle {
+fn oracle_for(params: &ReplayParams, rewind_tokens: usize) -> Oracle {
     let windowed = params.layout.groups.iter().any(LayerGroup::is_window);
     if windowed {
-        let rewind = params.config.planner.swa_endpoint_rewind_tokens;
-        Oracle::with_window_rewind(usize::try_from(rewind).unwrap_or(usize::MAX))
+        Oracle::with_window_rewind(rewind_tokens)
     } else {
         Oracle::new()
     }
@@ -297,6 +305,7 @@ fn oracle_for(params: &ReplayParams) -> Oracle {
 /// One engine per instance, each with its devices and connector.
 fn build_engines(
     params: &ReplayParams,
+    rewind_tokens: usize,
     deployment: &Deployment,
     factory: &mut ConnectorFactory<'_>,
     mut timeline: Option<&mut TimelineHooks>,
@@ -327,8 +336,7 @@ fn build_engines(
             devices,
             kv_pages: deployment.kv_pages,
             max_num_tokens: params.max_num_tokens,
-            rewind_tokens: usize::try_from(params.config.planner.swa_endpoint_rewind_tokens)
-                .unwrap_or(usize::MAX),
+            rewind_tokens,
             cost: params.cost.clone(),
             local_prefix_cache: params.local_prefix_cache,
             drafter: params.drafter,
@@ -345,6 +353,7 @@ impl<'w> Driver<'w> {
         workload: &'w [WorkloadRequest],
         deployment: Deployment,
         engines: Vec<Engine>,
+        oracle: Oracle,
     ) -> Self {
         let mut next_turn = vec![None; workload.len()];
         let mut arrivals = BinaryHeap::new();
@@ -371,7 +380,7 @@ impl<'w> Driver<'w> {
             arrivals,
             next_turn,
             next_round_robin: 0,
-            oracle: oracle_for(params),
+            oracle,
             seed: scope_seed(&Scope::default()),
             tokens: Vec::new(),
             now: 0,

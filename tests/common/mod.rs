@@ -27,6 +27,9 @@ use kv_connector::core::layout::{GroupId, Layout};
 use kv_connector::gpu::{Device, PagePoolSpec};
 use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock};
 
+#[cfg(feature = "faults")]
+pub mod faults;
+
 /// Pages per group on each test device.
 pub const PAGES: u32 = 512;
 

@@ -137,6 +137,8 @@ pub fn start(error: &StartError) -> PyErr {
         StartError::Gpu(inner) => raise::<DeviceError>(inner.kind(), text),
         StartError::Ledger(inner) => raise::<LayoutError>(inner.kind(), text),
         StartError::RegisterStaging { source, .. } => raise::<PoolError>(source.kind(), text),
+        StartError::Config(inner) => raise::<ConfigError>(inner.kind(), text),
+        StartError::StagingSlots { .. } => raise::<ConfigError>("staging_slots", text),
         StartError::Thread => raise::<KvConnectorError>("thread", text),
     }
 }

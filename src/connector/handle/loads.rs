@@ -73,15 +73,9 @@ impl ConnectorHandle {
             {
                 return None;
             }
-            let first = pages.len();
-            // No valid page is `u32::MAX` (pages are `i32`): it marks a missing page.
-            pages.extend(
-                load.blocks
-                    .iter()
-                    .map(|&block| u32::try_from(table[block]).unwrap_or(u32::MAX)),
-            );
-            if pages[first..].contains(&u32::MAX) {
-                return None;
+            // A missing page (`-1`) has no `u32`: the load cannot be planned.
+            for &block in &load.blocks {
+                pages.push(u32::try_from(table[block]).ok()?);
             }
         }
         state.reused_until = plan.resume_tokens;

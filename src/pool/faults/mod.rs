@@ -9,8 +9,10 @@
 //! 2. Build one [`FaultInjector`] and wrap each pool in a [`FaultyPool`] sharing it (the
 //!    replay wraps every instance's pool: `kv-connector replay --faults SPEC`).
 //! 3. Pool calls go through the wrapper, which fires the pool points ([`FaultPoint::is_pool`])
-//!    around the inner pool. Loaders and savers reach the injector through
-//!    [`Pool::faults`] and fire the actor points: a full save queue, staging exhaustion.
+//!    around the inner pool. The actors reach the injector through [`Pool::faults`] (or
+//!    [`ActorFaults`](super::ActorFaults), for those without a pool) and fire the actor
+//!    points: a full save queue, staging exhaustion, a panicking planner, reservation
+//!    manager or stats reporter.
 //! 4. [`FaultInjector::counts`] says how often each point fired (the soak figures).
 //!
 //! # Decisions

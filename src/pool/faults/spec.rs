@@ -4,7 +4,7 @@
 //! `slow_ms=N`; the entry `default` sets every point to its [`FaultPoint::modest_rate`].
 
 /// A named fault point. Pool points fire inside [`FaultyPool`](super::FaultyPool); actor
-/// points in the loaders and savers.
+/// points in the actors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaultPoint {
     /// A whole `exists` batch fails
@@ -42,11 +42,19 @@ pub enum FaultPoint {
     SaveQueueFull,
     /// A load or a save batch finds no staging memory.
     StagingExhausted,
+    /// The lookup planner panics while it starts a lookup (it answers that lookup with
+    /// nothing and goes on).
+    PlannerPanic,
+    /// The reservation manager panics while it starts a load (it retires: that load and
+    /// every later one fail).
+    ManagerPanic,
+    /// The stats reporter panics as a collection starts (it carries on with the collection).
+    ReporterPanic,
 }
 
 impl FaultPoint {
     /// Every point, in spec order.
-    pub const ALL: [FaultPoint; 17] = [
+    pub const ALL: [FaultPoint; 20] = [
         Self::ExistsBatch,
         Self::Exists,
         Self::PutBatch,
@@ -64,6 +72,9 @@ impl FaultPoint {
         Self::SaverPanic,
         Self::SaveQueueFull,
         Self::StagingExhausted,
+        Self::PlannerPanic,
+        Self::ManagerPanic,
+        Self::ReporterPanic,
     ];
 
     /// The spec name.
@@ -86,6 +97,9 @@ impl FaultPoint {
             Self::SaverPanic => "saver_panic",
             Self::SaveQueueFull => "save_queue_full",
             Self::StagingExhausted => "staging_exhausted",
+            Self::PlannerPanic => "planner_panic",
+            Self::ManagerPanic => "manager_panic",
+            Self::ReporterPanic => "reporter_panic",
         }
     }
 
@@ -96,7 +110,14 @@ impl FaultPoint {
 
     /// Whether [`FaultyPool`](super::FaultyPool) fires it (otherwise an actor does).
     pub fn is_pool(self) -> bool {
-        !matches!(self, Self::SaveQueueFull | Self::StagingExhausted)
+        !matches!(
+            self,
+            Self::SaveQueueFull
+                | Self::StagingExhausted
+                | Self::PlannerPanic
+                | Self::ManagerPanic
+                | Self::ReporterPanic
+        )
     }
 
     /// The rate `--faults default` gives it: modest, so a replay still reuses most of what
@@ -106,7 +127,8 @@ impl FaultPoint {
             Self::Exists | Self::Get | Self::Evict | Self::CorruptHeader | Self::CorruptPayload => {
                 0.000_05
             }
-            Self::Put | Self::Touch => 0.001,
+            // A planner panic costs one lookup's reuse, a reporter panic nothing.
+            Self::Put | Self::Touch | Self::PlannerPanic | Self::ReporterPanic => 0.001,
             Self::ExistsBatch
             | Self::PutBatch
             | Self::TouchBatch
@@ -115,6 +137,9 @@ impl FaultPoint {
             // A load is one get batch, so these fire rarely at 0.002; 0.005 makes a whole
             // soak see a few of each.
             Self::GetBatch | Self::Timeout | Self::LoaderPanic | Self::SaverPanic => 0.005,
+            // Per step's loads: it retires the manager, so every later load of that
+            // connector fails; rare enough that a soak mostly runs with one.
+            Self::ManagerPanic => 0.000_1,
             Self::Slow => 0.01,
         }
     }

@@ -63,7 +63,7 @@ impl CopyingConnector {
             hashed_blocks: hashes.len(),
             last_chunk: scheduled.computed_after >= scheduled.prompt_len,
             rewind_tokens: 0,
-            resave_min_tokens: 0,
+            resave_min_tokens: None,
         };
         for (block, _) in blocks_to_save_capped(Attention::FULL, &step, self.cap) {
             let page = u32::try_from(scheduled.page_tables[0][block]).unwrap_or(u32::MAX);
