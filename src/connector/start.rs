@@ -188,10 +188,16 @@ pub enum StartError {
     },
     /// The configuration is refused (`Config::validate`).
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(Box<crate::config::ConfigError>),
     /// The actor thread did not come up.
     #[error("the actor system thread did not start")]
     Thread,
+}
+
+impl From<crate::config::ConfigError> for StartError {
+    fn from(error: crate::config::ConfigError) -> Self {
+        Self::Config(Box::new(error))
+    }
 }
 
 /// Starts the actors on a new thread and returns their addresses once they run;
