@@ -91,7 +91,7 @@ where
         .with_env_filter(filter)
         .with_writer(writer);
     match format {
-        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).fmt_fields(RoundedFields).finish()),
         LogFormat::Json => Box::new(
             builder
                 .json()
@@ -100,6 +100,86 @@ where
                 .with_span_list(false)
                 .finish(),
         ),
+    }
+}
+
+/// Text-line fields as `key=value`, with decimal numbers rounded to three significant
+/// digits for a human reader (`load_gbps=0.0306`, not `0.030551244800000002`); JSON lines
+/// keep full precision.
+struct RoundedFields;
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for RoundedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = RoundedVisitor {
+            writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+/// Writes one event's fields for [`RoundedFields`].
+struct RoundedVisitor<'w> {
+    writer: tracing_subscriber::fmt::format::Writer<'w>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl RoundedVisitor<'_> {
+    fn write(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Display) {
+        if self.result.is_err() {
+            return;
+        }
+        let separator = if self.first { "" } else { " " };
+        self.first = false;
+        self.result = if field.name() == "message" {
+            write!(self.writer, "{separator}{value}")
+        } else {
+            write!(self.writer, "{separator}{}={value}", field.name())
+        };
+    }
+}
+
+impl tracing::field::Visit for RoundedVisitor<'_> {
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.write(field, &three_significant(value));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.write(field, &value);
+        } else {
+            self.write(field, &format_args!("{value:?}"));
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.write(field, &format_args!("{value:?}"));
+    }
+}
+
+/// `value` with three significant digits, trailing zeros dropped (`0.0306`, `1.5`, `1234`).
+fn three_significant(value: f64) -> String {
+    if value == 0.0 || !value.is_finite() {
+        return format!("{value}");
+    }
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a digit count between 0 and 20"
+    )]
+    let decimals = (2.0 - value.abs().log10().floor()).clamp(0.0, 20.0) as usize;
+    let text = format!("{value:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        text
     }
 }
 
@@ -151,9 +231,11 @@ mod tests {
         let subscriber = subscriber(format, EnvFilter::new("info"), captured.clone(), false);
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(
+                instance = "prefill-0",
                 full = 3_u64,
                 window_miss = 0_u64,
                 load_gbps = 1.5_f64,
+                save_gbps = 0.030_551_244_800_000_002_f64,
                 "lookups"
             );
             tracing::debug!("filtered out at info");
@@ -163,11 +245,31 @@ mod tests {
     }
 
     #[test]
+    fn text_numbers_keep_three_significant_digits() {
+        for (value, text) in [
+            (0.030_551_244_8, "0.0306"),
+            (1.5, "1.5"),
+            (1234.567, "1235"),
+            (0.0, "0"),
+            (12.0, "12"),
+            (-0.001_234_5, "-0.00123"),
+        ] {
+            assert_eq!(three_significant(value), text, "{value}");
+        }
+    }
+
+    #[test]
     fn text_lines_carry_key_value_fields() {
         let text = report_line(LogFormat::Text);
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(text.contains(" INFO "), "{text}");
-        for pair in ["full=3", "window_miss=0", "load_gbps=1.5"] {
+        for pair in [
+            "instance=\"prefill-0\"",
+            "full=3",
+            "window_miss=0",
+            "load_gbps=1.5",
+            "save_gbps=0.0306",
+        ] {
             assert!(
                 text.split_whitespace().any(|word| word == pair),
                 "{pair}: {text}"
@@ -184,6 +286,9 @@ mod tests {
         assert_eq!(line["message"], "lookups");
         assert_eq!(line["full"], 3);
         assert_eq!(line["load_gbps"], 1.5);
+        // JSON keeps full precision; only text lines round for a human reader.
+        assert_eq!(line["save_gbps"], 0.030_551_244_800_000_002);
+        assert_eq!(line["instance"], "prefill-0");
         assert!(line["timestamp"].is_string(), "{text}");
         Ok(())
     }

@@ -179,6 +179,7 @@ async fn the_reporter_collects_every_interval_r27() -> TestResult {
         Vec::new(),
         Duration::from_secs(30),
         ActorFaults::default(),
+        String::new(),
     )
     .start();
     rig.lookup(1).await?;

@@ -269,3 +269,32 @@ fn each_connector_logs_that_it_stopped() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Two instances' stats lines say which instance they are.
+#[test]
+fn stats_lines_name_their_instance() -> anyhow::Result<()> {
+    let stderr = replay_stderr(
+        &[
+            "--limit",
+            "3",
+            "--quiet",
+            "--instances",
+            "2",
+            "--set",
+            "stats.interval_s=1",
+        ],
+        Some("info"),
+    )?;
+    let lookups: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains(" lookups ") && line.contains("full="))
+        .collect();
+    assert!(!lookups.is_empty(), "no stats line:\n{stderr}");
+    for instance in ["instance=\"0\"", "instance=\"1\""] {
+        assert!(
+            lookups.iter().any(|line| line.contains(instance)),
+            "{instance} missing:\n{stderr}"
+        );
+    }
+    Ok(())
+}

@@ -38,6 +38,8 @@ pub struct StatsReporter {
     interval: Duration,
     totals: ConnectorStats,
     faults: ActorFaults,
+    /// `stats.instance`: names this connector in its log lines.
+    instance: String,
 }
 
 impl StatsReporter {
@@ -48,6 +50,7 @@ impl StatsReporter {
         savers: Vec<Addr<SaverQueue>>,
         interval: Duration,
         faults: ActorFaults,
+        instance: String,
     ) -> Self {
         StatsReporter {
             planner,
@@ -56,6 +59,11 @@ impl StatsReporter {
             interval,
             totals: ConnectorStats::default(),
             faults,
+            instance: if instance.is_empty() {
+                "0".to_owned()
+            } else {
+                instance
+            },
         }
     }
 
@@ -120,13 +128,14 @@ impl StatsReporter {
 }
 
 /// Logs one interval at INFO, readable and parseable (key=value fields).
-fn log_interval(stats: &ConnectorStats, interval: Duration) {
+fn log_interval(stats: &ConnectorStats, interval: Duration, instance: &str) {
     let seconds = interval.as_secs_f64().max(f64::EPSILON);
     #[expect(clippy::cast_precision_loss, reason = "a rate for a log line")]
     let rate = |value: u64| value as f64 / seconds;
     let lookups = &stats.lookups;
     let probe = lookups.probe_time.summary();
     tracing::info!(
+        instance,
         full = lookups.full,
         rewound = lookups.rewound,
         recovered = lookups.recovered,
@@ -142,6 +151,7 @@ fn log_interval(stats: &ConnectorStats, interval: Duration) {
     let saves = &stats.saves;
     let queue = saves.queue_time.summary();
     tracing::info!(
+        instance,
         loads_done = loads.loads_done,
         loads_failed = loads.loads_failed,
         pages_loaded = loads.pages_loaded,
@@ -173,7 +183,9 @@ impl Actor for StatsReporter {
                     .into_actor(actor)
                     .map(|interval, actor, _| {
                         actor.absorb(&interval);
-                        if let Err(panicked) = catch(|| log_interval(&interval, actor.interval)) {
+                        if let Err(panicked) =
+                            catch(|| log_interval(&interval, actor.interval, &actor.instance))
+                        {
                             tracing::error!(
                                 panic = panicked.message(),
                                 "stats reporter panicked logging an interval"

@@ -171,6 +171,10 @@ pub struct StatsConfig {
     /// `HOST:PORT` of the Prometheus metrics endpoint (`GET /metrics`), or empty for none:
     /// off by default, since a listening port is something an operator opts into.
     pub metrics_addr: String,
+    /// This connector's name in its stats log lines (`instance=...`), e.g. the engine's
+    /// instance and rank, so that several connectors' lines can be told apart; empty: the
+    /// lines carry `instance="0"`.
+    pub instance: String,
 }
 
 impl Default for StatsConfig {
@@ -178,6 +182,7 @@ impl Default for StatsConfig {
         Self {
             interval_s: 30,
             metrics_addr: String::new(),
+            instance: String::new(),
         }
     }
 }

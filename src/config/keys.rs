@@ -397,6 +397,7 @@ pub static KEYS: &[KeySpec] = &[
     ),
     key("stats.interval_s", "KVC_STATS_INTERVAL_S", Integer, "s"),
     key("stats.metrics_addr", "KVC_STATS_METRICS_ADDR", Text, ""),
+    key("stats.instance", "KVC_STATS_INSTANCE", Text, ""),
     key(
         "device.kind",
         "KVC_DEVICE_KIND",

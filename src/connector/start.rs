@@ -312,6 +312,7 @@ async fn spawn_all(
         savers.clone(),
         runtime.stats.interval,
         faults,
+        params.config.stats.instance.clone(),
     )
     .start();
     Ok(Started {

@@ -24,7 +24,11 @@ pub fn kvc_connector(context: &InstanceContext) -> Result<Box<dyn ReplayConnecto
 ///
 /// As [`kvc_connector`].
 pub fn kvc_handle(context: &InstanceContext) -> Result<ConnectorHandle, ReplayError> {
-    let config = context.config.as_ref().clone();
+    let mut config = context.config.as_ref().clone();
+    if config.stats.instance.is_empty() {
+        // Each instance's stats lines say which instance they are.
+        config.stats.instance = context.instance.to_string();
+    }
     let model_key = if config.keys.model_key.is_empty() {
         context.layout.name.clone()
     } else {
