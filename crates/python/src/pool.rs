@@ -7,18 +7,52 @@ use std::sync::Arc;
 
 use kv_connector::config::{Config, PoolBackend};
 use kv_connector::core::eviction::EvictionPolicy;
-use kv_connector::pool::{MemoryPool, Pool, SystemClock};
+use kv_connector::gpu::host_memory::HostArena;
+use kv_connector::gpu::Device;
+use kv_connector::pool::{MemoryPool, Pool, PoolError, SystemClock};
 use pyo3::prelude::*;
+use std::sync::Mutex;
 
 use crate::convert::to_py;
 use crate::errors;
 
 /// The embedded memory pool. Several connectors given the same pool share its objects, as
 /// serving instances share a Mooncake Store.
+///
+/// The pool is made when the first connector attaches, in that connector's device's host
+/// memory (`Device::host_arena`): pinned memory of its CUDA context for CUDA tensors, so
+/// loads and saves are DMA straight from and into the pool's objects; heap memory for CPU
+/// tensors, or when something asks the pool before any connector does.
 #[pyclass(name = "MemoryPool", module = "kv_connector", frozen)]
 pub struct PyMemoryPool {
-    /// The pool itself (the test aid needs the concrete type).
-    pub inner: Arc<MemoryPool>,
+    policy: EvictionPolicy,
+    /// The pool, once made (the test aid needs the concrete type).
+    made: Mutex<Option<Arc<MemoryPool>>>,
+}
+
+impl PyMemoryPool {
+    /// The pool, made in `device`'s host memory if this is its first use.
+    pub fn for_device(&self, device: Option<&Device>) -> PyResult<Arc<MemoryPool>> {
+        let mut made = self.made.lock().map_err(|_| {
+            errors::raise::<errors::PoolError>(
+                "poisoned",
+                "the memory pool's lock was poisoned".to_owned(),
+            )
+        })?;
+        if let Some(pool) = made.as_ref() {
+            return Ok(Arc::clone(pool));
+        }
+        let arena = device.map_or_else(HostArena::heap, Device::host_arena);
+        let pool = MemoryPool::with_arena(self.policy, Arc::new(SystemClock::new()), arena)
+            .map(Arc::new)
+            .map_err(|error| errors::pool(&error))?;
+        *made = Some(Arc::clone(&pool));
+        Ok(pool)
+    }
+
+    fn inner(&self) -> PyResult<Arc<MemoryPool>> {
+        self.for_device(None)
+    }
 }
 
 #[pymethods]
@@ -41,12 +75,18 @@ impl PyMemoryPool {
             eviction_ratio,
             lease_ttl_ms: kv_lease_ttl_ms,
         };
-        memory_pool(policy).map(|inner| Self { inner })
+        policy
+            .validate()
+            .map_err(|error| errors::pool(&PoolError::from(error)))?;
+        Ok(Self {
+            policy,
+            made: Mutex::new(None),
+        })
     }
 
     /// The pool's counters: hits, misses, puts, evictions, bytes, objects held.
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_py(py, &self.inner.counters())
+        to_py(py, &self.inner()?.counters())
     }
 
     /// Test aid (wheels built with the `faults` feature only): flips one payload byte of up
@@ -61,28 +101,43 @@ impl PyMemoryPool {
         key_substring: Option<&str>,
         count: usize,
     ) -> PyResult<Vec<String>> {
-        py.detach(|| self.inner.corrupt_payloads(key_substring, count))
+        let pool = self.inner()?;
+        py.detach(|| pool.corrupt_payloads(key_substring, count))
             .map_err(|error| errors::pool(&error))
     }
 
     fn __repr__(&self) -> String {
-        let counters = self.inner.counters();
-        format!(
-            "MemoryPool(capacity_bytes={}, used_bytes={}, objects={})",
-            counters.capacity_bytes, counters.used_bytes, counters.objects
-        )
+        match self.made.lock().ok().and_then(|made| made.clone()) {
+            Some(pool) => {
+                let counters = pool.counters();
+                format!(
+                    "MemoryPool(capacity_bytes={}, used_bytes={}, objects={})",
+                    counters.capacity_bytes, counters.used_bytes, counters.objects
+                )
+            }
+            None => format!(
+                "MemoryPool(capacity_bytes={}, unused)",
+                self.policy.capacity_bytes
+            ),
+        }
     }
 }
 
-/// A memory pool with `policy` on the system clock.
-fn memory_pool(policy: EvictionPolicy) -> PyResult<Arc<MemoryPool>> {
-    MemoryPool::new(policy, Arc::new(SystemClock::new()))
+/// A memory pool with `policy` on the system clock, in `device`'s host memory.
+fn memory_pool(policy: EvictionPolicy, device: Option<&Device>) -> PyResult<Arc<MemoryPool>> {
+    let arena = device.map_or_else(HostArena::heap, Device::host_arena);
+    MemoryPool::with_arena(policy, Arc::new(SystemClock::new()), arena)
         .map(Arc::new)
         .map_err(|error| errors::pool(&error))
 }
 
-/// The pool of a connector given none: `config`'s backend (module docs).
-pub fn from_config(py: Python<'_>, config: &Config) -> PyResult<Arc<dyn Pool>> {
+/// The pool of a connector given none: `config`'s backend (module docs); a memory pool
+/// lives in `device`'s host memory (pinned for CUDA).
+pub fn from_config(
+    py: Python<'_>,
+    config: &Config,
+    device: Option<&Device>,
+) -> PyResult<Arc<dyn Pool>> {
     match config.pool.backend {
         PoolBackend::Memory => {
             let policy = EvictionPolicy {
@@ -91,7 +146,7 @@ pub fn from_config(py: Python<'_>, config: &Config) -> PyResult<Arc<dyn Pool>> {
                 eviction_ratio: config.pool.eviction_ratio,
                 lease_ttl_ms: config.pool.kv_lease_ttl_ms,
             };
-            Ok(memory_pool(policy)?)
+            Ok(memory_pool(policy, device)?)
         }
         PoolBackend::Mooncake => mooncake(py, config),
     }

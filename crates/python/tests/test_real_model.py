@@ -9,7 +9,7 @@ B's cache, logits (every computed position) and tokens equal a no-reuse baseline
 model with transformers' own cache, same chunk boundaries) bit for bit. The negative
 controls show the comparison catches a short window, a wrong page and a corrupt object.
 
-`KVC_TEST_DEVICE=cuda` runs the models and page tensors on the GPU.
+`KV_CONNECTOR_TEST_DEVICE=cuda` runs the models and page tensors on the GPU.
 """
 
 import pytest

@@ -60,8 +60,8 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
         released.push(opened.released);
     }
     let pool: Arc<dyn Pool> = match pool {
-        Some(shared) => shared.get().inner.clone(),
-        None => pool::from_config(py, &config)?,
+        Some(shared) => shared.get().for_device(devices.first())?,
+        None => pool::from_config(py, &config, devices.first())?,
     };
     let seed = scope_seed(&Scope {
         salt: salt.map(str::to_owned),

@@ -31,8 +31,9 @@ RESUME_GRID = math.lcm(CHUNK, TOKENS_PER_BLOCK)
 
 
 def device() -> str:
-    """`KVC_TEST_DEVICE` (cpu by default; cuda on a GPU machine)."""
-    return os.environ.get("KVC_TEST_DEVICE", "cpu")
+    """`KV_CONNECTOR_TEST_DEVICE` (cpu by default; cuda on a GPU machine). Not a `KVC_*`
+    name: the connector reads every `KVC_*` variable as configuration."""
+    return os.environ.get("KV_CONNECTOR_TEST_DEVICE", "cpu")
 
 
 def config() -> dict:
