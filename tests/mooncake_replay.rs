@@ -464,3 +464,48 @@ fn staging_registration_replaces_a_stale_overlapping_region() -> TestResult {
     pool.close()?;
     Ok(())
 }
+
+/// A healthy Mooncake replay with `--log-format json`: every stderr line is a JSON object
+/// (the transfer engine's own lines go to the folder announced once, which holds them).
+#[test]
+fn json_logs_of_a_mooncake_replay_stay_json() -> TestResult {
+    if install().is_none() {
+        return Ok(());
+    }
+    let venv = format!("mooncake.venv_dir={}", venv_dir().display());
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"))
+        .args([
+            "--log-format",
+            "json",
+            "replay",
+            "--pool",
+            "mooncake",
+            "--limit",
+            "3",
+        ])
+        .args([
+            "--quiet",
+            "--json",
+            "--pool-capacity",
+            "512GiB",
+            "--kv-bytes-scale",
+            "0.0002",
+        ])
+        .args(["--set", &venv])
+        .env_remove("RUST_LOG")
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    assert!(output.status.success(), "{stderr}");
+    let mut folder = None;
+    for line in stderr.lines() {
+        let event: serde_json::Value = serde_json::from_str(line)
+            .map_err(|err| format!("not a JSON log line ({err}): {line}"))?;
+        if let Some(dir) = event["dir"].as_str() {
+            folder = Some(PathBuf::from(dir));
+        }
+    }
+    let folder = folder.ok_or_else(|| format!("the log folder was not announced:\n{stderr}"))?;
+    let files = std::fs::read_dir(&folder)?.count();
+    assert!(files > 0, "nothing was written to {}", folder.display());
+    Ok(())
+}

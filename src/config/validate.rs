@@ -190,8 +190,21 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
             "must be 0 (store nothing here) or at least {MOONCAKE_MIN_SEGMENT_BYTES} (16MiB), \
              the smallest segment Mooncake mounts, e.g. 1073741824 (1GiB)"
         ),
+    )?;
+    // The transfer engine knows these levels; anything else (FATAL included) silently
+    // raises its logging to INFO.
+    require(
+        MOONCAKE_LOG_LEVELS.contains(&mooncake.log_level.as_str()),
+        "mooncake.log_level",
+        &format_args!("{:?}", mooncake.log_level),
+        "must be one of INFO, WARNING, ERROR, or \"\" to keep MC_LOG_LEVEL from the environment, \
+         e.g. \"WARNING\"",
     )
 }
+
+/// The levels the Mooncake transfer engine understands in `MC_LOG_LEVEL` (and `""`: keep
+/// the environment's value).
+const MOONCAKE_LOG_LEVELS: [&str; 4] = ["", "INFO", "WARNING", "ERROR"];
 
 impl Config {
     /// Checks ranges and the node memory budget, and returns the actor sections in the
@@ -468,6 +481,24 @@ mod tests {
         let mut config = Config::default();
         config.pool.eviction_ratio = 1.0;
         assert!(config.validate().is_ok(), "1.0 is inside (0, 1]");
+    }
+
+    #[test]
+    fn only_the_log_levels_mooncake_knows_are_accepted() {
+        for bad in ["bogus", "FATAL", "warning"] {
+            let err = refusal(|c| c.mooncake.log_level = bad.to_owned());
+            assert_out_of_range(
+                &err,
+                "mooncake.log_level",
+                &format!("{bad:?}"),
+                "INFO, WARNING, ERROR",
+            );
+        }
+        for good in ["", "INFO", "WARNING", "ERROR"] {
+            let mut config = Config::default();
+            good.clone_into(&mut config.mooncake.log_level);
+            assert!(config.validate().is_ok(), "{good:?} refused");
+        }
     }
 
     #[test]

@@ -112,6 +112,8 @@ pub struct ConnectorHandle {
     /// `saver.shutdown_drain_timeout_ms`: how long `shutdown` lets queued work finish (at
     /// most one day, validated).
     drain_timeout: Duration,
+    /// `stats.instance` ("0" when unset): names this connector in its lifecycle lines.
+    instance: String,
     /// The report of the first `close`, for a repeated call.
     final_stats: Option<ConnectorStats>,
     runtime: tokio::runtime::Runtime,
@@ -136,6 +138,10 @@ impl ConnectorHandle {
         };
         // Validated once, here: everything below takes the typed values as they are.
         let config = params.config.validate()?;
+        let instance = match params.config.stats.instance.as_str() {
+            "" => "0".to_owned(),
+            named => named.to_owned(),
+        };
         let groups = save_groups(&params.layout);
         let tokens_per_block = params.layout.tokens_per_block as usize;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -197,6 +203,7 @@ impl ConnectorHandle {
             loads_sent: 0,
             loads_in_flight: 0,
             drain_timeout: config.saver.shutdown_drain_timeout,
+            instance,
             final_stats: None,
             runtime,
         })

@@ -106,9 +106,16 @@ impl ConnectorReport {
 
 /// A connector a replay can drive: the engine hooks plus a final report.
 pub trait ReplayConnector: EngineConnector {
-    /// Called once, after the last request finished and every held page was released:
-    /// drain what is left (the shutdown stop order) and return the counters.
+    /// The counters so far, after the saves enqueued so far settled (the timeline samples
+    /// it between steps).
     fn report(&mut self) -> ConnectorReport;
+
+    /// Called once, after the last request finished and every held page was released:
+    /// shut the connector down the way an engine does at exit (drain, final report) and
+    /// return the final counters.
+    fn finish(&mut self) -> ConnectorReport {
+        self.report()
+    }
 }
 
 impl ReplayConnector for NoConnector {

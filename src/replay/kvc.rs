@@ -50,28 +50,38 @@ pub fn kvc_handle(context: &InstanceContext) -> Result<ConnectorHandle, ReplayEr
 
 impl ReplayConnector for ConnectorHandle {
     fn report(&mut self) -> ConnectorReport {
+        use crate::connector::EngineConnector;
+        self.settle_saves();
+        connector_report(&self.stats())
+    }
+
+    fn finish(&mut self) -> ConnectorReport {
         // The shutdown protocol an engine runs at exit (drain, final stats, "connector
         // stopped"), so the replay exercises and logs it as a deployment would.
-        let stats = self.close();
-        let lookups = &stats.lookups;
-        ConnectorReport {
-            lookups: LookupOutcomes {
-                full: lookups.full,
-                rewound: lookups.rewound,
-                recovered: lookups.recovered,
-                window_miss: lookups.window_miss,
-                full_miss: lookups.full_miss,
-            },
-            pages_saved: stats.saves.saves_done,
-            bytes_saved: stats.saves.bytes_saved,
-            saves_skipped_present: stats.saves.saves_skipped_present,
-            saves_dropped: stats.saves.saves_dropped,
-            saves_enqueued: stats.saves.saves_enqueued,
-            saves_failed: stats.saves.saves_failed,
-            loads_started: stats.loads.loads_started,
-            loads_done: stats.loads.loads_done,
-            loads_failed: stats.loads.loads_failed + stats.loads.stale_completions,
-            published_past_chunk_end: stats.saves.published_past_chunk_end,
-        }
+        connector_report(&self.close())
+    }
+}
+
+/// The replay's view of a connector's statistics.
+fn connector_report(stats: &crate::stats::ConnectorStats) -> ConnectorReport {
+    let lookups = &stats.lookups;
+    ConnectorReport {
+        lookups: LookupOutcomes {
+            full: lookups.full,
+            rewound: lookups.rewound,
+            recovered: lookups.recovered,
+            window_miss: lookups.window_miss,
+            full_miss: lookups.full_miss,
+        },
+        pages_saved: stats.saves.saves_done,
+        bytes_saved: stats.saves.bytes_saved,
+        saves_skipped_present: stats.saves.saves_skipped_present,
+        saves_dropped: stats.saves.saves_dropped,
+        saves_enqueued: stats.saves.saves_enqueued,
+        saves_failed: stats.saves.saves_failed,
+        loads_started: stats.loads.loads_started,
+        loads_done: stats.loads.loads_done,
+        loads_failed: stats.loads.loads_failed + stats.loads.stale_completions,
+        published_past_chunk_end: stats.saves.published_past_chunk_end,
     }
 }

@@ -55,6 +55,7 @@ impl ConnectorHandle {
         self.add_handle_counts(&mut stats);
         self.stop();
         tracing::info!(
+            instance = self.instance.as_str(),
             lookups = stats.lookups.lookups(),
             loads_done = stats.loads.loads_done,
             loads_cut = cut_loads,

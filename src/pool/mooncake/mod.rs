@@ -52,6 +52,7 @@ mod client;
 mod contract;
 mod counters;
 pub mod error;
+mod glog;
 mod master;
 mod pool;
 mod python;

@@ -113,6 +113,7 @@ pub fn prepare(settings: &MooncakeSettings) -> Result<MooncakeInstall, MooncakeE
             added.push(install.site_packages.clone());
         }
         export_environment(py, settings).map_err(python_error("export MC_* variables"))?;
+        super::glog::route_to_files(py);
         py.import("mooncake.store")
             .map_err(python_error("import mooncake.store"))?;
         Ok(())

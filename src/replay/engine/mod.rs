@@ -472,7 +472,7 @@ impl Engine {
                 .map_or("none", |device| device.kind().as_str()),
             step_latency: self.step_latency,
             step_cpu_latency: self.step_cpu_latency,
-            connector: self.connector.report(),
+            connector: self.connector.finish(),
             held_at_end: self.held.len(),
         }
     }

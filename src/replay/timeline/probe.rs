@@ -149,6 +149,10 @@ impl ReplayConnector for ConnectorProbe {
     fn report(&mut self) -> ConnectorReport {
         self.0.borrow_mut().connector.report()
     }
+
+    fn finish(&mut self) -> ConnectorReport {
+        self.0.borrow_mut().connector.finish()
+    }
 }
 
 #[cfg(test)]
