@@ -345,6 +345,31 @@ fn byte_sizes_accept_unit_suffixes_in_every_layer() -> TestResult {
     Ok(())
 }
 
+/// A well-formed number beyond what the tree holds is "too large", not "not a byte count".
+#[test]
+fn numbers_too_large_say_so() {
+    for (key, value) in [
+        ("pool.capacity_bytes", "18446744073709551615"),
+        ("pool.capacity_bytes", "99999999999TiB"),
+        ("planner.probe_chunk", "99999999999999999999"),
+    ] {
+        let err = Config::load(&ConfigSources {
+            cli_overrides: cli(&[(key, value)]),
+            ..ConfigSources::default()
+        })
+        .expect_err("a value beyond i64 was accepted");
+        let message = err.to_string();
+        assert!(message.contains("too large"), "{key}={value}: {message}");
+        assert!(message.contains("9223372036854775807"), "{message}");
+    }
+    let err = Config::load(&ConfigSources {
+        cli_overrides: cli(&[("pool.capacity_bytes", "8XB")]),
+        ..ConfigSources::default()
+    })
+    .expect_err("8XB is no byte count");
+    assert!(!err.to_string().contains("too large"), "{err}");
+}
+
 #[test]
 fn integer_ratio_in_toml_is_accepted() -> TestResult {
     let path = write_toml("ratio.toml", "[pool]\neviction_ratio = 1\n")?;

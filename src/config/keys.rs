@@ -43,6 +43,24 @@ pub enum LeafKind {
 }
 
 impl LeafKind {
+    /// What a refused `raw` text should have been: "too large" for a well-formed number
+    /// beyond what the tree holds (a signed 64-bit integer), else [`Self::expected`].
+    pub fn expected_for(self, raw: &str) -> String {
+        let too_large = match self {
+            Self::Integer | Self::TokensOrOff => {
+                let digits = raw.trim();
+                !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+            }
+            Self::Bytes => parse_byte_size_wide(raw.trim()).is_some(),
+            _ => false,
+        };
+        if too_large {
+            format!("at most {} (too large: {})", i64::MAX, self.expected())
+        } else {
+            self.expected()
+        }
+    }
+
     /// What this kind accepts, with an example; used in error messages.
     pub fn expected(self) -> String {
         match self {
@@ -129,6 +147,17 @@ pub fn parse_byte_size(text: &str) -> Option<u64> {
         _ => return None,
     };
     digits.parse::<u64>().ok()?.checked_mul(multiplier)
+}
+
+/// Whether `text` is a well-formed byte size of any magnitude (digits and a known unit),
+/// for telling "too large" from "not a byte count".
+fn parse_byte_size_wide(text: &str) -> Option<()> {
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(digits_end);
+    let known = ["", "b", "kib", "mib", "gib", "tib", "kb", "mb", "gb", "tb"];
+    (!digits.is_empty() && known.contains(&unit.trim().to_ascii_lowercase().as_str())).then_some(())
 }
 
 /// One leaf key of the configuration tree.

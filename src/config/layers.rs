@@ -54,8 +54,8 @@ fn invalid_value(spec: &KeySpec, value: String, origin: ValueOrigin) -> ConfigEr
     ConfigError::InvalidValue {
         key: spec.path,
         env: spec.env,
+        expected: spec.kind.expected_for(&value),
         value,
-        expected: spec.kind.expected(),
         origin,
     }
 }

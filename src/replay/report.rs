@@ -6,7 +6,9 @@
 //! them in separate sections so they are never mixed up.
 //!
 //! JSON fields (top level): `requests`, `completed`, `prompt_tokens`, `computed_tokens`,
-//! `reused_tokens`, `oracle_reusable_tokens`, `reused_share_of_prompt`,
+//! `reused_tokens`, `oracle_reusable_tokens` (this replay's requests only: processes that
+//! share one pool can reuse more, so `reused_share_of_oracle` may exceed 1),
+//! `reused_share_of_prompt`,
 //! `reused_share_of_oracle`, `oracle_window_reusable_tokens`,
 //! `reused_share_of_window_oracle`, `window_bytes_per_load` {`loads`, `max`, `mean`,
 //! `bound`}, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
@@ -259,6 +261,17 @@ pub struct ReplayReport {
     pub baseline: Option<BaselineComparison>,
 }
 
+/// What to add after a share of the oracle above 1: the oracle counts only this replay's
+/// requests, so a pool that other processes also filled can serve more than it.
+fn oracle_note(share_of_oracle: f64) -> &'static str {
+    if share_of_oracle > 1.0 {
+        "\n                      (above 100 %: the pool also held other processes' pages; \
+         the oracle counts only this replay's requests)"
+    } else {
+        ""
+    }
+}
+
 /// `part / whole`, 0 for an empty whole.
 #[expect(clippy::cast_precision_loss, reason = "a ratio for reports")]
 pub fn share(part: u64, whole: u64) -> f64 {
@@ -368,11 +381,12 @@ impl ReplayReport {
         writeln!(out, "  prompt tokens       {:>14}", self.prompt_tokens)?;
         writeln!(
             out,
-            "  reused (pool)       {:>14} ({:.1} % of prompt, {:.1} % of oracle {})",
+            "  reused (pool)       {:>14} ({:.1} % of prompt, {:.1} % of oracle {}){}",
             self.reused_tokens,
             100.0 * self.reused_share_of_prompt,
             100.0 * self.reused_share_of_oracle,
-            self.oracle_reusable_tokens
+            self.oracle_reusable_tokens,
+            oracle_note(self.reused_share_of_oracle)
         )?;
         if self.oracle_window_reusable_tokens != self.oracle_reusable_tokens {
             writeln!(
@@ -526,6 +540,13 @@ mod tests {
         assert_eq!(percentile(&values, 0.0), 1);
         assert_eq!(percentile(&[], 0.5), 0);
         assert_eq!(percentile(&[7], 0.99), 7);
+    }
+
+    #[test]
+    fn a_share_of_the_oracle_above_one_is_explained() {
+        assert_eq!(oracle_note(1.0), "");
+        assert_eq!(oracle_note(0.5), "");
+        assert!(oracle_note(1.43).contains("only this replay's requests"));
     }
 
     #[test]
