@@ -1,7 +1,5 @@
 //! The four charts of `--report-dir` (see the parent module for what each shows).
 
-use std::fmt::Write as _;
-
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -244,20 +242,13 @@ pub(super) fn draw_ttft(
 ) -> DrawResult {
     let sim = &report.sim;
     let without = report.baseline.as_ref().map(|b| &b.without_connector);
-    let mut caption = format!(
+    let caption = format!(
         "time to first token, {} requests: p50 {:.3} s, p99 {:.3} s, max {:.3} s",
         timeline.ttft_s.len(),
         sim.ttft_p50_s,
         sim.ttft_p99_s,
         sim.ttft_max_s
     );
-    if let Some(without) = without {
-        let _ = write!(
-            caption,
-            " (no connector: p50 {:.3} s, p99 {:.3} s)",
-            without.ttft_p50_s, without.ttft_p99_s
-        );
-    }
     let highest_ttft = timeline.ttft_s.last().copied().unwrap_or(0.0);
     let max = without
         .map_or(highest_ttft, |w| highest_ttft.max(w.ttft_p99_s))
