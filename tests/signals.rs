@@ -36,7 +36,7 @@ fn replay_stopped_by(signal: &str) -> Result<(Option<i32>, String), Box<dyn std:
             "8",
             "--quiet",
         ])
-        .env("RUST_LOG", "warn,kv_connector::cli::replay=info")
+        .env("RUST_LOG", "warn,kv_connector::cli::replay=debug")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
