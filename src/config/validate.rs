@@ -144,9 +144,7 @@ fn key_segment(
     allow_empty: bool,
     example: &str,
 ) -> Result<(), ConfigError> {
-    let ok = !value.contains('/')
-        && !value.chars().any(|c| c.is_whitespace() || c.is_control())
-        && (allow_empty || !value.is_empty());
+    let ok = crate::core::keys::segment_chars_ok(value) && (allow_empty || !value.is_empty());
     let what = if allow_empty {
         "must not contain '/' or whitespace"
     } else {

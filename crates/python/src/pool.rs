@@ -42,10 +42,7 @@ impl PyMemoryPool {
         if let Some(pool) = made.as_ref() {
             return Ok(Arc::clone(pool));
         }
-        let arena = device.map_or_else(HostArena::heap, Device::host_arena);
-        let pool = MemoryPool::with_arena(self.policy, Arc::new(SystemClock::new()), arena)
-            .map(Arc::new)
-            .map_err(|error| errors::pool(&error))?;
+        let pool = memory_pool(self.policy, device)?;
         *made = Some(Arc::clone(&pool));
         Ok(pool)
     }

@@ -238,7 +238,16 @@ impl fmt::Display for KeyPrefix {
     }
 }
 
-/// Refuses an empty segment or one holding `/` (`keys::I3`).
+/// Whether a namespace or model key holds only characters a key segment may hold: no
+/// `/` (it separates segments, `keys::I3`), no whitespace or control characters (the
+/// tab-separated key listings and the pool's logs could not show them unambiguously).
+/// The configuration's checks use the same rule.
+pub fn segment_chars_ok(value: &str) -> bool {
+    !value.contains('/') && !value.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// Refuses an empty segment, or one holding a character [`segment_chars_ok`] refuses,
+/// naming which (`keys::I3`).
 fn check_segment(field: KeyField, value: &str) -> Result<(), KeyError> {
     if value.is_empty() {
         return Err(KeyError::EmptySegment { field });
