@@ -36,14 +36,22 @@
 //!
 //! Run: `scripts/setup-mooncake && PYO3_PYTHON=.venv/bin/python cargo bench --features
 //! mooncake --bench mooncake -- --warm-up-time 1 --measurement-time 3`.
+//!
+//! Environment: `KVC_MOONCAKE_VENV_DIR`, the venv with the wheel (default: the
+//! repository's `.venv`); `KVC_BENCH_REFERENCE_DIR`, the folder of
+//! `mooncake_client_bench.py` (default `../shared/reference`); `KVC_BENCH_STORED_OBJECTS`,
+//! objects stored besides the probe keys before the probes run (default 0), to see what a
+//! full store does to a probe.
 
+use std::collections::HashMap;
 use std::hint::black_box;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 #[path = "mooncake/side_by_side.rs"]
 mod side_by_side;
+use kv_connector::config::ConfigSources;
 use kv_connector::pool::mooncake::{
     MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
 };
@@ -199,7 +207,12 @@ fn bench_conversions(criterion: &mut Criterion, keys: &[&str]) {
     group.finish();
 }
 
-fn run(criterion: &mut Criterion, install: &MooncakeInstall) -> Result<(), MooncakeError> {
+fn run(
+    criterion: &mut Criterion,
+    install: &MooncakeInstall,
+    env: &BenchEnv,
+    reference: &Path,
+) -> Result<(), MooncakeError> {
     let master = MooncakeMaster::start(MasterSettings::new(install))?;
     let settings = master.client_settings(MooncakeSettings {
         venv_dir: install.venv_dir.clone(),
@@ -218,6 +231,21 @@ fn run(criterion: &mut Criterion, install: &MooncakeInstall) -> Result<(), Moonc
         .filter(|r| r.is_ok())
         .count();
     assert_eq!(stored, present_refs.len(), "seeding the probe keys failed");
+    let filler = env.stored_objects();
+    if filler > 0 {
+        let keys: Vec<String> = (0..filler)
+            .map(|i| format!("kvc/bench-filler/{i:032x}"))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = vec![tiny.as_slice(); refs.len()];
+        let stored = pool
+            .put(&refs, &values)
+            .iter()
+            .filter(|r| r.is_ok())
+            .count();
+        assert_eq!(stored, filler, "storing the filler objects failed");
+        println!("the store holds {filler} objects besides the probe keys");
+    }
     bench_probes(criterion, &pool, "probe_present", &present_refs);
     let absent = prompt_keys("absent");
     let absent_refs: Vec<&str> = absent.iter().map(String::as_str).collect();
@@ -232,15 +260,44 @@ fn run(criterion: &mut Criterion, install: &MooncakeInstall) -> Result<(), Moonc
     }
     pool.close()?;
     if full_run {
-        side_by_side::transfers(install, &master, &settings)?;
+        side_by_side::transfers(install, &master, &settings, reference)?;
     }
     Ok(())
 }
 
 /// What `criterion_group!` / `criterion_main!` expand to, written out so the master and
 /// the client are started once for every group.
+/// The bench's environment variables (module docs), read through the one reader of the
+/// process environment.
+struct BenchEnv(HashMap<String, String>);
+
+impl BenchEnv {
+    fn read() -> Self {
+        Self(ConfigSources::from_process_env().env)
+    }
+
+    /// A folder from `name`, else `default`.
+    fn folder(&self, name: &str, default: PathBuf) -> PathBuf {
+        self.0.get(name).map_or(default, PathBuf::from)
+    }
+
+    /// `KVC_BENCH_STORED_OBJECTS`, 0 when unset.
+    fn stored_objects(&self) -> usize {
+        self.0
+            .get("KVC_BENCH_STORED_OBJECTS")
+            .and_then(|count| count.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
 fn main() {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv");
+    let env = BenchEnv::read();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = env.folder("KVC_MOONCAKE_VENV_DIR", manifest.join(".venv"));
+    let reference = env.folder(
+        "KVC_BENCH_REFERENCE_DIR",
+        manifest.join("../shared/reference"),
+    );
     let install = match MooncakeInstall::discover(&venv) {
         Ok(install) => install,
         Err(err) => {
@@ -249,7 +306,7 @@ fn main() {
         }
     };
     let mut criterion = Criterion::default().sample_size(10).configure_from_args();
-    if let Err(err) = run(&mut criterion, &install) {
+    if let Err(err) = run(&mut criterion, &install, &env, &reference) {
         println!("mooncake bench failed: {err}");
         std::process::exit(1);
     }

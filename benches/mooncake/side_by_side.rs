@@ -33,16 +33,18 @@ fn process_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
-/// Alternates one batch and chunks of 4096 over `keys` and prints their medians, the
-/// ratio, and the CPU time per probe of this process and of the master (module docs).
+/// Alternates one batch and chunks of 4096 and 1024 over `keys` and prints their medians,
+/// the ratios, and the CPU time per probe of this process and of the master (module docs).
 pub(crate) fn probes(pool: &MooncakePool, master: &MooncakeMaster, name: &str, keys: &[&str]) {
     const ROUNDS: u32 = 30;
+    const CHUNKS: [usize; 2] = [4096, 1024];
     let master_pid = master.pid().unwrap_or(0);
-    let mut walls = [Vec::new(), Vec::new()];
-    let mut own_cpu = [Duration::ZERO; 2];
-    let mut master_cpu = [Duration::ZERO; 2];
+    let arms = [keys.len(), CHUNKS[0], CHUNKS[1]];
+    let mut walls = [Vec::new(), Vec::new(), Vec::new()];
+    let mut own_cpu = [Duration::ZERO; 3];
+    let mut master_cpu = [Duration::ZERO; 3];
     for _ in 0..ROUNDS {
-        for (arm, chunk) in [keys.len(), 4096].into_iter().enumerate() {
+        for (arm, chunk) in arms.into_iter().enumerate() {
             let (own, other) = (cpu_time::ProcessTime::now(), process_cpu(master_pid));
             let started = Instant::now();
             black_box(pool.probe(keys, chunk));
@@ -55,25 +57,32 @@ pub(crate) fn probes(pool: &MooncakePool, master: &MooncakeMaster, name: &str, k
                 });
         }
     }
-    let [one, chunked] = walls.map(median);
+    let medians = walls.map(median);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    // With this process and the master on the same cores, the chunked probe cannot take
-    // less than their CPU time spread over all cores.
-    let cpu_floor =
-        ms((own_cpu[1] + master_cpu[1]) / ROUNDS) / f64::from(u32::try_from(cores).unwrap_or(1));
     println!(
-        "{name} side by side ({} keys, {ROUNDS} rounds, {cores} cores): one batch {one:.1} ms \
-         (cpu per probe: this process {:.1} ms, master {:.1} ms); chunks of 4096 {chunked:.1} ms \
-         (this process {:.1} ms, master {:.1} ms, so at least {cpu_floor:.1} ms here); \
-         one batch / chunked = {:.2}x (at most {:.2}x here)",
+        "{name} side by side ({} keys, {ROUNDS} rounds, {cores} cores): one batch {:.1} ms \
+         (cpu per probe: this process {:.1} ms, master {:.1} ms)",
         keys.len(),
+        medians[0],
         ms(own_cpu[0] / ROUNDS),
         ms(master_cpu[0] / ROUNDS),
-        ms(own_cpu[1] / ROUNDS),
-        ms(master_cpu[1] / ROUNDS),
-        one / chunked,
-        one / cpu_floor,
     );
+    for arm in 1..arms.len() {
+        // With this process and the master on the same cores, a chunked probe cannot take
+        // less than their CPU time spread over all cores.
+        let cpu_floor = ms((own_cpu[arm] + master_cpu[arm]) / ROUNDS)
+            / f64::from(u32::try_from(cores).unwrap_or(1));
+        println!(
+            "  chunks of {} {:.1} ms (this process {:.1} ms, master {:.1} ms, so at least \
+             {cpu_floor:.1} ms here); one batch / chunked = {:.2}x (at most {:.2}x here)",
+            arms[arm],
+            medians[arm],
+            ms(own_cpu[arm] / ROUNDS),
+            ms(master_cpu[arm] / ROUNDS),
+            medians[0] / medians[arm],
+            medians[0] / cpu_floor,
+        );
+    }
 }
 
 /// GB/s (1e9 bytes per second) of moving the transfer batch in `elapsed`.
@@ -131,9 +140,9 @@ fn pool_reference_round(
 fn python_reference_round(
     install: &MooncakeInstall,
     master: &MooncakeMaster,
+    reference: &Path,
 ) -> Option<(f64, f64)> {
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/mooncake_client_bench.py");
+    let script = reference.join("mooncake_client_bench.py");
     let output = Command::new(install.venv_dir.join("bin/python"))
         .arg(&script)
         .args(["--master", &master.master_address()])
@@ -167,6 +176,7 @@ pub(crate) fn transfers(
     install: &MooncakeInstall,
     master: &MooncakeMaster,
     settings: &MooncakeSettings,
+    reference: &Path,
 ) -> Result<(), MooncakeError> {
     const ROUNDS: usize = 5;
     let mut source_memory = page_aligned(OBJECTS * OBJECT_BYTES);
@@ -179,7 +189,7 @@ pub(crate) fn transfers(
     for round in 0..ROUNDS {
         let (put, get) = pool_reference_round(settings, round, source)?;
         println!("MooncakePool, same calls: put_absent {put:.2} GB/s, get_into {get:.2} GB/s");
-        if let Some((python_put, python_get)) = python_reference_round(install, master) {
+        if let Some((python_put, python_get)) = python_reference_round(install, master, reference) {
             put_ratios.push(put / python_put);
             get_ratios.push(get / python_get);
         }

@@ -153,6 +153,38 @@ impl MemoryPool {
         })
     }
 
+    /// Takes the host memory for the pool's whole capacity now, before work starts, so no
+    /// save waits for memory to be allocated (pinned memory takes milliseconds per chunk
+    /// and stalls the copies meanwhile) and a capacity the host cannot give is an error up
+    /// front. `object_lens` lists the object sizes the connector stores (one per layer
+    /// group; repeats weigh more): the capacity is split among them in proportion to their
+    /// bytes, and objects of other sizes still get memory on demand.
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::Reserve`] when the arena cannot carve the memory; what it carved
+    /// before the failure stays with the pool.
+    pub fn reserve(&self, object_lens: &[usize]) -> Result<(), PoolError> {
+        let total: u128 = object_lens.iter().map(|&len| len as u128).sum();
+        let mut per_len: BTreeMap<usize, u128> = BTreeMap::new();
+        for &len in object_lens.iter().filter(|&&len| len > 0) {
+            *per_len.entry(len).or_default() += len as u128;
+        }
+        let capacity = u128::from(self.policy.capacity_bytes);
+        for (len, weight) in per_len {
+            let share = capacity * weight / total;
+            let slots = usize::try_from(share.div_ceil(len as u128)).unwrap_or(usize::MAX);
+            self.arena
+                .reserve(len, slots)
+                .map_err(|error| PoolError::Reserve {
+                    bytes: u64::try_from(share).unwrap_or(u64::MAX),
+                    len,
+                    cause: error.kind(),
+                })?;
+        }
+        Ok(())
+    }
+
     /// The policy this pool evicts by.
     pub fn policy(&self) -> &EvictionPolicy {
         &self.policy
@@ -527,6 +559,44 @@ mod tests {
             ..EvictionPolicy::mooncake_defaults(capacity_bytes)
         };
         Ok((MemoryPool::new(policy, clock.clone())?, clock))
+    }
+
+    #[test]
+    fn reserve_takes_the_capacity_up_front_split_by_object_bytes() -> Result<(), PoolError> {
+        // 1 MiB of capacity for objects of 1,000 and 3,000 bytes (two groups of the first
+        // size, one of the second): 2/5 and 3/5 of it.
+        let (pool, _) = pool(1 << 20)?;
+        pool.reserve(&[1000, 1000, 3000])?;
+        let reserved = pool.arena().stats();
+        let small = (1u64 << 20) * 2 / 5;
+        let large = (1u64 << 20) * 3 / 5;
+        let want = small.div_ceil(1024) + large.div_ceil(3008);
+        assert!(
+            reserved.free_slots as u64 >= want,
+            "{reserved:?}, want {want}"
+        );
+        // Filling the pool with objects of both sizes carves no further memory.
+        for i in 0..small / 1000 {
+            pool.put_one(&format!("s{i}"), &[1; 1000])?;
+        }
+        for i in 0..large / 3000 {
+            pool.put_one(&format!("l{i}"), &[2; 3000])?;
+        }
+        assert_eq!(pool.arena().stats().chunk_bytes, reserved.chunk_bytes);
+        Ok(())
+    }
+
+    #[test]
+    fn a_capacity_the_host_cannot_give_is_a_reserve_error() -> Result<(), PoolError> {
+        let (pool, _) = pool(1 << 51)?;
+        let error = pool.reserve(&[1 << 50]).err();
+        assert!(
+            matches!(error, Some(PoolError::Reserve { len, .. }) if len == 1 << 50),
+            "{error:?}"
+        );
+        let message = error.map(|error| error.to_string()).unwrap_or_default();
+        assert!(message.contains("pool.capacity_bytes"), "{message}");
+        Ok(())
     }
 
     #[test]

@@ -330,6 +330,19 @@ pub enum PoolError {
         /// The arena's error kind (`GpuError::kind`), e.g. `"cuda_driver"`.
         cause: &'static str,
     },
+    /// The embedded pool could not take the host memory for its capacity up front.
+    #[error(
+        "could not reserve {bytes} bytes of host memory for pool objects of {len} bytes \
+         ({cause}); lower pool.capacity_bytes or free host memory"
+    )]
+    Reserve {
+        /// Bytes asked for this object size.
+        bytes: u64,
+        /// The object size.
+        len: usize,
+        /// The arena's error kind (`GpuError::kind`), e.g. `"cuda_driver"`.
+        cause: &'static str,
+    },
     /// The pool could not be built: its eviction policy is invalid.
     #[error("invalid pool eviction policy: {source}")]
     InvalidPolicy {
@@ -352,6 +365,7 @@ impl PoolError {
             Self::Unavailable => "unavailable",
             Self::Timeout { .. } => "timeout",
             Self::HostMemory { .. } => "host_memory",
+            Self::Reserve { .. } => "reserve",
             Self::InvalidPolicy { .. } => "invalid_policy",
         }
     }
@@ -418,6 +432,11 @@ mod tests {
             PoolError::Unavailable,
             PoolError::Timeout { after_ms: 5 },
             PoolError::HostMemory {
+                len: 64,
+                cause: "arena_alloc_failed",
+            },
+            PoolError::Reserve {
+                bytes: 64,
                 len: 64,
                 cause: "arena_alloc_failed",
             },

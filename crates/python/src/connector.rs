@@ -3,11 +3,17 @@
 //!
 //! # Threads and the GIL
 //!
-//! - G1. Every hook converts its Python arguments while holding the GIL, then releases it
-//!   (`detach`) before it takes the connector's lock and calls the runtime. So a hook that
-//!   waits (`wait_for_progress`, `settle_saves`, `stats`, `shutdown`) never holds the GIL,
-//!   and a thread holding the GIL never waits for the lock: the lock-then-GIL order of the
-//!   Mooncake backend (whose client threads take the GIL for their Python calls) holds.
+//! - G1. A hook converts its Python arguments while holding the GIL, then releases it
+//!   (`detach`) before it takes the connector's lock and calls the runtime, so a hook that
+//!   waits (`wait_for_progress`, `settle_saves`, `stats`, `shutdown`) never holds the GIL
+//!   meanwhile. The hooks of the engine step (`lookup`, `flush`, `reserve`, `release`,
+//!   `on_step`, `finished_loads`, `request_finished`, `finished_saves`) are the exception:
+//!   they never wait for the actors (under the lock they only try-send to and try-receive
+//!   from channels), so they keep the GIL when the lock is free at once (releasing and
+//!   re-taking it would cost more than their work) and release it only to wait for the
+//!   lock. Either way a thread holding the GIL never waits, for the lock or for an actor:
+//!   the lock-then-GIL order of the Mooncake backend (whose client threads take the GIL
+//!   for their Python calls) holds.
 //! - G2. Loaders and savers never take the GIL; only the Mooncake client does, on the
 //!   actor threads that call it.
 //! - G3. A connector dropped without `shutdown` is shut down then, with the GIL released
@@ -95,7 +101,7 @@ impl PyConnector {
         local_match_tokens: usize,
     ) -> PyResult<()> {
         let tokens: Arc<[i64]> = int_sequence(tokens, "tokens")?.into();
-        self.with(py, |state| {
+        self.with_nowait(py, |state| {
             state
                 .handle
                 .lookup_prefix(RequestId(request_id), tokens, local_match_tokens);
@@ -105,7 +111,7 @@ impl PyConnector {
 
     /// Sends the lookups queued since the last call now (optional: the next hook does).
     fn flush(&self, py: Python<'_>) {
-        self.with(py, |state| state.handle.flush_lookups());
+        self.with_nowait(py, |state| state.handle.flush_lookups());
     }
 
     /// `None` while the lookup runs (ask again next step); else `(extra_tokens, is_async)`:
@@ -118,7 +124,7 @@ impl PyConnector {
         num_computed: usize,
         reservation_id: u64,
     ) -> Option<(usize, bool)> {
-        let answer = self.with(py, |state| {
+        let answer = self.with_nowait(py, |state| {
             state.handle.reserve_prefix(
                 RequestId(request_id),
                 num_computed,
@@ -143,7 +149,7 @@ impl PyConnector {
         start: usize,
         end: usize,
     ) {
-        self.with(py, |state| {
+        self.with_nowait(py, |state| {
             state.handle.release_prefix_reservation(
                 RequestId(request_id),
                 ReservationId(reservation_id),
@@ -162,7 +168,7 @@ impl PyConnector {
             .map(|request| StepCopy::of(request, groups))
             .collect::<PyResult<Vec<_>>>()?;
         drop(requests);
-        self.with(py, |state| {
+        self.with_nowait(py, |state| {
             let tables: Vec<Vec<&[i32]>> = copies
                 .iter()
                 .map(|copy| copy.page_tables.iter().map(Vec::as_slice).collect())
@@ -189,7 +195,7 @@ impl PyConnector {
     /// Loads that ended since the last call: `(reservation_id, request_id, filled)`;
     /// `filled=False` means the engine computes that prefix itself (R25).
     fn finished_loads(&self, py: Python<'_>) -> Vec<(u64, u64, bool)> {
-        self.with(py, |state| state.handle.get_finished_prefix_loads())
+        self.with_nowait(py, |state| state.handle.get_finished_prefix_loads())
             .into_iter()
             .map(|load| (load.reservation.0, load.request.0, load.filled))
             .collect()
@@ -197,14 +203,14 @@ impl PyConnector {
 
     /// A request ended; `True`: keep its pages until `finished_saves` lists it.
     fn request_finished(&self, py: Python<'_>, request_id: u64) -> bool {
-        self.with(py, |state| {
+        self.with_nowait(py, |state| {
             state.handle.request_finished(RequestId(request_id))
         })
     }
 
     /// Requests whose saves are done (or dropped) since the last call: their pages may go.
     fn finished_saves(&self, py: Python<'_>) -> Vec<u64> {
-        self.with(py, |state| state.handle.get_finished_saves())
+        self.with_nowait(py, |state| state.handle.get_finished_saves())
             .into_iter()
             .map(|request| request.0)
             .collect()
@@ -329,8 +335,17 @@ impl PyConnector {
 }
 
 impl PyConnector {
-    /// Runs `f` on the state with the GIL released (G1).
+    /// Runs `f`, which may wait, on the state with the GIL released (G1).
     fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R + Send) -> R {
         py.detach(|| f(&mut self.state.lock()))
+    }
+
+    /// Runs `f`, which never waits, on the state: with the GIL held when the lock is free,
+    /// else as [`with`](Self::with) (G1).
+    fn with_nowait<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R + Send) -> R {
+        match self.state.try_lock() {
+            Some(mut state) => f(&mut state),
+            None => self.with(py, f),
+        }
     }
 }

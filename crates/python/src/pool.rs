@@ -22,7 +22,10 @@ use crate::errors;
 /// The pool is made when the first connector attaches, in that connector's device's host
 /// memory (`Device::host_arena`): pinned memory of its CUDA context for CUDA tensors, so
 /// loads and saves are DMA straight from and into the pool's objects; heap memory for CPU
-/// tensors, or when something asks the pool before any connector does.
+/// tensors, or when something asks the pool before any connector does. Made for a
+/// connector, it takes its whole capacity then (`MemoryPool::reserve`, sized by that
+/// connector's pages), so saves never wait for memory and a capacity the host cannot give
+/// fails that connector's start.
 #[pyclass(name = "MemoryPool", module = "kv_connector", frozen)]
 pub struct PyMemoryPool {
     policy: EvictionPolicy,
@@ -31,8 +34,13 @@ pub struct PyMemoryPool {
 }
 
 impl PyMemoryPool {
-    /// The pool, made in `device`'s host memory if this is its first use.
-    pub fn for_device(&self, device: Option<&Device>) -> PyResult<Arc<MemoryPool>> {
+    /// The pool, made in `device`'s host memory if this is its first use, with its
+    /// capacity reserved for objects of `object_lens` bytes.
+    pub fn for_device(
+        &self,
+        device: Option<&Device>,
+        object_lens: &[usize],
+    ) -> PyResult<Arc<MemoryPool>> {
         let mut made = self.made.lock().map_err(|_| {
             errors::raise::<errors::PoolError>(
                 "poisoned",
@@ -42,13 +50,13 @@ impl PyMemoryPool {
         if let Some(pool) = made.as_ref() {
             return Ok(Arc::clone(pool));
         }
-        let pool = memory_pool(self.policy, device)?;
+        let pool = memory_pool(self.policy, device, object_lens)?;
         *made = Some(Arc::clone(&pool));
         Ok(pool)
     }
 
     fn inner(&self) -> PyResult<Arc<MemoryPool>> {
-        self.for_device(None)
+        self.for_device(None, &[])
     }
 }
 
@@ -120,12 +128,22 @@ impl PyMemoryPool {
     }
 }
 
-/// A memory pool with `policy` on the system clock, in `device`'s host memory.
-fn memory_pool(policy: EvictionPolicy, device: Option<&Device>) -> PyResult<Arc<MemoryPool>> {
+/// A memory pool with `policy` on the system clock, in `device`'s host memory, its
+/// capacity reserved for objects of `object_lens` bytes (none reserved for an empty list).
+/// The GIL is not needed: pinning gigabytes takes a while.
+fn memory_pool(
+    policy: EvictionPolicy,
+    device: Option<&Device>,
+    object_lens: &[usize],
+) -> PyResult<Arc<MemoryPool>> {
     let arena = device.map_or_else(HostArena::heap, Device::host_arena);
-    MemoryPool::with_arena(policy, Arc::new(SystemClock::new()), arena)
-        .map(Arc::new)
-        .map_err(|error| errors::pool(&error))
+    let pool = MemoryPool::with_arena(policy, Arc::new(SystemClock::new()), arena)
+        .map_err(|error| errors::pool(&error))?;
+    if !object_lens.is_empty() {
+        pool.reserve(object_lens)
+            .map_err(|error| errors::pool(&error))?;
+    }
+    Ok(Arc::new(pool))
 }
 
 /// The pool of a connector given none: `config`'s backend (module docs); a memory pool
@@ -134,6 +152,7 @@ pub fn from_config(
     py: Python<'_>,
     config: &Config,
     device: Option<&Device>,
+    object_lens: &[usize],
 ) -> PyResult<Arc<dyn Pool>> {
     match config.pool.backend {
         PoolBackend::Memory => {
@@ -143,7 +162,7 @@ pub fn from_config(
                 eviction_ratio: config.pool.eviction_ratio,
                 lease_ttl_ms: config.pool.kv_lease_ttl_ms,
             };
-            Ok(memory_pool(policy, device)?)
+            Ok(py.detach(|| memory_pool(policy, device, object_lens))?)
         }
         PoolBackend::Mooncake => mooncake(py, config),
     }

@@ -265,6 +265,26 @@ impl HostArena {
         }
     }
 
+    /// Carves chunks until the size class of `len`-byte slots has at least `slots` slots to
+    /// hand out without carving (free or never used), so that the next `slots` allocations
+    /// of that size touch no allocator: a pool calls it once, before work starts, to hold
+    /// its capacity up front (pinning memory takes milliseconds per chunk, and a copy stream
+    /// waiting on it stalls). Returns the chunks carved.
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc); chunks carved before a failure stay in the arena.
+    pub fn reserve(&self, len: usize, slots: usize) -> Result<usize, GpuError> {
+        let class_bytes = class_bytes(len)?;
+        let per_chunk = (self.inner.target_chunk_bytes / class_bytes).max(1);
+        let mut carved = 0;
+        while self.inner.state.lock().available(class_bytes) < slots {
+            let chunk = Chunk::allocate(&self.inner.source, len, class_bytes, per_chunk)?;
+            self.inner.state.lock().add_chunk(per_chunk, chunk);
+            carved += 1;
+        }
+        Ok(carved)
+    }
+
     /// Counts of chunks and slots now.
     pub fn stats(&self) -> ArenaStats {
         let state = self.inner.state.lock();
@@ -331,6 +351,19 @@ impl ArenaState {
         self.free_slots -= 1;
         self.live_slots += 1;
         Some((place, self.chunks[place.chunk].slot_ptr(place, class_bytes)))
+    }
+
+    /// Slots of `class_bytes` that can be handed out without carving: freed ones and the
+    /// never-used tails of the class's chunks.
+    fn available(&self, class_bytes: usize) -> usize {
+        self.classes.get(&class_bytes).map_or(0, |class| {
+            class.free.len()
+                + class
+                    .fresh
+                    .iter()
+                    .map(|run| run.slots - run.next)
+                    .sum::<usize>()
+        })
     }
 
     /// Adds a freshly carved chunk of `slots` slots to its class.

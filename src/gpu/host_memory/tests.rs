@@ -38,6 +38,33 @@ fn a_slot_keeps_what_was_written() -> Result<(), GpuError> {
 }
 
 #[test]
+fn reserved_slots_are_handed_out_without_carving() -> Result<(), GpuError> {
+    // Chunks of 4 slots of 1,024 bytes: 10 slots need 3 chunks.
+    let arena = HostArena::heap_with_chunk_bytes(4096);
+    assert_eq!(arena.reserve(1000, 10)?, 3);
+    let reserved = arena.stats();
+    assert_eq!((reserved.chunks, reserved.free_slots), (3, 12));
+    // A second reserve of what is there carves nothing; another class carves its own.
+    assert_eq!(arena.reserve(1000, 12)?, 0);
+    assert_eq!(arena.reserve(64, 1)?, 1);
+    let slots = (0..12)
+        .map(|_| arena.alloc(1000))
+        .collect::<Result<Vec<_>, _>>()?;
+    assert_eq!(
+        arena.stats().chunks,
+        4,
+        "12 reserved slots came from reserved chunks"
+    );
+    assert_disjoint(&slots);
+    // Freed slots count as available: reserving them again carves nothing.
+    drop(slots);
+    assert_eq!(arena.reserve(1000, 12)?, 0);
+    assert_eq!(arena.alloc(1000)?.len(), 1000);
+    assert_eq!(arena.stats().chunks, 4);
+    Ok(())
+}
+
+#[test]
 fn zero_length_slots_are_refused() {
     let arena = HostArena::heap();
     assert!(matches!(arena.alloc(0), Err(GpuError::EmptyArenaSlot)));

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use kv_connector::connector::{ConnectorHandle, ConnectorParams};
 use kv_connector::core::hash::{scope_seed, Scope};
-use kv_connector::gpu::DeviceRequest;
+use kv_connector::core::layout::Layout;
+use kv_connector::core::object;
+use kv_connector::gpu::{Device, DeviceRequest};
 use kv_connector::pool::Pool;
 use pyo3::prelude::*;
 
@@ -59,9 +61,13 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
         placements.push(opened.placement);
         released.push(opened.released);
     }
+    let object_lens = object_lens(&layout, &devices)?;
     let pool: Arc<dyn Pool> = match pool {
-        Some(shared) => shared.get().for_device(devices.first())?,
-        None => pool::from_config(py, &config, devices.first())?,
+        Some(shared) => {
+            let shared = shared.get();
+            py.detach(|| shared.for_device(devices.first(), &object_lens))?
+        }
+        None => pool::from_config(py, &config, devices.first(), &object_lens)?,
     };
     let seed = scope_seed(&Scope {
         salt: salt.map(str::to_owned),
@@ -106,4 +112,19 @@ fn check_device_kind(kind: DeviceRequest, placement: Placement) -> PyResult<()> 
         "device_kind",
         format!("{refused}; set device.kind = \"auto\" (the tensors decide)"),
     ))
+}
+
+/// The size of every object the connector stores, one per layer group and rank: what a
+/// memory pool made for it reserves its capacity for.
+fn object_lens(layout: &Layout, devices: &[Device]) -> PyResult<Vec<usize>> {
+    let mut lens = Vec::new();
+    for device in devices {
+        for group in &layout.groups {
+            let spec = device
+                .page_pool(group.id)
+                .map_err(|error| errors::device(&error))?;
+            lens.push(object::object_len(spec.page_bytes));
+        }
+    }
+    Ok(lens)
 }
