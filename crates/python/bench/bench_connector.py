@@ -2,6 +2,7 @@
 how fast loads and saves move pages into and out of torch-allocated KV tensors.
 
   python crates/python/bench/bench_connector.py [--device cuda|cpu] [--json FILE]
+      [--mooncake MASTER METADATA]
 
 1. Bandwidth: the gpt-oss-120b layout (1.125 MiB pages), KV tensors allocated by torch on
    the device. Instance A computes one long prompt (pages filled with random bytes on the
@@ -9,7 +10,9 @@ how fast loads and saves move pages into and out of torch-allocated KV tensors.
    back and checks every loaded page against A's. Load and save rates are the bytes the
    connector moved over the wall time from the hook that started them to the hook that saw
    them finished; three prompts are saved in a row (the first into the memory the pool
-   reserved at start, the later ones evicting) and each is timed. The same run measures a raw pinned host <-> device copy of the same bytes
+   reserved at start, the later ones evicting) and each is timed. With `--mooncake` the
+   same again through a Mooncake master (objects in the saving client's segment, loads
+   through the loaders' registered staging). The same run measures a raw pinned host <-> device copy of the same bytes
    with torch, the ceiling the connector's share is given against.
 2. Hook cost: an engine step with 64 waiting requests (each asked `reserve` every step),
    a few running ones computing chunks (saves), and the polling hooks; the time spent
@@ -79,17 +82,51 @@ def save_prompt(conn, layout, rid: int, tokens: list[int], table: list[int]) -> 
     return time.perf_counter() - start
 
 
-def bandwidth(device: str, prompt_tokens: int) -> dict:
+def load_prompt(conn, layout, rid: int, tokens: list[int], table: list[int]) -> tuple:
+    """Looks up, reserves and loads `tokens` into pages `table`; returns the offer, whether
+    the load filled its pages and the seconds from the hook that started it to the hook
+    that saw it finished."""
+    conn.lookup(rid, tokens)
+    conn.flush()
+    offer = None
+    while offer is None:
+        offer = conn.reserve(rid, 0, rid)
+        if offer is None:
+            conn.wait_for_progress(0.01)
+    start = time.perf_counter()
+    conn.on_step([kvc.StepRequest(rid, len(tokens), 0, 0, rid,
+                                  [table for _ in layout.groups])])
+    finished = []
+    while not finished:
+        conn.wait_for_progress(0.01)
+        finished = conn.finished_loads()
+    return offer[0], finished[0][2], time.perf_counter() - start
+
+
+def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None) -> dict:
     layout = kvc.Layout.preset(LAYOUT)
     t = layout.tokens_per_block
     blocks = prompt_tokens // t
     pages = blocks + 8
     page_bytes = [layout.page_bytes(g["id"]) for g in layout.groups]
     stored = sum(blocks * b for b in page_bytes)
-    config = {
+    config: dict = {
         "loaders": {"staging_bytes_per_loader": 256 * MIB},
         "saver": {"staging_bytes": 256 * MIB, "queue_capacity_pages": 4 * pages},
     }
+    # A memory pool holds about one prompt: the first save fills it, later ones evict, as
+    # a full pool does; it reserves its capacity (pinned memory for CUDA tensors) when A
+    # starts. With Mooncake, A and B are clients of one master, each with a segment that
+    # holds every prompt (the master evicts in the background, so a full segment refuses
+    # puts instead).
+    pool = None
+    if mooncake:
+        config["pool"] = {"backend": "mooncake"}
+        config["mooncake"] = {"master_address": mooncake[0], "metadata_server": mooncake[1],
+                              "global_segment_size_bytes": stored * 4,
+                              "local_buffer_size_bytes": 64 * MIB}
+    else:
+        pool = kvc.MemoryPool(capacity_bytes=stored * 5 // 4)
     tokens = list(range(1, prompt_tokens + 1))
     a_kv = kv_tensors(layout, pages, device)
     b_kv = kv_tensors(layout, pages, device)
@@ -97,17 +134,15 @@ def bandwidth(device: str, prompt_tokens: int) -> dict:
         tensor.random_(0, 256)
     sync(device)
     table = list(range(blocks + 1))
-    # The pool holds about one prompt: the connector's start reserves its capacity (pinned
-    # memory for CUDA tensors), the first save fills it, later ones evict, as a full pool
-    # does. Each save is timed; the figure is the last one (steady state) and every one is
-    # listed, the first included.
-    pool = kvc.MemoryPool(capacity_bytes=stored * 5 // 4)
     result: dict = {"layout": LAYOUT, "prompt_tokens": prompt_tokens, "device": device,
-                    "page_bytes": page_bytes, "save_gbps_each": []}
+                    "pool": "mooncake" if mooncake else "memory", "page_bytes": page_bytes,
+                    "save_gbps_each": []}
     start = time.perf_counter()
+    # A stays open while B loads: a Mooncake client's objects leave with it.
     with kvc.Connector(layout=layout, kv_caches=a_kv, pool=pool, config=config,
                        model_key="bench") as a:
         result["start_s"] = time.perf_counter() - start
+        # Three saves in a row, each timed; the figure is the last (steady state).
         for rid, shift in ((97, 7), (98, 11), (1, 0)):
             saved_before = a.stats()["saves"]["bytes_saved"]
             elapsed = save_prompt(a, layout, rid, [t + shift * prompt_tokens for t in tokens],
@@ -116,28 +151,14 @@ def bandwidth(device: str, prompt_tokens: int) -> dict:
             result["save_gbps_each"].append(saved / elapsed / 1e9)
         result["save_bytes"] = saved
         result["save_gbps"] = result["save_gbps_each"][-1]
-    with kvc.Connector(layout=layout, kv_caches=b_kv, pool=pool, config=config,
-                       model_key="bench") as b:
-        b.lookup(2, tokens)
-        b.flush()
-        offer = None
-        while offer is None:
-            offer = b.reserve(2, 0, 7)
-            if offer is None:
-                b.wait_for_progress(0.01)
-        extra, _ = offer
-        start = time.perf_counter()
-        b.on_step([kvc.StepRequest(2, prompt_tokens, 0, 0, 7, [table for _ in layout.groups])])
-        finished = []
-        while not finished:
-            b.wait_for_progress(0.01)
-            finished = b.finished_loads()
-        elapsed = time.perf_counter() - start
-        stats = b.stats()["loads"]
-        result["load_filled"] = finished[0][2]
-        result["offered_tokens"] = extra
-        result["load_bytes"] = stats["bytes_loaded"]
-        result["load_gbps"] = stats["bytes_loaded"] / elapsed / 1e9
+        with kvc.Connector(layout=layout, kv_caches=b_kv, pool=pool, config=config,
+                           model_key="bench") as b:
+            extra, filled, elapsed = load_prompt(b, layout, 2, tokens, table)
+            stats = b.stats()["loads"]
+    result["load_filled"] = filled
+    result["offered_tokens"] = extra
+    result["load_bytes"] = stats["bytes_loaded"]
+    result["load_gbps"] = stats["bytes_loaded"] / elapsed / 1e9
     sync(device)
     loaded_blocks = extra // t
     full = [i for i, g in enumerate(layout.groups) if g["kind"] == "full"][0]
@@ -232,12 +253,17 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=65536)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--mooncake", nargs=2, metavar=("MASTER", "METADATA"),
+                        help="also measure the bandwidth through the Mooncake master at "
+                             "MASTER (host:port) with metadata server METADATA (an URL)")
     args = parser.parse_args()
     figures = {
         "features": kvc.FEATURES,
-        "bandwidth": bandwidth(args.device, args.prompt_tokens),
-        "hooks": hook_cost(args.device, args.steps, 64),
+        "bandwidth": bandwidth(args.device, args.prompt_tokens, None),
     }
+    if args.mooncake:
+        figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake)
+    figures["hooks"] = hook_cost(args.device, args.steps, 64)
     text = json.dumps(figures, indent=2)
     print(text)
     if args.json:
