@@ -275,7 +275,8 @@ def corrupt_key(conn, a_steps: list[Step]) -> str:
     return conn.keys(a_steps[0].tokens)[2][0]
 
 
-def _control_b(pair: Pair, scenario: Scenario, between=None) -> Checked:
+def _run_control(pair: Pair, scenario: Scenario, between=None) -> Checked:
+    """Both parts of a control on `pair`, `between(a_steps)` after A's; B's step, checked."""
     a_steps = scenario.a(pair.a)
     if between is not None:
         between(a_steps)
@@ -288,7 +289,7 @@ def control_window_short(api, spec: ModelSpec) -> Checked:
     fills one window block fewer than the model reads (the instance reads zeros there)."""
     pair = make_pair(api, spec, window_tokens=spec.sliding_window - TOKENS_PER_BLOCK, missing_pages="zeros")
     try:
-        return _control_b(pair, control("window one block short"))
+        return _run_control(pair, control("window one block short"))
     finally:
         pair.close()
 
@@ -296,7 +297,7 @@ def control_window_short(api, spec: ModelSpec) -> Checked:
 def control_foreign_page(api, spec: ModelSpec) -> Checked:
     pair = make_pair(api, spec)
     try:
-        return _control_b(pair, foreign_page())
+        return _run_control(pair, foreign_page())
     finally:
         pair.close()
 
@@ -313,7 +314,7 @@ def control_corrupt(api, spec: ModelSpec) -> tuple[Checked, list[str], str, dict
         damaged["done"] = pair.pool.corrupt(damaged["key"], 1)
 
     try:
-        c = _control_b(pair, corrupt(), between=damage)
+        c = _run_control(pair, corrupt(), between=damage)
         return c, damaged["done"], damaged["key"], stats_b
     finally:
         stats_b.update(pair.close()[1])
