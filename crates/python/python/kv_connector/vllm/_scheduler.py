@@ -22,6 +22,9 @@ class _Req:
     answer_at: int = 0  # num_computed the answer was given for
     reservation: int = 0
     loading: bool = False
+    # A load ran (filled or not): vLLM asks again only after a failed one, and then
+    # computes the tokens itself rather than being offered the same objects again.
+    loaded: bool = False
 
 
 def keyable(request) -> bool:
@@ -60,6 +63,8 @@ class SchedulerSide:
             self.reqs[request.request_id] = r
             engine.conn.lookup(r.rid, tokens, local_match_tokens=num_computed)
             engine.conn.flush()
+        if r.loaded:
+            return 0, False
         if r.answer is not None and r.answer_at == num_computed:
             return r.answer
         reservation = engine.new_reservation()
@@ -130,4 +135,4 @@ class SchedulerSide:
         for req_id in output.finished_recving or ():
             r = self.reqs.get(req_id)
             if r is not None:
-                r.loading = False
+                r.loading, r.loaded = False, True
