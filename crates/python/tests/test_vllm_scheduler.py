@@ -63,6 +63,7 @@ def test_conversation_turns_load_park_and_resume_bit_exact(name):
     spec, model, model_dir, extra = make(name, f"conv-{name}")
     a = vs.VllmInstance(spec, model, model_dir, extra=extra)
     b = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b.worker.stats_interval_s = 0.0  # every step, so the sum below is exact
     prompt = scenarios.random_tokens(1, scenarios.FIRST_TURN_TOKENS)
     expected = [0, 160, 240, 320]
     for turn, inst in enumerate((a, a, b, b)):

@@ -14,6 +14,7 @@ counters reach vLLM's stats log and Prometheus (`_stats`). docs/VLLM.md is the g
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import kv_connector as kvc
@@ -47,6 +48,10 @@ def _segment(text: str) -> str:
 class KvcConnector(KVConnectorBase_V1, SupportsHMA):
     """Shares prompt KV through a kv_connector pool (see the module doc)."""
 
+    # Reading the runtime's counters asks its actors, so the worker reports them at most
+    # this often rather than every step.
+    stats_interval_s = 1.0
+
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         check_parallelism(vllm_config)
@@ -55,6 +60,7 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._reported: dict[str, int] = {}
+        self._reported_at = float("-inf")
         if role == KVConnectorRole.SCHEDULER:
             self._sched = SchedulerSide(self._engine_id)
 
@@ -134,8 +140,9 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         return self._worker.take_errors() if self._worker is not None else set()
 
     def get_kv_connector_stats(self) -> KvcStats | None:
-        if self._worker is None:
+        if self._worker is None or time.monotonic() - self._reported_at < self.stats_interval_s:
             return None
+        self._reported_at = time.monotonic()
         now = flat_counters(self._worker.conn.stats(), {"bounce_exhausted": self._worker.bounce_exhausted})
         delta = {k: v - self._reported.get(k, 0) for k, v in now.items()}
         self._reported = now
