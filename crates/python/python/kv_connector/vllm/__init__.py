@@ -1,0 +1,191 @@
+"""kv_connector for vLLM: `KvcConnector`, a `KVConnectorBase_V1` with `SupportsHMA`.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvcConnector",
+        "kv_connector_module_path": "kv_connector.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {...}}'
+
+One runtime `Connector` per engine, on vLLM's own KV memory (`_pages`), shared by the
+connector's scheduler side (`_scheduler`: lookups and reservations at admission) and its
+worker side (`_worker`: loads, saves, completions) in the engine's process. vLLM's KV
+cache groups become the layout's groups (`_layout`); settings come from
+`kv_connector_extra_config` and the `KVC_*` environment (`_config`); the runtime's
+counters reach vLLM's stats log and Prometheus (`_stats`). docs/VLLM.md is the guide.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import kv_connector as kvc
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+
+from . import _engine
+from ._config import settings
+from ._engine import Engine, KvcMetadata
+from ._layout import BLOCK_OUTERMOST_LAYOUTS, UnsupportedVllmSetup, check_parallelism, plan_layout
+from ._pages import WorkerPages
+from ._scheduler import SchedulerSide
+from ._stats import KvcPromMetrics, KvcStats, flat_counters
+from ._worker import WorkerSide
+
+__all__ = ["KvcConnector", "KvcMetadata", "KvcStats", "UnsupportedVllmSetup"]
+
+# How long shutdown waits for loads in flight before closing the runtime.
+SHUTDOWN_LOAD_WAIT_S = 30.0
+
+
+def _segment(text: str) -> str:
+    """`text` as a key segment: no '/', whitespace or control characters."""
+    return "".join("-" if c == "/" or c.isspace() or not c.isprintable() else c for c in text)
+
+
+class KvcConnector(KVConnectorBase_V1, SupportsHMA):
+    """Shares prompt KV through a kv_connector pool (see the module doc)."""
+
+    # Reading the runtime's counters asks its actors, so the worker reports them at most
+    # this often rather than every step.
+    stats_interval_s = 1.0
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        check_parallelism(vllm_config)
+        self._settings = settings(self._kv_transfer_config.kv_connector_extra_config)
+        self._engine_id = self._kv_transfer_config.engine_id
+        self._sched: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        self._reported: dict[str, int] = {}
+        self._reported_at = float("-inf")
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched = SchedulerSide(self._engine_id)
+
+    # ---- configuration -------------------------------------------------------------
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config) -> str | None:
+        # A block of a group must be one contiguous run of its layers' pages (_pages).
+        return BLOCK_OUTERMOST_LAYOUTS[0]
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a dropped save is a later cache miss, never an error
+
+    # ---- worker side ---------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]):
+        if self._kv_cache_config is None:
+            raise UnsupportedVllmSetup("the worker side needs vLLM's KVCacheConfig")
+        model = self._vllm_config.model_config.served_model_name
+        model = model[0] if isinstance(model, (list, tuple)) else model
+        name = _segment(str(model or self._vllm_config.model_config.model))
+        plan = plan_layout(self._kv_cache_config, name)
+        pages = WorkerPages(plan, kv_caches, self._kv_cache_config.num_blocks, self._settings.bounce_pages)
+        s = self._settings
+        pool = None
+        if s.shared_pool is not None:
+            capacity = s.tree.get("pool", {}).get("capacity_bytes", 1 << 30)
+            pool = _engine.shared_pool(s.shared_pool, capacity)
+        layout_name = self._vllm_config.cache_config.kv_cache_layout or BLOCK_OUTERMOST_LAYOUTS[0]
+        conn = kvc.Connector(
+            layout=kvc.Layout.from_dict(plan.layout),
+            kv_caches=pages.tensors,
+            pool=pool,
+            config=s.config,
+            # The page format (vLLM's layout of a block) is part of the key: engines with
+            # another byte order never read these objects.
+            model_key=s.model_key or f"{name}.vllm-{layout_name}",
+            namespace=s.namespace,
+            salt=s.salt,
+        )
+        engine = Engine(conn, pages)
+        _engine.register(self._engine_id, engine)
+        self._worker = WorkerSide(engine)
+
+    def handle_preemptions(self, kv_connector_metadata):
+        if self._worker is not None and kv_connector_metadata.preempted:
+            self._worker.preempted(kv_connector_metadata.preempted)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        if self._worker is not None:
+            self._worker.start_loads(self._get_connector_metadata().loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads fill blocks of parked requests only; no layer waits on them
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return  # saves are planned per step in wait_for_save, off the forward pass
+
+    def wait_for_save(self):
+        if self._worker is not None:
+            self._worker.report_chunks(self._get_connector_metadata().chunks)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        meta = self._connector_metadata
+        ended = meta.ended if isinstance(meta, KvcMetadata) else []
+        sending, recving, failed = self._worker.transfer_results(ended)
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving, failed_recving=failed)
+
+    def get_finished(self, finished_req_ids: set[str]):
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending, results.finished_recving
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_errors() if self._worker is not None else set()
+
+    def get_kv_connector_stats(self) -> KvcStats | None:
+        if self._worker is None or time.monotonic() - self._reported_at < self.stats_interval_s:
+            return None
+        self._reported_at = time.monotonic()
+        now = flat_counters(self._worker.conn.stats(), {"bounce_exhausted": self._worker.bounce_exhausted})
+        delta = {k: v - self._reported.get(k, 0) for k, v in now.items()}
+        self._reported = now
+        stats = KvcStats(data={k: v for k, v in delta.items() if v})
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvcStats:
+        return KvcStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvcPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self):
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            worker.drain(SHUTDOWN_LOAD_WAIT_S)
+            _engine.unregister(self._engine_id)
+            return worker.conn.shutdown()
+        return None
+
+    # ---- scheduler side ------------------------------------------------------------
+
+    def bind_kv_cache_manager(self, kv_cache_manager) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self._sched is not None:
+            self._sched.kv_cache_manager = kv_cache_manager
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self._sched.matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._sched.after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KvcMetadata:
+        return self._sched.build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        self._sched.connector_output(connector_output)
+
+    def request_finished(self, request, block_ids):
+        return self._sched.finished(request)
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self._sched.finished(request)

@@ -1,0 +1,138 @@
+"""The scheduler side: admission (lookup, reserve) and the per-step plans for the worker.
+
+Each vLLM request gets a runtime request id at its first `get_num_new_matched_tokens`;
+a preempted request gets a new one when it is admitted again (the runtime sees a new
+prompt: everything computed so far). Requests the runtime cannot key (a per-request
+`cache_salt`, LoRA, multimodal inputs, prompt embeddings) are passed over: no lookup,
+no saves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._engine import ChunkPlan, Ended, KvcMetadata, LoadPlan, lookup
+
+
+@dataclass
+class _Req:
+    rid: int
+    prompt_len: int
+    answer: tuple[int, bool] | None = None
+    answer_at: int = 0  # num_computed the answer was given for
+    reservation: int = 0
+    loading: bool = False
+    # A load ran (filled or not): vLLM asks again only after a failed one, and then
+    # computes the tokens itself rather than being offered the same objects again.
+    loaded: bool = False
+
+
+def keyable(request) -> bool:
+    """Whether the runtime's keys describe this request's KV (one salt per connector)."""
+    return not (
+        request.cache_salt
+        or request.lora_request is not None
+        or request.mm_features
+        or request.prompt_embeds is not None
+    )
+
+
+class SchedulerSide:
+    def __init__(self, engine_id: str):
+        self.engine_id = engine_id
+        self._engine = None
+        self.reqs: dict[str, _Req] = {}
+        self.loads: list[LoadPlan] = []
+        self.ended: list[Ended] = []
+        self.kv_cache_manager = None
+
+    @property
+    def engine(self):
+        if self._engine is None:
+            self._engine = lookup(self.engine_id)
+        return self._engine
+
+    def matched_tokens(self, request, num_computed: int) -> tuple[int | None, bool]:
+        if not keyable(request):
+            return 0, False
+        engine = self.engine
+        r = self.reqs.get(request.request_id)
+        if r is None:
+            tokens = list(request.all_token_ids[: request.num_tokens])
+            r = _Req(rid=engine.new_rid(), prompt_len=len(tokens))
+            self.reqs[request.request_id] = r
+            engine.conn.lookup(r.rid, tokens, local_match_tokens=num_computed)
+            engine.conn.flush()
+        if r.loaded:
+            return 0, False
+        if r.answer is not None and r.answer_at == num_computed:
+            return r.answer
+        reservation = engine.new_reservation()
+        answer = engine.conn.reserve(r.rid, num_computed, reservation)
+        if answer is None:
+            return None, False
+        extra = answer[0]
+        r.reservation, r.answer_at = reservation, num_computed
+        # Every load is asynchronous for vLLM: the request waits in
+        # WAITING_FOR_REMOTE_KVS until the worker reports it (a sync_load runtime just
+        # reports it at once).
+        r.answer = (extra, True) if extra > 0 else (0, False)
+        return r.answer
+
+    def after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        r = self.reqs.get(request.request_id)
+        if r is None or num_external_tokens == 0:
+            return
+        offered = r.answer[0] if r.answer is not None else 0
+        self.loads.append(
+            LoadPlan(
+                req_id=request.request_id,
+                rid=r.rid,
+                reservation=r.reservation,
+                prompt_len=r.prompt_len,
+                start=r.answer_at,
+                end=r.answer_at + num_external_tokens,
+                block_ids=tuple(list(ids) for ids in blocks.get_block_ids()),
+                refused=num_external_tokens != offered,
+            )
+        )
+        r.loading = True
+        r.answer = None
+
+    def build_meta(self, so) -> KvcMetadata:
+        meta = KvcMetadata(loads=self.loads, ended=self.ended)
+        self.loads, self.ended = [], []
+        for req_id in so.preempted_req_ids or ():
+            r = self.reqs.pop(req_id, None)
+            if r is not None:
+                meta.preempted.append((req_id, r.rid))
+        scheduled = [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
+        cached = so.scheduled_cached_reqs
+        scheduled += list(zip(cached.req_ids, cached.num_computed_tokens))
+        for req_id, before in scheduled:
+            r = self.reqs.get(req_id)
+            if r is None:
+                continue
+            drafts = len(so.scheduled_spec_decode_tokens.get(req_id, ()))
+            after = before + so.num_scheduled_tokens[req_id] - drafts
+            block_ids = self.kv_cache_manager.get_block_ids(req_id)
+            meta.chunks.append(
+                ChunkPlan(req_id, r.rid, r.prompt_len, before, after, tuple(list(ids) for ids in block_ids))
+            )
+        return meta
+
+    def finished(self, request) -> tuple[bool, None]:
+        """True: the worker reports the request in finished_sending once its saves
+        settled. A request whose load may still run is left to vLLM, which holds its
+        blocks until the worker reports the load (finished_recving)."""
+        r = self.reqs.pop(request.request_id, None)
+        if r is None:
+            return False, None
+        self.ended.append(Ended(request.request_id, r.rid, r.loading))
+        return (not r.loading), None
+
+    def connector_output(self, output) -> None:
+        for req_id in output.finished_recving or ():
+            r = self.reqs.get(req_id)
+            if r is not None:
+                r.loading, r.loaded = False, True

@@ -1,0 +1,235 @@
+"""`kv_connector.vllm.KvcConnector` under vLLM's real `Scheduler` on CPU, two engines of
+one process sharing an embedded MemoryPool; KV from the tiny real models (vllm_support).
+
+Bit-exact checks follow tests/models: resume points are multiples of 80 and each engine
+runs one request at a time with a 40-token budget, so every instance chunks a shared
+prefix the same way and the logits after a load equal a no-reuse baseline's bit for bit.
+"""
+
+import tempfile
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+import kv_connector as kvc  # noqa: E402
+import vllm_support as vs  # noqa: E402
+from models import scenarios, tiny  # noqa: E402
+
+DECODE = scenarios.DECODE
+
+
+def make(spec_name: str, pool: str, **kw):
+    spec = tiny.SPECS[spec_name]
+    model = tiny.build_model(spec)
+    model_dir = vs.write_model_dir(spec, tempfile.mkdtemp())
+    extra = {"shared_pool": pool, "kvc": scenarios.config()}
+    return spec, model, model_dir, extra
+
+
+def assert_bit_exact(model, s: vs.Served, expected_start: int):
+    assert s.start == expected_start, f"{s.req_id}: resumed at {s.start}, expected {expected_start}"
+    chunks = vs.baseline_chunks(len(s.tokens), s.start, s.chunks, scenarios.CHUNK)
+    rows, generated = vs.native_rows(model, s.tokens, chunks, DECODE)
+    assert torch.equal(s.logits, rows[s.start :]), f"{s.req_id}: logits differ"
+    assert s.generated == generated, f"{s.req_id}: greedy tokens differ"
+
+
+class Recorder:
+    """Wraps the runtime connector and records what the worker side asked."""
+
+    def __init__(self, conn):
+        self._conn, self.events = conn, []
+
+    def request_finished(self, rid):
+        keep = self._conn.request_finished(rid)
+        self.events.append(("request_finished", rid, keep))
+        return keep
+
+    def finished_saves(self):
+        rids = self._conn.finished_saves()
+        self.events.extend(("saves_settled", rid, None) for rid in rids)
+        return rids
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+@pytest.mark.parametrize("name", ["gpt-oss", "llama"])
+def test_conversation_turns_load_park_and_resume_bit_exact(name):
+    """A serves turns 1-2, B turns 3-4: each later turn's offer is the planner's resume
+    point, the request waits in WAITING_FOR_REMOTE_KVS, and resumes bit-exact."""
+    spec, model, model_dir, extra = make(name, f"conv-{name}")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b.worker.stats_interval_s = 0.0  # every step, so the sum below is exact
+    prompt = scenarios.random_tokens(1, scenarios.FIRST_TURN_TOKENS)
+    expected = [0, 160, 240, 320]
+    for turn, inst in enumerate((a, a, b, b)):
+        s = inst.serve(f"turn{turn}", prompt)
+        inst.conn.settle_saves()
+        assert s.parked == (expected[turn] > 0)
+        assert_bit_exact(model, s, expected[turn])
+        prompt = prompt + s.generated[:DECODE] + scenarios.random_tokens(100 + turn, scenarios.USER_TOKENS)
+    stats_a, stats_b = a.close(), b.close()
+    assert stats_a["lookups"]["tokens_offered"] == 160 and stats_b["lookups"]["tokens_offered"] == 560
+    for stats in (stats_a, stats_b):
+        assert stats["loads"]["loads_failed"] == 0 and stats["saves"]["saves_failed"] == 0
+        assert stats["saves"]["published_past_chunk_end"] == 0
+    # The stats hook carried the runtime's counters to vLLM.
+    offered = sum(s.data.get("lookups.tokens_offered", 0) for s in b.stats)
+    assert offered == 560
+
+
+def test_shared_prefix_concurrent_loads_and_local_hits():
+    """Three requests sharing a system prefix arrive at B together: each is offered the
+    prefix, parks while its load runs and resumes with A's bytes in its blocks. A fourth
+    finds the prefix in vLLM's own prefix cache: the planner offers nothing beyond it."""
+    spec, model, model_dir, extra = make("gpt-oss", "shared")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b = vs.VllmInstance(spec, model, model_dir, extra=extra, prefix_caching=True, budget=64)
+    system = scenarios.random_tokens(2, scenarios.SYSTEM_TOKENS)
+    a_served = a.serve("a", system + scenarios.random_tokens(200, 37))
+    a.conn.settle_saves()
+    prompts = [system + scenarios.random_tokens(300 + i, 50) for i in range(3)]
+    served = [b.add(f"b{i}", p) for i, p in enumerate(prompts)]
+    loaded = {}
+
+    def on_forward(req_id, before, after):
+        if before == scenarios.SYSTEM_TOKENS and req_id not in loaded:
+            tables = b.sched.kv_cache_manager.get_block_ids(req_id)
+            loaded[req_id] = [b.views[vs.layer_name(1)][tables[0][i]].clone() for i in range(10)]
+
+    b.run(b.idle, "three requests", on_forward)
+    assert all(s.parked and s.start == scenarios.SYSTEM_TOKENS for s in served)
+    assert sorted(loaded) == ["b0", "b1", "b2"]
+    # A's request is gone, but the pool's bytes came from its forward: recompute A's
+    # prefix into fresh caches and compare layer 1's blocks with what B loaded.
+    _, _, snapshot = scenarios.native_run(model, a_served.tokens, chunk=scenarios.CHUNK, decode=0,
+                                          snapshot_at=scenarios.SYSTEM_TOKENS)
+    keys, values = snapshot[1]
+    for req_id, blocks in loaded.items():
+        for i, block in enumerate(blocks):
+            want = torch.cat([keys[0, :, i * 16 : (i + 1) * 16], values[0, :, i * 16 : (i + 1) * 16]], dim=-1)
+            assert torch.equal(block, want), f"{req_id} block {i}"
+    asked = []
+    matched = b.sched.connector.get_num_new_matched_tokens
+    b.sched.connector.get_num_new_matched_tokens = lambda r, n: asked.append((n, matched(r, n))) or asked[-1][1]
+    fourth = b.serve("b3", system + scenarios.random_tokens(400, 45))
+    local, (extra, _) = asked[-1]
+    # vLLM's local hit (the hybrid manager needs the window blocks cached too) plus the
+    # planner's offer beyond it is the system prefix.
+    assert local + extra == scenarios.SYSTEM_TOKENS and fourth.start == scenarios.SYSTEM_TOKENS
+    assert fourth.parked == (extra > 0)
+    stats = b.close()
+    a.close()
+    assert stats["loads"]["loads_done"] == 3 + (extra > 0)
+    assert stats["lookups"]["tokens_offered"] == 3 * 160 + extra
+
+
+def test_finished_requests_keep_their_blocks_until_saves_settle():
+    spec, model, model_dir, extra = make("gpt-oss", "settle")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    rec = Recorder(a.conn)
+    a.worker._worker.conn = rec
+    s = a.add("r", scenarios.random_tokens(5, 170))
+    finished_at = None
+    while "r" in a.sched.requests:
+        a.step()
+        request = a.sched.requests.get("r")
+        if finished_at is None and request is not None and request.is_finished():
+            finished_at = a.steps
+    assert finished_at is not None, "vLLM held the finished request's blocks for the connector"
+    # The runtime heard of the end only after vLLM finished the request, and vLLM freed
+    # the blocks only after the runtime said its saves were settled: at once (False) or
+    # through finished_saves.
+    (_, rid, keep), *rest = [e for e in rec.events if e[0] == "request_finished"]
+    assert not rest
+    if keep:
+        assert ("saves_settled", rid, None) in rec.events
+    assert len(s.generated) == DECODE + 1
+    a.close()
+
+
+@pytest.mark.skipif("faults" not in kvc.FEATURES, reason="needs a wheel built with the faults feature")
+@pytest.mark.parametrize("name", ["gpt-oss", "llama"])
+def test_a_corrupt_object_fails_the_load_and_vllm_recomputes(name):
+    """Hybrid layouts report the request in failed_recving, one-group layouts its blocks
+    through get_block_ids_with_load_errors; either way vLLM computes the prefix itself
+    and the result is bit-exact."""
+    spec, model, model_dir, extra = make(name, f"corrupt-{name}")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    a_prompt, b_prompt = scenarios.system_prompts()
+    a.serve("a", a_prompt, max_tokens=1)
+    a.conn.settle_saves()
+    key = a.conn.keys(a_prompt)[2][0]
+    from kv_connector.vllm import _engine
+
+    assert _engine.shared_pool(f"corrupt-{name}", 0).corrupt(key, 1) == [key]
+    errors = []
+    original = b.worker.get_block_ids_with_load_errors
+    b.worker.get_block_ids_with_load_errors = lambda: errors.append(original()) or errors[-1]
+    s = b.serve("b", b_prompt)
+    assert s.parked and s.start == 0, "the load failed; vLLM computed from the start"
+    assert_bit_exact(model, s, 0)
+    stats = b.close()
+    a.close()
+    assert stats["loads"]["failed_corrupt"] == 1
+    reported = set().union(*errors)
+    assert bool(reported) == (len(spec.window_layers()) == 0)
+
+
+def test_abort_with_a_load_in_flight_frees_blocks_only_after_the_load_settles():
+    spec, model, model_dir, extra = make("gpt-oss", "abort")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    prompt = scenarios.random_tokens(9, 200)
+    a.serve("a", prompt, max_tokens=1)
+    a.conn.settle_saves()
+    rec = Recorder(b.conn)
+    b.worker._worker.conn = rec
+    b.add("b", prompt)
+    b.run(lambda: b.served["b"].parked, "the load to start")
+    from vllm.v1.request import RequestStatus
+
+    free_before = b.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    b.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    assert "b" in b.sched.requests, "vLLM holds the blocks while the load may run"
+    assert b.sched.kv_cache_manager.block_pool.get_num_free_blocks() == free_before
+    b.run(b.idle, "the aborted request's blocks")
+    assert any(e[0] == "request_finished" for e in rec.events)
+    # The next request reuses the freed blocks and computes bit-exact: nothing from the
+    # aborted load landed in them afterwards.
+    s = b.serve("c", scenarios.random_tokens(10, 120))
+    assert_bit_exact(model, s, 0)
+    stats = b.close()
+    a.close()
+    assert stats["loads"]["loads_started"] == 1
+
+
+def test_preemption_waits_for_saves_then_resumes_from_the_pool():
+    """Too few blocks for two long requests: vLLM preempts one; the worker waits for its
+    saves before the blocks are reused, and the request later resumes by loading what it
+    had saved."""
+    spec, model, model_dir, extra = make("llama", "preempt")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra, num_blocks=30, budget=64)
+    rec = Recorder(a.conn)
+    a.worker._worker.conn = rec
+    a.add("x", scenarios.random_tokens(11, 180), max_tokens=100)
+    a.add("y", scenarios.random_tokens(12, 180), max_tokens=100)
+    preempted = []
+    while a.sched.requests:
+        so = a.step()
+        preempted += list(so.preempted_req_ids or ())
+        assert a.steps < vs.STEP_LIMIT
+    assert preempted, "the scenario must preempt"
+    victim = a.served[preempted[0]]
+    assert victim.parked, "the preempted request loaded its own saved prefix"
+    kept = [e for e in rec.events if e[0] == "request_finished" and e[2]]
+    for _, rid, _ in kept:
+        assert ("saves_settled", rid, None) in rec.events
+    stats = a.close()
+    assert stats["saves"]["saves_failed"] == 0 and stats["loads"]["loads_failed"] == 0
+    assert stats["saves"]["published_past_chunk_end"] == 0
