@@ -103,7 +103,8 @@ def load_prompt(conn, layout, rid: int, tokens: list[int], table: list[int]) -> 
     return offer[0], finished[0][2], time.perf_counter() - start
 
 
-def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None) -> dict:
+def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
+              saver_staging_mib: int = 256) -> dict:
     layout = kvc.Layout.preset(LAYOUT)
     t = layout.tokens_per_block
     blocks = prompt_tokens // t
@@ -112,7 +113,7 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None) -> di
     stored = sum(blocks * b for b in page_bytes)
     config: dict = {
         "loaders": {"staging_bytes_per_loader": 256 * MIB},
-        "saver": {"staging_bytes": 256 * MIB, "queue_capacity_pages": 4 * pages},
+        "saver": {"staging_bytes": saver_staging_mib * MIB, "queue_capacity_pages": 4 * pages},
     }
     # A memory pool holds about one prompt: the first save fills it, later ones evict, as
     # a full pool does; it reserves its capacity (pinned memory for CUDA tensors) when A
@@ -135,6 +136,7 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None) -> di
     sync(device)
     table = list(range(blocks + 1))
     result: dict = {"layout": LAYOUT, "prompt_tokens": prompt_tokens, "device": device,
+                    "saver_staging_mib": saver_staging_mib,
                     "pool": "mooncake" if mooncake else "memory", "page_bytes": page_bytes,
                     "save_gbps_each": []}
     start = time.perf_counter()
@@ -253,13 +255,15 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=65536)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--saver-staging-mib", type=int, default=256,
+                        help="saver.staging_bytes in MiB: the most bytes one save batch moves")
     parser.add_argument("--mooncake", nargs=2, metavar=("MASTER", "METADATA"),
                         help="also measure the bandwidth through the Mooncake master at "
                              "MASTER (host:port) with metadata server METADATA (an URL)")
     args = parser.parse_args()
     figures = {
         "features": kvc.FEATURES,
-        "bandwidth": bandwidth(args.device, args.prompt_tokens, None),
+        "bandwidth": bandwidth(args.device, args.prompt_tokens, None, args.saver_staging_mib),
     }
     if args.mooncake:
         figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake)

@@ -175,6 +175,12 @@ def _system() -> list[int]:
     return random_tokens(2, SYSTEM_TOKENS)
 
 
+def system_prompts() -> tuple[list[int], list[int]]:
+    """A's prompt and B's prompt of a negative control: one system prefix, different
+    questions (B resumes at SYSTEM_TOKENS)."""
+    return _system() + random_tokens(200, QUESTION_TOKENS[0]), _system() + random_tokens(300, 70)
+
+
 # A serves three prompts after one system prefix, B a fourth.
 shared_prefix = Scenario(
     a=lambda inst: [
