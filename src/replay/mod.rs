@@ -39,6 +39,7 @@ pub mod report;
 pub mod setup;
 mod summary;
 pub mod timeline;
+pub mod witness;
 pub mod workload;
 
 pub use connectors::{
