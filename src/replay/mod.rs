@@ -22,6 +22,7 @@
 //! `Instant` and reported separately.
 
 pub mod baseline;
+pub mod checks;
 pub mod connectors;
 pub mod content;
 pub mod cost;

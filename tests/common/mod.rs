@@ -29,6 +29,8 @@ use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock}
 
 #[cfg(feature = "faults")]
 pub mod faults;
+#[cfg(feature = "cli")]
+pub mod scripted;
 
 /// Pages per group on each test device.
 pub const PAGES: u32 = 512;
