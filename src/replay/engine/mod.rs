@@ -77,6 +77,8 @@
 mod admit;
 #[cfg(test)]
 mod cap_tests;
+#[cfg(test)]
+mod load_check_tests;
 mod draft;
 mod loads;
 mod prefill;
