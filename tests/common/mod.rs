@@ -29,6 +29,8 @@ use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock}
 
 #[cfg(feature = "faults")]
 pub mod faults;
+#[cfg(feature = "mooncake")]
+pub mod mooncake;
 #[cfg(feature = "cli")]
 pub mod scripted;
 
