@@ -228,12 +228,15 @@ fn offered(
     request: RequestId,
     local: usize,
 ) -> usize {
-    loop {
+    common::wait_until("the lookup", || {
         match handle.reserve_prefix(request, local, ReservationId(request.0)) {
-            ReserveAnswer::Pending => handle.wait_for_progress(Duration::from_millis(50)),
-            ReserveAnswer::Offer { extra_tokens, .. } => return extra_tokens,
+            ReserveAnswer::Pending => {
+                handle.wait_for_progress(Duration::from_millis(50));
+                None
+            }
+            ReserveAnswer::Offer { extra_tokens, .. } => Some(extra_tokens),
         }
-    }
+    })
 }
 
 /// The head-block scenario with re-save on (`resave_min_tokens = 64`) or off: returns the
