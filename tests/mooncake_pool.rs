@@ -12,8 +12,9 @@
 //! present object from eviction (R20).
 //!
 //! The tests need `.venv` from `scripts/setup-mooncake`. `scripts/test` runs it first and
-//! builds the tests with `KVC_REQUIRE_MOONCAKE=1`, so a missing install fails them; without
-//! that variable they skip, and the binary says so on one line (`common::mooncake`).
+//! builds the tests with `KV_CONNECTOR_REQUIRE_MOONCAKE=1`, so a missing install fails
+//! them; without that variable they skip, and the binary says so on one line
+//! (`common::mooncake`).
 #![cfg(feature = "mooncake")]
 
 mod common;
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::mooncake::{install, install_from};
+use common::mooncake::{discover, install};
 use kv_connector::pool::mooncake::{
     MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
 };
@@ -545,15 +546,16 @@ fn eviction_under_pressure_keeps_working_and_touch_protects_r20() -> TestResult 
 /// Built to require Mooncake (as `scripts/test` builds the tests), a missing install fails
 /// the test with the reason, rather than skipping it.
 #[test]
-#[should_panic(expected = "the Mooncake install is required (KVC_REQUIRE_MOONCAKE=1")]
+#[should_panic(expected = "the Mooncake install is required (KV_CONNECTOR_REQUIRE_MOONCAKE=1")]
 fn a_missing_install_fails_when_mooncake_is_required() {
-    let _ = install_from(Path::new("/nonexistent/kvc-test-venv"), true);
+    let _ = discover(Path::new("/nonexistent/kvc-test-venv"), true);
 }
 
-/// Built without it, a missing install skips (`None`), and an installed one is found.
+/// Built without it, a missing install is an error the tests skip on, and an installed
+/// one is found.
 #[test]
 fn a_missing_install_skips_only_when_mooncake_is_not_required() {
-    assert!(install_from(Path::new("/nonexistent/kvc-test-venv"), false).is_none());
+    assert!(discover(Path::new("/nonexistent/kvc-test-venv"), false).is_err());
     if common::mooncake::required() {
         assert!(install().is_some(), "required and found");
     }

@@ -14,8 +14,9 @@
 //!   runs and unregistered when it stops.
 //!
 //! The tests need `.venv` from `scripts/setup-mooncake`. `scripts/test` runs it first and
-//! builds the tests with `KVC_REQUIRE_MOONCAKE=1`, so a missing install fails them; without
-//! that variable they skip, and the binary says so on one line (`common::mooncake`).
+//! builds the tests with `KV_CONNECTOR_REQUIRE_MOONCAKE=1`, so a missing install fails
+//! them; without that variable they skip, and the binary says so on one line
+//! (`common::mooncake`).
 #![cfg(all(feature = "mooncake", feature = "cli"))]
 
 mod common;

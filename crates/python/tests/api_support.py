@@ -127,7 +127,7 @@ def serve(conn: kvc.Connector, kv: list[torch.Tensor], rid: int, tokens: list[in
 # Set by the test scripts that install Mooncake (scripts/test, scripts/test-python): a
 # missing wheel or a build without the `mooncake` feature then fails the Mooncake tests
 # instead of skipping them.
-MOONCAKE_REQUIRED = os.environ.get("KVC_REQUIRE_MOONCAKE") == "1"
+MOONCAKE_REQUIRED = os.environ.get("KV_CONNECTOR_REQUIRE_MOONCAKE") == "1"
 
 # The mark of tests that need the `mooncake` feature: they skip without it, unless Mooncake
 # is required (the `mooncake_master` fixture then fails them, naming what is missing).
@@ -139,7 +139,7 @@ needs_mooncake = pytest.mark.skipif(
 def skip_or_fail(reason: str) -> None:
     """Skips the test, or fails it when Mooncake is required."""
     if MOONCAKE_REQUIRED:
-        pytest.fail(f"{reason}, but Mooncake is required (KVC_REQUIRE_MOONCAKE=1)", pytrace=False)
+        pytest.fail(f"{reason}, but Mooncake is required (KV_CONNECTOR_REQUIRE_MOONCAKE=1)", pytrace=False)
     pytest.skip(reason)
 
 
