@@ -53,7 +53,12 @@ fn a_lookup_that_never_answers_fails_the_wait_instead_of_hanging() -> TestResult
         .lookup_prefix(RequestId(7), Arc::clone(&prompt(0, 65)), 0);
     let handle = &mut instance.handle;
     let panic = catch_unwind(AssertUnwindSafe(|| {
-        reserve_within(handle, RequestId(7), ReservationId(7), Duration::from_millis(300))
+        reserve_within(
+            handle,
+            RequestId(7),
+            ReservationId(7),
+            Duration::from_millis(300),
+        )
     }))
     .expect_err("the lookup never answers");
     let text = message(&panic);
@@ -98,8 +103,7 @@ fn every_property_test_runs_from_a_fixed_seed() -> TestResult {
             blocks += 1;
             let body = &text[at + opening.len()..];
             let first_item = body.trim_start();
-            if !first_item.starts_with("#![proptest_config(") || !text.contains("RngSeed::Fixed(")
-            {
+            if !first_item.starts_with("#![proptest_config(") || !text.contains("RngSeed::Fixed(") {
                 unseeded.push(format!("{name} at byte {at}"));
             }
         }

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use common::{finished_loads, page_content, prompt, reserve, start, Instance};
 use common::mooncake::{install, venv_dir};
+use common::{finished_loads, page_content, prompt, reserve, start, Instance};
 use kv_connector::cli::{replay as replay_cli, Cli, Command};
 use kv_connector::config::{Config, MIB};
 use kv_connector::connector::{ConnectorHandle, ConnectorParams, EngineConnector, ReserveAnswer};

@@ -117,7 +117,9 @@ fn a_wrong_connector_s_replay_writes_its_report_then_exits_3() -> TestResult {
         &["--json", "--report-dir", &dir_text],
     )?;
     let report: serde_json::Value = serde_json::from_str(&out)?;
-    let mismatched = report["mismatched_pages"].as_u64().ok_or("no mismatched_pages")?;
+    let mismatched = report["mismatched_pages"]
+        .as_u64()
+        .ok_or("no mismatched_pages")?;
     assert!(mismatched > 0, "{report}");
     assert_eq!(report["verified_pages"], 0);
     let written: serde_json::Value =
@@ -222,7 +224,10 @@ fn every_failed_check_is_named_in_order() -> TestResult {
     );
     let line = failed.to_string();
     assert!(!line.contains('\n'), "{line}");
-    assert!(line.contains("5 uncomputed pages seen at the pool"), "{line}");
+    assert!(
+        line.contains("5 uncomputed pages seen at the pool"),
+        "{line}"
+    );
     report.mismatched_pages = 0;
     report.published_uncomputed_pages = 0;
     report.published_past_chunk_end = 1;
@@ -273,7 +278,10 @@ impl Publisher {
     }
 
     fn publish(&mut self, request: RequestId, table: &[i32], block: usize) {
-        let Some(hash) = self.hashes.get(&request).and_then(|(hashes, _)| hashes.get(block))
+        let Some(hash) = self
+            .hashes
+            .get(&request)
+            .and_then(|(hashes, _)| hashes.get(block))
         else {
             return;
         };
@@ -387,7 +395,10 @@ fn the_pool_s_witness_sees_stale_pages_published_past_the_chunk_end_r16() -> Tes
     assert_eq!(good.published_uncomputed_pages, 0);
     assert_eq!(check(&good), Ok(()));
     let bad = publish_replay(true)?;
-    assert_eq!(bad.published_past_chunk_end, 0, "the connector counts nothing");
+    assert_eq!(
+        bad.published_past_chunk_end, 0,
+        "the connector counts nothing"
+    );
     assert!(bad.published_uncomputed_pages > 0, "{bad:?}");
     let failed = check(&bad).err().ok_or("the checks passed")?;
     assert_eq!(

@@ -19,8 +19,8 @@ use kv_connector::replay::checks::{check, FailedCheck};
 use kv_connector::replay::cost::CostModel;
 use kv_connector::replay::workload::{generate_long_multiturn, LongMultiturnParams};
 use kv_connector::replay::{
-    run_replay, DeploymentParams, InstanceContext, KvBytesScale, KvPages, NoProgress,
-    PoolMaster, ReplayConnector, ReplayError, ReplayParams, ReplayReport, Routing,
+    run_replay, DeploymentParams, InstanceContext, KvBytesScale, KvPages, NoProgress, PoolMaster,
+    ReplayConnector, ReplayError, ReplayParams, ReplayReport, Routing,
 };
 use parking_lot::Mutex;
 

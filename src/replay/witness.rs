@@ -81,8 +81,10 @@ impl PublishWitness {
             .filter(|(key, object)| !holds_computed_content(key, object))
             .count();
         if uncomputed > 0 {
-            self.uncomputed
-                .fetch_add(u64::try_from(uncomputed).unwrap_or(u64::MAX), Ordering::Relaxed);
+            self.uncomputed.fetch_add(
+                u64::try_from(uncomputed).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
         }
     }
 }
@@ -280,7 +282,10 @@ mod tests {
         assert_eq!(witness.uncomputed_pages(), 5 + 1 + 1);
         // The objects were stored as given (`witness::W1`).
         let mut back = vec![0; HEADER_BYTES + PAGE];
-        assert_eq!(pool.get_into(&[&keys[0]], &mut [&mut back]), vec![Ok(back.len())]);
+        assert_eq!(
+            pool.get_into(&[&keys[0]], &mut [&mut back]),
+            vec![Ok(back.len())]
+        );
         assert_eq!(back, good);
         Ok(())
     }

@@ -224,7 +224,11 @@ impl EngineConnector for WindowLoader {
         for scheduled in &output.requests {
             let t = self.tokens_per_block;
             if let Some(reservation) = scheduled.new_reservation {
-                self.fill(scheduled.request, scheduled.page_tables, scheduled.computed_before / t);
+                self.fill(
+                    scheduled.request,
+                    scheduled.page_tables,
+                    scheduled.computed_before / t,
+                );
                 self.report.loads_started += 1;
                 self.report.loads_done += 1;
                 self.finished.push(FinishedLoad {

@@ -77,9 +77,9 @@
 mod admit;
 #[cfg(test)]
 mod cap_tests;
+mod draft;
 #[cfg(test)]
 mod load_check_tests;
-mod draft;
 mod loads;
 mod prefill;
 mod types;
