@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -37,6 +37,7 @@ fn a_wait_that_never_ends_fails_naming_what_it_waited_for() {
 #[cfg(feature = "faults")]
 #[test]
 fn a_lookup_that_never_answers_fails_the_wait_instead_of_hanging() -> TestResult {
+    use std::panic::AssertUnwindSafe;
     use std::sync::Arc;
 
     use common::{memory_pool, prompt, reserve_within, start};

@@ -58,13 +58,18 @@ impl Drop for ScratchDir {
     }
 }
 
+/// What `kv-connector replay` returned, and its stdout.
+struct CliRun {
+    result: Result<(), ReplayCliError>,
+    out: String,
+}
+
 /// Runs `kv-connector replay` (a three-turn conversation on tiny-hybrid, `flags`) with a
-/// [`WindowLoader`] making `mistake` as every instance's connector; returns the result,
-/// stdout and stderr.
+/// [`WindowLoader`] making `mistake` as every instance's connector.
 fn replay_cli(
     mistake: WindowMistake,
     flags: &[&str],
-) -> Result<(Result<(), ReplayCliError>, String, String), Box<dyn std::error::Error>> {
+) -> Result<CliRun, Box<dyn std::error::Error>> {
     let mut line = vec![
         "kv-connector",
         "replay",
@@ -105,14 +110,17 @@ fn replay_cli(
         &mut out,
         &mut err,
     );
-    Ok((result, String::from_utf8(out)?, String::from_utf8(err)?))
+    Ok(CliRun {
+        result,
+        out: String::from_utf8(out)?,
+    })
 }
 
 #[test]
 fn a_wrong_connector_s_replay_writes_its_report_then_exits_3() -> TestResult {
     let dir = ScratchDir::new("checks-report-dir");
     let dir_text = dir.0.display().to_string();
-    let (result, out, _) = replay_cli(
+    let CliRun { result, out } = replay_cli(
         WindowMistake::WrongBytes,
         &["--json", "--report-dir", &dir_text],
     )?;
@@ -140,7 +148,7 @@ fn a_wrong_connector_s_replay_writes_its_report_then_exits_3() -> TestResult {
 
 #[test]
 fn the_table_is_written_before_the_checks_fail_and_a_right_connector_passes() -> TestResult {
-    let (result, out, _) = replay_cli(WindowMistake::OneWindowBlockShort, &[])?;
+    let CliRun { result, out } = replay_cli(WindowMistake::OneWindowBlockShort, &[])?;
     assert!(out.contains("page check"), "the table is on stdout: {out}");
     let err = result.err().ok_or("the replay passed its checks")?;
     assert!(
@@ -148,7 +156,7 @@ fn the_table_is_written_before_the_checks_fail_and_a_right_connector_passes() ->
             if matches!(failed.0.as_slice(), [FailedCheck::MismatchedPages { pages }] if *pages > 0)),
         "{err}"
     );
-    let (result, out, _) = replay_cli(WindowMistake::None, &[])?;
+    let CliRun { result, out } = replay_cli(WindowMistake::None, &[])?;
     assert!(out.contains("0 mismatched"), "{out}");
     assert!(result.is_ok(), "{result:?}");
     Ok(())

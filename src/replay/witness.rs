@@ -221,7 +221,9 @@ mod tests {
         }))
     }
 
-    fn witnessed() -> Result<(Arc<PublishWitness>, Arc<dyn Pool>), Box<dyn std::error::Error>> {
+    type Witnessed = (Arc<PublishWitness>, Arc<dyn Pool>);
+
+    fn witnessed() -> Result<Witnessed, Box<dyn std::error::Error>> {
         let inner = MemoryPool::new(
             EvictionPolicy::mooncake_defaults(1 << 20),
             Arc::new(SystemClock::new()),
