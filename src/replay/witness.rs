@@ -247,7 +247,7 @@ mod tests {
         for bad in [
             "ns/model/w2r1/lg0/t16b256/abc",
             "ns/model/w2x1/lg0/t16b256/00112233445566778899aabbccddeeff",
-            "ns/model/w2r1/g0/t16b256/00112233445566778899aabbccddeeff",
+            "ns/model/w2r1/group0/t16b256/00112233445566778899aabbccddeeff",
             "00112233445566778899aabbccddeeff",
         ] {
             assert_eq!(page_of_key(bad), None, "{bad}");
