@@ -5,7 +5,8 @@
 //! (`--log-format`, see [`kv_connector::logging`]); stdout carries only the subcommand's
 //! output. Errors print as `error: ...` with their causes, and the process exits with
 //! status 1 (clap's usage errors exit with 2); a replay stopped by SIGINT or SIGTERM exits
-//! with 130 or 143 after its partial report ([`cli::CliError::exit_code`]).
+//! with 130 or 143 after its partial report, and a replay that failed its checks exits with
+//! 3 after its whole report ([`cli::CliError::exit_code`]).
 
 use std::process::ExitCode;
 

@@ -97,8 +97,9 @@ const DRAFTER: DrafterSetup = DrafterSetup {
     acceptance: 0.7,
 };
 
-/// R16, R18: with a drafter, 0 mismatches, 0 publications past the cap, and reuse within
-/// one point of the same replay without it; the drafts were written and partly rewound.
+/// R16, R18: with a drafter, 0 mismatches, 0 publications past the cap (counted by the
+/// connector and by the pool's witness), and reuse within one point of the same replay
+/// without it; the drafts were written and partly rewound.
 #[test]
 fn drafter_replay_publishes_nothing_past_the_chunk_end_and_keeps_reuse_r16_r18() -> TestResult {
     for preset in ["tiny-full", "tiny-hybrid"] {
@@ -107,6 +108,9 @@ fn drafter_replay_publishes_nothing_past_the_chunk_end_and_keeps_reuse_r16_r18()
         for report in [&plain, &drafted] {
             assert_eq!(report.mismatched_pages, 0, "{preset}");
             assert_eq!(report.published_past_chunk_end, 0, "{preset}");
+            // The pool's own witness agrees: nothing stale or drafted reached it.
+            assert_eq!(report.published_uncomputed_pages, 0, "{preset}");
+            assert!(report.pages_saved > 0, "{preset}");
             assert_eq!(report.completed, 8, "{preset}");
             assert!(report.verified_pages > 0, "{preset}");
         }
@@ -137,6 +141,7 @@ fn draft_layer_groups_are_saved_and_loaded_with_the_prefix() -> TestResult {
     let eagle = replay("llama-3.1-8b-eagle", Some(DRAFTER), scale)?;
     assert_eq!(eagle.mismatched_pages, 0);
     assert_eq!(eagle.published_past_chunk_end, 0);
+    assert_eq!(eagle.published_uncomputed_pages, 0);
     assert!(eagle.reused_tokens > 0);
     assert_eq!(eagle.setup.page_bytes.len(), 2);
     // Every loaded page (both groups) was checked; each block has one page per group.
@@ -228,12 +233,15 @@ fn offered(
     request: RequestId,
     local: usize,
 ) -> usize {
-    loop {
+    common::wait_until("the lookup", || {
         match handle.reserve_prefix(request, local, ReservationId(request.0)) {
-            ReserveAnswer::Pending => handle.wait_for_progress(Duration::from_millis(50)),
-            ReserveAnswer::Offer { extra_tokens, .. } => return extra_tokens,
+            ReserveAnswer::Pending => {
+                handle.wait_for_progress(Duration::from_millis(50));
+                None
+            }
+            ReserveAnswer::Offer { extra_tokens, .. } => Some(extra_tokens),
         }
-    }
+    })
 }
 
 /// The head-block scenario with re-save on (`resave_min_tokens = 64`) or off: returns the

@@ -452,9 +452,10 @@ fn put_order(window_first: bool) -> Result<Vec<(u32, usize)>, Box<dyn std::error
     instance.chunk(RequestId(1), tokens.len(), &layout, 0, 0..64);
     instance.chunk(RequestId(1), tokens.len(), &layout, 0, 64..tokens.len());
     // 4 + 6 full blocks, 10 window pages; once the saver counted them all, they are queued.
-    while instance.handle.stats().saves.saves_enqueued < 20 {
+    common::wait_until("the saver to count 20 enqueued pages", || {
         std::thread::yield_now();
-    }
+        (instance.handle.stats().saves.saves_enqueued >= 20).then_some(())
+    });
     test_pool.hold_puts.store(false, Ordering::SeqCst);
     test_pool.release_one_get();
     instance.handle.settle_saves();

@@ -11,14 +11,19 @@
 //! `--eviction_high_watermark_ratio 0.97 --eviction_ratio 0.01`, and `touch` keeping a
 //! present object from eviction (R20).
 //!
-//! The tests need `.venv` from `scripts/setup-mooncake` (which `scripts/test` runs first);
-//! without it each test prints "skipped: ..." and passes.
+//! The tests need `.venv` from `scripts/setup-mooncake`. `scripts/test` runs it first and
+//! builds the tests with `KV_CONNECTOR_REQUIRE_MOONCAKE=1`, so a missing install fails
+//! them; without that variable they skip, and the binary says so on one line
+//! (`common::mooncake`).
 #![cfg(feature = "mooncake")]
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::mooncake::{discover, install};
 use kv_connector::pool::mooncake::{
     MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
 };
@@ -33,18 +38,6 @@ const NO_AVAILABLE_HANDLE: i32 = -200;
 const CALL_BOUND: Duration = Duration::from_secs(60);
 
 // ---- rig ----
-
-/// The wheel, or `None` after printing why the test is skipped.
-fn install() -> Option<MooncakeInstall> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv");
-    match MooncakeInstall::discover(&venv) {
-        Ok(install) => Some(install),
-        Err(err) => {
-            println!("skipped: {err}");
-            None
-        }
-    }
-}
 
 fn master_settings(install: &MooncakeInstall, test: &str) -> MasterSettings {
     MasterSettings {
@@ -546,4 +539,24 @@ fn eviction_under_pressure_keeps_working_and_touch_protects_r20() -> TestResult 
     }
     assert_eq!(rig.pool.counters().puts, key_refs.len() as u64);
     Ok(())
+}
+
+// ---- the install itself ----
+
+/// Built to require Mooncake (as `scripts/test` builds the tests), a missing install fails
+/// the test with the reason, rather than skipping it.
+#[test]
+#[should_panic(expected = "the Mooncake install is required (KV_CONNECTOR_REQUIRE_MOONCAKE=1")]
+fn a_missing_install_fails_when_mooncake_is_required() {
+    let _ = discover(Path::new("/nonexistent/kvc-test-venv"), true);
+}
+
+/// Built without it, a missing install is an error the tests skip on, and an installed
+/// one is found.
+#[test]
+fn a_missing_install_skips_only_when_mooncake_is_not_required() {
+    assert!(discover(Path::new("/nonexistent/kvc-test-venv"), false).is_err());
+    if common::mooncake::required() {
+        assert!(install().is_some(), "required and found");
+    }
 }

@@ -13,18 +13,21 @@
 //!   loader's and saver's staging pool is registered with the client while the connector
 //!   runs and unregistered when it stops.
 //!
-//! The tests need `.venv` from `scripts/setup-mooncake` (which `scripts/test` runs first);
-//! without it each test prints "skipped: ..." and passes.
+//! The tests need `.venv` from `scripts/setup-mooncake`. `scripts/test` runs it first and
+//! builds the tests with `KV_CONNECTOR_REQUIRE_MOONCAKE=1`, so a missing install fails
+//! them; without that variable they skip, and the binary says so on one line
+//! (`common::mooncake`).
 #![cfg(all(feature = "mooncake", feature = "cli"))]
 
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
+use common::mooncake::{install, venv_dir};
 use common::{finished_loads, page_content, prompt, reserve, start, Instance};
 use kv_connector::cli::{replay as replay_cli, Cli, Command};
 use kv_connector::config::{Config, MIB};
@@ -67,21 +70,6 @@ const TRACE_SLICE: &[&str] = &[
 ];
 
 // ---- rig ----
-
-fn venv_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv")
-}
-
-/// The wheel, or `None` after printing why the test is skipped.
-fn install() -> Option<MooncakeInstall> {
-    match MooncakeInstall::discover(&venv_dir()) {
-        Ok(install) => Some(install),
-        Err(err) => {
-            println!("skipped: {err}");
-            None
-        }
-    }
-}
 
 fn master_log(test: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("mooncake-replay-master-{test}.log"))

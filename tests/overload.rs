@@ -1,5 +1,7 @@
 //! Overload: a full save queue sheds and counts, never blocks the engine, and still lets
-//! the request's pages go (R22); accounting stays closed.
+//! the request's pages go (R22); accounting stays closed. Full mailboxes and a full
+//! courier outbox are made on purpose with the handle's test gates (feature `faults`:
+//! `pause_actors`, `hold_courier`), not by racing the courier.
 
 mod common;
 
@@ -42,7 +44,9 @@ fn a_full_save_queue_sheds_counts_and_releases_pages_r22() {
 }
 
 /// A full planner mailbox defers lookups instead of refusing them: every request is
-/// still looked up, offered what the pool has, and saves its prompt.
+/// still looked up, offered what the pool has, and saves its prompt. The planner's thread
+/// is paused while the lookups go out, so its mailbox of one is full for all but the first.
+#[cfg(feature = "faults")]
 #[test]
 fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
     let layout = Layout::preset("tiny-full").unwrap();
@@ -52,6 +56,7 @@ fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
     let prompts: Vec<_> = (0..16_i64)
         .map(|i| prompt(i * 1_000_000, 4 * 16 + 1))
         .collect();
+    let paused = instance.handle.pause_actors();
     for (index, tokens) in prompts.iter().enumerate() {
         instance
             .handle
@@ -59,6 +64,10 @@ fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
         // One admission pass per request: sixteen messages into a mailbox of one.
         instance.handle.flush_lookups();
     }
+    // The savers answer after the courier tried every lookup before it (one outbox, in
+    // order): all but the first found the mailbox full.
+    instance.handle.settle_saves();
+    drop(paused);
     for (index, tokens) in prompts.iter().enumerate() {
         let request = RequestId(index as u64);
         reserve(&mut instance.handle, request, ReservationId(request.0));
@@ -123,15 +132,14 @@ fn a_refused_start_loads_fails_every_load_of_the_step_r25() {
 
 /// A full courier outbox refuses at once, like a full mailbox: the step's save pages are
 /// counted dropped and settle, so every request's pages are released and the accounting
-/// stays closed (R22). The courier here sleeps 10 ms between polls and the outbox holds
-/// one message, so a burst of steps overflows it.
+/// stays closed (R22). The courier is held while the steps go out and the outbox holds
+/// one message, so the burst of steps overflows it.
+#[cfg(feature = "faults")]
 #[test]
 fn a_full_outbox_drops_and_settles_saves_and_the_accounting_closes_r22() {
     let layout = Layout::preset("tiny-full").unwrap();
     let mut config = Config::default();
     config.handoff.outbox_capacity = 1;
-    config.handoff.poll_interval_us = 10_000;
-    config.handoff.park_after_idle_ms = 60_000;
     let mut instance = start(memory_pool(64 << 20), &layout, config);
     let prompts: Vec<_> = (0..16_i64)
         .map(|i| prompt(i * 1_000_000, 4 * 16 + 1))
@@ -144,10 +152,12 @@ fn a_full_outbox_drops_and_settles_saves_and_the_accounting_closes_r22() {
         reserve(&mut instance.handle, request, ReservationId(request.0));
     }
     // Sixteen steps back to back, four pages each, into an outbox of one.
+    let held = instance.handle.hold_courier();
     for (index, tokens) in prompts.iter().enumerate() {
         let request = RequestId(index as u64);
         instance.compute(request, tokens, &layout, i32::try_from(index).unwrap() * 8);
     }
+    drop(held);
     let mut kept = Vec::new();
     for index in 0..16_u64 {
         if instance.handle.request_finished(RequestId(index)) {

@@ -2,13 +2,34 @@
 //! shuts its connectors down, prints the partial report on stderr and exits with 130 / 143
 //! (128 + the signal number). Each test spawns the built binary on a generated workload
 //! that runs for minutes, waits until it has logged its first completed request (no
-//! sleeps: the test reads the child's stderr), sends the signal, and checks the exit.
+//! sleeps: the test reads the child's stderr), sends the signal, and checks the exit and
+//! the partial report's numbers: some requests but not all completed, and the stopped
+//! connectors settled every save and load (accounting closed). A watchdog kills a child
+//! that outlives [`WATCHDOG`], so a replay that ignores the signal fails the test instead
+//! of hanging it.
 #![cfg(feature = "cli")]
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// How long a child may live before the watchdog kills it (a hang, not a slow run).
+const WATCHDOG: Duration = Duration::from_secs(300);
+
+/// Kills process `pid` unless `done` is signalled within [`WATCHDOG`].
+fn watchdog(pid: u32) -> std::sync::mpsc::Sender<()> {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if finished.recv_timeout(WATCHDOG) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    });
+    done
+}
 
 /// Runs a long replay, sends `signal` (a `kill` flag) after the first completion, and
 /// returns the exit code and everything the replay wrote on stderr.
@@ -41,6 +62,7 @@ fn replay_stopped_by(signal: &str) -> Result<(Option<i32>, String), Box<dyn std:
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
+    let done = watchdog(child.id());
     let stderr = child.stderr.take().ok_or("no stderr pipe")?;
     let mut stderr = BufReader::new(stderr);
     let mut seen = String::new();
@@ -64,6 +86,7 @@ fn replay_stopped_by(signal: &str) -> Result<(Option<i32>, String), Box<dyn std:
         out.read_to_string(&mut stdout)?;
     }
     let exit = child.wait()?;
+    let _ = done.send(());
     assert!(
         stdout.trim().is_empty(),
         "a stopped replay prints no final report on stdout: {stdout}"
@@ -86,6 +109,31 @@ fn assert_partial_report(stderr: &str, signal_name: &str) {
         !stderr.contains("panicked"),
         "a graceful stop does not panic: {stderr}"
     );
+    let (requests, completed) = counts(stderr).unwrap_or_else(|| panic!("no counts: {stderr}"));
+    assert!(
+        completed >= 1 && completed < requests,
+        "stopped after its first completion, long before the {requests} requests: {completed}"
+    );
+    let accounting = stderr
+        .lines()
+        .find(|line| line.trim_start().starts_with("accounting"))
+        .unwrap_or_default();
+    assert!(
+        accounting.contains(" closed "),
+        "the stopped connectors settled every save and load: {accounting}"
+    );
+}
+
+/// `(requests, completed)` from the report's `requests  N (M completed)` line.
+fn counts(report: &str) -> Option<(u64, u64)> {
+    let line = report
+        .lines()
+        .find(|line| line.trim_start().starts_with("requests "))?;
+    let mut numbers = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|word| !word.is_empty())
+        .map(str::parse::<u64>);
+    Some((numbers.next()?.ok()?, numbers.next()?.ok()?))
 }
 
 #[test]

@@ -6,7 +6,10 @@
 //!
 //! `replay` stops gracefully on SIGINT / SIGTERM ([`signals`]): it prints its partial report
 //! on stderr and fails with [`replay::ReplayCliError::Interrupted`], whose
-//! [`CliError::exit_code`] is 130 / 143.
+//! [`CliError::exit_code`] is 130 / 143. A replay that ran to its end but failed its
+//! checks (a mismatched page, a page published past its chunk end, accounting that does
+//! not close) writes its whole report, then fails with
+//! [`replay::ReplayCliError::ChecksFailed`]: exit status 3.
 //!
 //! Adding a subcommand: add a module, a variant of [`Command`] holding its `Args`, a variant of
 //! [`CliError`] wrapping its error, and an arm in [`run`] and in [`CliError::kind`].
@@ -107,10 +110,12 @@ impl CliError {
     }
 
     /// The process exit status for this error: 128 + the signal number for a run stopped
-    /// by a signal (130 for SIGINT, 143 for SIGTERM), 1 otherwise.
+    /// by a signal (130 for SIGINT, 143 for SIGTERM), 3 for a replay that failed its checks,
+    /// 1 otherwise (`replay --help` lists them).
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Replay(replay::ReplayCliError::Interrupted { signal, .. }) => signal.exit_code(),
+            Self::Replay(replay::ReplayCliError::ChecksFailed(_)) => 3,
             _ => 1,
         }
     }

@@ -19,6 +19,9 @@
 //! 6. With `--report-dir DIR`, the replay also collects time series per simulated time
 //!    bucket, and `DIR` gets the JSON report, the timeline and PNG plots
 //!    ([`crate::replay::plots`]).
+//! 7. Check the report ([`crate::replay::checks`]): a mismatched page, a page published
+//!    past the chunk end or accounting that does not close fails the run
+//!    ([`ReplayCliError::ChecksFailed`], exit status 3) after everything above was written.
 //!
 //! `--local-prefix-cache` gives every simulated instance a local prefix cache (vLLM's
 //! automatic prefix caching, TensorRT-LLM's KV cache reuse): pages of finished prompts
@@ -46,6 +49,7 @@ use crate::config::{parse_byte_size, parse_override, Config, ConfigSources, Pool
 use crate::core::layout::Layout;
 use crate::metrics::{parse_metrics_addr, MetricsError, MetricsServer, MetricsSources};
 use crate::replay::baseline::BaselineComparison;
+use crate::replay::checks::{check, FailedChecks};
 use crate::replay::cost::CostModel;
 use crate::replay::engine::DrafterSetup;
 use crate::replay::kvc::kvc_handle;
@@ -128,7 +132,16 @@ A replay on Mooncake Store, from a fresh clone:
 Configuration: defaults < --config FILE < environment < --set < the flags above. Every key
 has an environment variable KVC_<SECTION>_<KEY> (config/default.toml lists them all);
 `kv-connector validate` prints the effective configuration and every refusal.
-Logs: RUST_LOG (default warn) on stderr.";
+Logs: RUST_LOG (default warn) on stderr.
+
+Exit status:
+  0    the replay ran to its end and passed its checks
+  3    the replay ran to its end but failed a check: a mismatched page, a page published
+       past its chunk end, or accounting that does not close; the report is written as
+       usual and stderr names every failed check on one line
+  1    any other error (configuration, workload, pool, a stalled connector)
+  2    a command-line usage error
+  130  stopped by SIGINT, 143 stopped by SIGTERM (the partial report is on stderr)";
 
 /// Arguments of `kv-connector replay`.
 #[derive(Debug, Clone, clap::Args)]
@@ -340,6 +353,10 @@ pub enum ReplayCliError {
     /// Writing `--report-dir` failed.
     #[error(transparent)]
     ReportDir(#[from] PlotError),
+    /// The replay ran to its end, its report was written, and it failed a check
+    /// ([`crate::replay::checks`]).
+    #[error(transparent)]
+    ChecksFailed(#[from] FailedChecks),
 }
 
 impl From<ReplayError> for ReplayCliError {
@@ -361,6 +378,7 @@ impl ReplayCliError {
             Self::Interrupted { .. } => "interrupted",
             Self::Metrics(err) => err.kind(),
             Self::ReportDir(err) => err.kind(),
+            Self::ChecksFailed(_) => "checks_failed",
         }
     }
 }
@@ -405,11 +423,30 @@ pub fn run<S: std::hash::BuildHasher>(
 ///
 /// [`ReplayCliError::Replay`] for any setup or replay failure, [`ReplayCliError::Write`] or
 /// [`ReplayCliError::Json`] when the report cannot be written;
-/// [`ReplayCliError::Interrupted`] after the partial report when `stop` fired.
+/// [`ReplayCliError::Interrupted`] after the partial report when `stop` fired;
+/// [`ReplayCliError::ChecksFailed`] after the whole report when the replay failed a check.
 pub fn run_until_stopped<S: std::hash::BuildHasher>(
     args: &ReplayArgs,
     env: HashMap<String, String, S>,
     stop: &StopSignal,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ReplayCliError> {
+    run_with_connector(args, env, stop, None, out, err)
+}
+
+/// [`run_until_stopped`] with `connector`, when given, building every instance's connector
+/// in place of the one `--connector` names: replays another implementation of the engine
+/// hooks through the whole command (report, `--report-dir`, checks, exit status).
+///
+/// # Errors
+///
+/// As [`run_until_stopped`].
+pub fn run_with_connector<S: std::hash::BuildHasher>(
+    args: &ReplayArgs,
+    env: HashMap<String, String, S>,
+    stop: &StopSignal,
+    connector: Option<&mut ConnectorFactory<'_>>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ReplayCliError> {
@@ -440,9 +477,10 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         Ok::<Box<dyn ReplayConnector>, ReplayError>(Box::new(handle))
     };
     let mut progress = BarProgress::new(args.quiet, stop.clone());
-    let factory: &mut ConnectorFactory<'_> = match args.connector {
-        ConnectorKind::Kvc => &mut kvc,
-        ConnectorKind::None => &mut no_connector,
+    let factory: &mut ConnectorFactory<'_> = match (connector, args.connector) {
+        (Some(connector), _) => connector,
+        (None, ConnectorKind::Kvc) => &mut kvc,
+        (None, ConnectorKind::None) => &mut no_connector,
     };
     let (mut report, timeline) = match &args.report_dir {
         Some(_) => {
@@ -491,7 +529,7 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
             writeln!(err, "report written: {}", names.join(", ")).map_err(ReplayCliError::Write)?;
         }
     }
-    Ok(())
+    Ok(check(&report)?)
 }
 
 /// Whether the run also replays the workload without a connector: asked for, or the

@@ -140,6 +140,34 @@ pub struct Courier {
     outbox: Option<flume::Sender<Outgoing>>,
     returns: Option<flume::Receiver<Refused>>,
     thread: Option<JoinHandle<()>>,
+    /// The test gates of this connector, opened when the courier stops.
+    #[cfg(feature = "faults")]
+    gates: TestGates,
+}
+
+/// The test gates of one connector (feature `faults`, `super::gate`).
+#[cfg(feature = "faults")]
+#[derive(Clone, Debug, Default)]
+pub struct TestGates {
+    /// Passed by the courier before it delivers each message.
+    pub delivery: std::sync::Arc<super::gate::Gate>,
+    /// Passed by the actor system's thread when `ConnectorHandle::pause_actors` asks it to.
+    pub actors: std::sync::Arc<super::gate::Gate>,
+}
+
+/// A [`Deliver`] that passes the delivery gate before every message (feature `faults`).
+#[cfg(feature = "faults")]
+struct Gated<D> {
+    inner: D,
+    gate: std::sync::Arc<super::gate::Gate>,
+}
+
+#[cfg(feature = "faults")]
+impl<D: Deliver> Deliver for Gated<D> {
+    fn deliver(&mut self, item: Outgoing) -> Result<(), Refused> {
+        self.gate.pass();
+        self.inner.deliver(item)
+    }
 }
 
 impl Courier {
@@ -154,6 +182,13 @@ impl Courier {
     ) -> std::io::Result<Self> {
         let (outbox, outbox_rx) = flume::bounded(capacity.get());
         let (returns_tx, returns) = flume::bounded(capacity.get());
+        #[cfg(feature = "faults")]
+        let gates = TestGates::default();
+        #[cfg(feature = "faults")]
+        let recipients = Gated {
+            inner: recipients,
+            gate: std::sync::Arc::clone(&gates.delivery),
+        };
         let thread = std::thread::Builder::new()
             .name("kvc-courier".into())
             .spawn(move || run(&outbox_rx, &returns_tx, recipients, timing))?;
@@ -161,7 +196,15 @@ impl Courier {
             outbox: Some(outbox),
             returns: Some(returns),
             thread: Some(thread),
+            #[cfg(feature = "faults")]
+            gates,
         })
+    }
+
+    /// This connector's test gates (feature `faults`).
+    #[cfg(feature = "faults")]
+    pub fn gates(&self) -> &TestGates {
+        &self.gates
     }
 
     /// Puts a message into the outbox without waking a polling courier.
@@ -204,6 +247,11 @@ impl Courier {
     pub fn stop(&mut self) {
         self.outbox = None;
         self.returns = None;
+        #[cfg(feature = "faults")]
+        {
+            self.gates.delivery.open();
+            self.gates.actors.open();
+        }
         if let Some(thread) = self.thread.take() {
             // A courier between polls sees the closed outbox now, not a poll later.
             thread.thread().unpark();

@@ -25,6 +25,8 @@ use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, LookupCompleted, SavesSettled};
 use crate::stats::ConnectorStats;
 
+#[cfg(feature = "faults")]
+mod gates;
 mod handoff;
 mod loads;
 mod lookups;

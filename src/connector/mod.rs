@@ -29,6 +29,8 @@
 use std::sync::Arc;
 
 pub mod courier;
+#[cfg(feature = "faults")]
+pub mod gate;
 mod handle;
 pub mod save_plan;
 mod start;

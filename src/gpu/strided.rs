@@ -130,6 +130,10 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x5772_1de0),
+            ..proptest::test_runner::Config::default()
+        })]
         /// `strided::T1` and `strided::T2` for arbitrary copy lists.
         #[test]
         fn runs_cover_every_copy_in_order_with_exact_addresses(

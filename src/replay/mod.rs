@@ -22,6 +22,7 @@
 //! `Instant` and reported separately.
 
 pub mod baseline;
+pub mod checks;
 pub mod connectors;
 pub mod content;
 pub mod cost;
@@ -39,6 +40,7 @@ pub mod report;
 pub mod setup;
 mod summary;
 pub mod timeline;
+pub mod witness;
 pub mod workload;
 
 pub use connectors::{

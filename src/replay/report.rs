@@ -18,7 +18,10 @@
 //! `saves_dropped`, `saves_enqueued`, `saves_done`, `saves_failed`, `loads_started`,
 //! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `published_past_chunk_end`
-//! (pages handed to the pool past the chunk end of their step, R16; must be 0), `drafter`
+//! (pages handed to the pool past the chunk end of their step, R16, as the connectors
+//! counted them; must be 0), `published_uncomputed_pages` (objects the pool received whose
+//! payload is not their block's computed content, counted at the pool by the replay's
+//! witness, `super::witness`; must be 0), `drafter`
 //! (null without `--drafter`; else {`draft_tokens`, `acceptance`, `tokens_proposed`,
 //! `tokens_accepted`, `pages_written`, `pages_rewound`}), `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
@@ -234,8 +237,13 @@ pub struct ReplayReport {
     pub offers_trimmed: u64,
     /// Requests whose pages were still held for saves at the end.
     pub held_at_end: u64,
-    /// Pages handed to the pool past the chunk end of their step (R16); must be 0.
+    /// Pages handed to the pool past the chunk end of their step (R16), as the connectors
+    /// counted them; must be 0.
     pub published_past_chunk_end: u64,
+    /// Objects handed to the pool whose payload is not their block's computed content
+    /// (stale or draft bytes: published past the chunk end, R16, R18), counted at the pool
+    /// by the replay's witness, independently of the connectors; must be 0.
+    pub published_uncomputed_pages: u64,
     /// The drafter's counts; `None` without `--drafter`.
     pub drafter: Option<DrafterReport>,
     /// Simulated-time figures.
@@ -478,8 +486,8 @@ impl ReplayReport {
         }
         writeln!(
             out,
-            "  past chunk end      {:>14} pages published (must be 0)",
-            self.published_past_chunk_end
+            "  past chunk end      {:>14} pages published (must be 0); {} uncomputed pages seen at the pool (must be 0)",
+            self.published_past_chunk_end, self.published_uncomputed_pages
         )?;
         if let Some(drafter) = &self.drafter {
             writeln!(

@@ -18,6 +18,9 @@
 //!      against a master the replay starts or one already running ([`PoolMaster`]; see
 //!      `replay::mooncake`). Its leases run on real time: the manual clock does not apply.
 //!
+//!    Each instance's connector sees its pool through the deployment's publish witness
+//!    ([`super::witness`]), which checks every object handed to the pool.
+//!
 //! Invariants:
 //! - `setup::S1`. Stored page bytes are `>= 64` and a multiple of 64 whenever `F < 1`.
 //! - `setup::S2`. All instances' device pages fit the host memory limit, or setup fails naming a
@@ -34,6 +37,7 @@ use crate::gpu::{Device, DeviceRequest, PagePoolSpec};
 use crate::pool::{ManualClock, MemoryPool, Pool};
 
 use super::error::ReplayError;
+use super::witness::PublishWitness;
 
 /// Smallest automatic scale: `2^-20`.
 const MIN_AUTO_SCALE_LOG2: i32 = 20;
@@ -100,6 +104,8 @@ pub struct Deployment {
     pub pool_clock: Arc<ManualClock>,
     /// The pool's capacity in stored bytes (for Mooncake, all segments together).
     pub pool_stored_capacity_bytes: u64,
+    /// Checks what every connector publishes: each of `pools` goes through it.
+    pub witness: Arc<PublishWitness>,
     /// The Mooncake master and clients, closed by [`Deployment::close`].
     #[cfg(feature = "mooncake")]
     mooncake: Option<super::mooncake::MooncakeDeployment>,
@@ -189,6 +195,7 @@ impl Deployment {
             pool_backend: "memory",
             pool_clock: Arc::new(ManualClock::new(0)),
             pool_stored_capacity_bytes: scaled_capacity(config.pool.capacity_bytes, scale),
+            witness: PublishWitness::new(),
             #[cfg(feature = "mooncake")]
             mooncake: None,
         };
@@ -207,8 +214,8 @@ impl Deployment {
             eviction_ratio: config.pool.eviction_ratio,
             lease_ttl_ms: config.pool.kv_lease_ttl_ms,
         };
-        let pool: Arc<dyn Pool> = Arc::new(MemoryPool::new(policy, self.pool_clock.clone())?);
-        self.pools = vec![pool; instances];
+        let pool = Arc::new(MemoryPool::new(policy, self.pool_clock.clone())?);
+        self.pools = vec![self.witness.wrap(pool); instances];
         Ok(())
     }
 
@@ -227,7 +234,11 @@ impl Deployment {
                 params.instances,
                 params.pool_master,
             )?;
-            self.pools = mooncake.pools();
+            self.pools = mooncake
+                .pools()
+                .into_iter()
+                .map(|pool| self.witness.wrap(pool))
+                .collect();
             self.pool_backend = "mooncake";
             self.pool_stored_capacity_bytes = mooncake.capacity_bytes();
             self.mooncake = Some(mooncake);

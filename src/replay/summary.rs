@@ -188,6 +188,7 @@ pub(super) fn summarize(
         offers_trimmed: counters.offers_trimmed,
         held_at_end,
         published_past_chunk_end: connector.published_past_chunk_end,
+        published_uncomputed_pages: deployment.witness.uncomputed_pages(),
         drafter: params.drafter.map(|drafter| DrafterReport {
             draft_tokens: drafter.draft_tokens,
             acceptance: drafter.acceptance,

@@ -1,6 +1,11 @@
 //! Harness for the connector's integration tests: an embedded pool, host devices, a
 //! connector per instance, and a pool wrapper that can hold or fail gets and logs the keys
 //! it is asked to put, in order.
+//!
+//! Every wait of the harness is bounded ([`wait_until`], [`WAIT_LIMIT`]): a connector that
+//! stops making progress fails the test with what it was waiting for, instead of hanging
+//! it. The bound is generous, far above any healthy wait: it catches hangs, it times
+//! nothing.
 
 #![allow(
     dead_code,
@@ -13,7 +18,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kv_connector::config::Config;
 use kv_connector::connector::{
@@ -29,6 +34,10 @@ use kv_connector::pool::{MemoryPool, Pool, PoolCounters, PoolError, SystemClock}
 
 #[cfg(feature = "faults")]
 pub mod faults;
+#[cfg(feature = "mooncake")]
+pub mod mooncake;
+#[cfg(feature = "cli")]
+pub mod scripted;
 
 /// Pages per group on each test device.
 pub const PAGES: u32 = 512;
@@ -96,29 +105,76 @@ pub fn prompt(start: i64, len: usize) -> Arc<[i64]> {
         .into()
 }
 
+/// The longest any wait of the harness lasts before it fails the test (module docs).
+pub const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
+/// Calls `ready` until it answers `Some` (it may itself wait a little, as
+/// `wait_for_progress` does); fails the test naming `what` once `limit` has passed.
+///
+/// # Panics
+///
+/// After `limit` without an answer.
+pub fn wait_until_within<T>(
+    limit: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> Option<T>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "gave up waiting for {what} after {limit:?}: no progress (a hang)"
+        );
+    }
+}
+
+/// [`wait_until_within`] [`WAIT_LIMIT`].
+pub fn wait_until<T>(what: &str, ready: impl FnMut() -> Option<T>) -> T {
+    wait_until_within(WAIT_LIMIT, what, ready)
+}
+
 /// Waits (for real) until the lookup answers, then returns the offer.
 pub fn reserve(
     handle: &mut ConnectorHandle,
     request: RequestId,
     reservation: ReservationId,
 ) -> ReserveAnswer {
-    loop {
+    reserve_within(handle, request, reservation, WAIT_LIMIT)
+}
+
+/// [`reserve`], failing the test after `limit`.
+pub fn reserve_within(
+    handle: &mut ConnectorHandle,
+    request: RequestId,
+    reservation: ReservationId,
+    limit: Duration,
+) -> ReserveAnswer {
+    let what = format!("the lookup of request {}", request.0);
+    wait_until_within(limit, &what, || {
         match handle.reserve_prefix(request, 0, reservation) {
-            ReserveAnswer::Pending => handle.wait_for_progress(Duration::from_millis(100)),
-            answer @ ReserveAnswer::Offer { .. } => return answer,
+            ReserveAnswer::Pending => {
+                handle.wait_for_progress(Duration::from_millis(100));
+                None
+            }
+            answer @ ReserveAnswer::Offer { .. } => Some(answer),
         }
-    }
+    })
 }
 
 /// Waits until at least one load is reported.
 pub fn finished_loads(handle: &mut ConnectorHandle) -> Vec<FinishedLoad> {
-    loop {
+    wait_until("a finished load", || {
         let finished = handle.get_finished_prefix_loads();
-        if !finished.is_empty() {
-            return finished;
+        if finished.is_empty() {
+            handle.wait_for_progress(Duration::from_millis(100));
+            None
+        } else {
+            Some(finished)
         }
-        handle.wait_for_progress(Duration::from_millis(100));
-    }
+    })
 }
 
 impl Instance {
@@ -252,6 +308,14 @@ impl TestPool {
     pub fn release_one_get(&self) {
         self.gate.0.send(()).unwrap();
     }
+
+    /// Waits for [`release_one_get`](Self::release_one_get), at most [`WAIT_LIMIT`].
+    fn wait_for_release(&self, what: &str) {
+        assert!(
+            self.gate.1.recv_timeout(WAIT_LIMIT).is_ok(),
+            "{what} was never released within {WAIT_LIMIT:?}"
+        );
+    }
 }
 
 impl Pool for TestPool {
@@ -264,7 +328,7 @@ impl Pool for TestPool {
             .lock()
             .extend(keys.iter().map(|key| (*key).to_owned()));
         if self.hold_puts.load(Ordering::SeqCst) {
-            self.gate.1.recv().unwrap();
+            self.wait_for_release("a held put");
         }
         let refused = self.refuse_puts_containing.lock().clone();
         let Some(refused) = refused else {
@@ -289,7 +353,7 @@ impl Pool for TestPool {
 
     fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
         if self.hold_gets.load(Ordering::SeqCst) {
-            self.gate.1.recv().unwrap();
+            self.wait_for_release("a held get");
         }
         if self.gets_evicted.load(Ordering::SeqCst) {
             return keys.iter().map(|_| Err(PoolError::NotFound)).collect();

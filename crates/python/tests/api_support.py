@@ -124,6 +124,24 @@ def serve(conn: kvc.Connector, kv: list[torch.Tensor], rid: int, tokens: list[in
 
 # ---- Mooncake ----
 
+# Set by the test scripts that install Mooncake (scripts/test, scripts/test-python): a
+# missing wheel or a build without the `mooncake` feature then fails the Mooncake tests
+# instead of skipping them.
+MOONCAKE_REQUIRED = os.environ.get("KV_CONNECTOR_REQUIRE_MOONCAKE") == "1"
+
+# The mark of tests that need the `mooncake` feature: they skip without it, unless Mooncake
+# is required (the `mooncake_master` fixture then fails them, naming what is missing).
+needs_mooncake = pytest.mark.skipif(
+    not MOONCAKE_REQUIRED and "mooncake" not in kvc.FEATURES, reason="needs the mooncake feature"
+)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skips the test, or fails it when Mooncake is required."""
+    if MOONCAKE_REQUIRED:
+        pytest.fail(f"{reason}, but Mooncake is required (KV_CONNECTOR_REQUIRE_MOONCAKE=1)", pytrace=False)
+    pytest.skip(reason)
+
 
 def mooncake_master_binary() -> Path | None:
     spec = importlib.util.find_spec("mooncake")
@@ -175,9 +193,11 @@ class Master:
 def start_master(log: Path) -> Master:
     """A `mooncake_master` on free loopback ports with its HTTP metadata server, as the
     Rust tests start it; stopped by its PID."""
+    if "mooncake" not in kvc.FEATURES:
+        skip_or_fail("this kv_connector wheel was built without the mooncake feature")
     binary = mooncake_master_binary()
     if binary is None:
-        pytest.skip("the mooncake wheel is not installed in this interpreter")
+        skip_or_fail("the mooncake wheel is not installed in this interpreter")
     for _attempt in range(3):
         rpc, metadata, metrics = _free_ports(3)
         args = [

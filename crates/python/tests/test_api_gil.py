@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kv_connector as kvc
-from api_support import SMALL_STAGING, T, caches, fill, layout, mooncake_master, prompt, serve, wait_until  # noqa: F401 (fixture)
+from api_support import SMALL_STAGING, T, caches, fill, layout, mooncake_master, needs_mooncake, prompt, serve, wait_until  # noqa: F401 (fixture)
 
 WATCHDOG_S = 900
 BUSY_THREADS = 3
@@ -84,7 +84,7 @@ def test_hooks_complete_while_python_threads_hold_the_gil_memory_pool(busy_gil):
     assert all(spins > 0 for spins in busy_gil), "the busy threads ran meanwhile"
 
 
-@pytest.mark.skipif("mooncake" not in kvc.FEATURES, reason="needs the mooncake feature")
+@needs_mooncake
 def test_hooks_complete_while_python_threads_hold_the_gil_mooncake(busy_gil, mooncake_master):
     kv_a, kv_b = caches(), caches()
     config = mooncake_master.config()

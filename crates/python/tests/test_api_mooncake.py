@@ -2,13 +2,12 @@
 fixture; nothing mocked): each connector makes its own client in this interpreter, and a
 prompt saved through one is loaded byte-identical into the other's tensors."""
 
-import pytest
 import torch
 
 import kv_connector as kvc
-from api_support import T, caches, layout, mooncake_master, prompt, serve  # noqa: F401 (fixture)
+from api_support import T, caches, layout, mooncake_master, needs_mooncake, prompt, serve  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.skipif("mooncake" not in kvc.FEATURES, reason="needs the mooncake feature")
+pytestmark = needs_mooncake
 
 
 def test_save_then_load_through_mooncake_is_byte_identical(mooncake_master):

@@ -16,6 +16,7 @@ use super::types::HookTimer;
 use super::{Engine, Phase};
 use crate::replay::cost::SimMicros;
 use crate::replay::error::ReplayError;
+use crate::replay::kv_cache::KvCacheError;
 
 impl Engine {
     /// Handles the loads the connector reports finished; returns whether any request
@@ -74,7 +75,9 @@ impl Engine {
                     active.pages.page(group, block),
                     active.request.hashes.get(block),
                 ) else {
-                    continue;
+                    // Every block of the load has a page (`allocate_load`): a missing one
+                    // would go unchecked, so it stops the replay (`engine::E2`).
+                    return Err(KvCacheError::LoadedPageMissing { group, block }.into());
                 };
                 let counts = self
                     .checker

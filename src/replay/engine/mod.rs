@@ -78,6 +78,8 @@ mod admit;
 #[cfg(test)]
 mod cap_tests;
 mod draft;
+#[cfg(test)]
+mod load_check_tests;
 mod loads;
 mod prefill;
 mod types;

@@ -151,6 +151,15 @@ pub enum KvCacheError {
         /// The block.
         block: usize,
     },
+    /// A block a load reported filled must have filled has no page (or no hash): the
+    /// page check could not look at it (`engine::E2`).
+    #[error("block {block} of group index {group} was loaded but has no page to check")]
+    LoadedPageMissing {
+        /// Index of the group in layout order.
+        group: usize,
+        /// The block.
+        block: usize,
+    },
     /// The engine was about to write a cached page (`kv_cache::K5`).
     #[error("page {page} of group index {group} is cached and must not be written")]
     CachedPageWrite {
@@ -170,6 +179,7 @@ impl KvCacheError {
             Self::BlockOutOfRange { .. } => "block_out_of_range",
             Self::SharedPrefixGone { .. } => "shared_prefix_gone",
             Self::SharedPageMissing { .. } => "shared_page_missing",
+            Self::LoadedPageMissing { .. } => "loaded_page_missing",
             Self::CachedPageWrite { .. } => "cached_page_write",
         }
     }

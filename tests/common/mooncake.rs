@@ -1,0 +1,64 @@
+//! The Mooncake install of the real-master tests (`.venv` from `scripts/setup-mooncake`).
+//!
+//! `scripts/test` installs Mooncake, then builds and runs the tests with
+//! `KV_CONNECTOR_REQUIRE_MOONCAKE=1`: a missing or unusable install then fails every
+//! real-master test, naming what is missing. Built without it (a developer's `cargo test` without the
+//! venv), the tests skip instead, and each test binary says so once, on one line of
+//! stderr (written past the test harness's output capture, so it shows).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use kv_connector::pool::mooncake::{MooncakeError, MooncakeInstall};
+
+/// Whether these tests were built to require Mooncake (`KV_CONNECTOR_REQUIRE_MOONCAKE=1`
+/// when cargo compiled them; cargo rebuilds them when it changes). Not a `KVC_` name: those
+/// are configuration keys, and the connector refuses an unknown one.
+pub fn required() -> bool {
+    option_env!("KV_CONNECTOR_REQUIRE_MOONCAKE") == Some("1")
+}
+
+/// The venv `scripts/setup-mooncake` makes.
+pub fn venv_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv")
+}
+
+/// The wheel in [`venv_dir`], or `None` when the tests skip (module docs): then the first
+/// call of the test binary says so on stderr.
+///
+/// # Panics
+///
+/// When it is missing and [`required`].
+pub fn install() -> Option<MooncakeInstall> {
+    static NOTICE: Once = Once::new();
+    match discover(&venv_dir(), required()) {
+        Ok(install) => Some(install),
+        Err(err) => {
+            NOTICE.call_once(|| {
+                let binary = std::env::args().next().unwrap_or_default();
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "{binary}: skipping the real-Mooncake tests: {err} (scripts/setup-mooncake \
+                     installs it; built with KV_CONNECTOR_REQUIRE_MOONCAKE=1 this is a failure)"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// The wheel in `venv`, or why it is not usable.
+///
+/// # Panics
+///
+/// When it is not usable and `required`, with the reason.
+pub fn discover(venv: &Path, required: bool) -> Result<MooncakeInstall, MooncakeError> {
+    match MooncakeInstall::discover(venv) {
+        Err(err) if required => panic!(
+            "the Mooncake install is required (KV_CONNECTOR_REQUIRE_MOONCAKE=1, set by \
+             scripts/test) but not usable: {err}; run scripts/setup-mooncake"
+        ),
+        found => found,
+    }
+}
