@@ -9,9 +9,11 @@
 //! more): take the objects from the pool (lent without a copy where the pool can lend,
 //! `Pool::lend`, and then pipelined: the next batch is submitted before the previous one is
 //! waited for; else batch gets into the staging slots, a part of `staging.slots()` at a
-//! time), check every header against what was asked for (R5), scatter
-//! the payloads to their device pages with the device checksumming each page that landed
+//! time), check every header against what was asked for (R5), ask the engine's
+//! [`LoadGrant`] which pages are still lent (R29), scatter those payloads to their device
+//! pages with the device checksumming each page that landed
 //! (`CopyStream::scatter_checked`), wait, and compare those checksums with the headers'.
+//! A page the engine took back is never written once its release returned (`grant`).
 //! Any miss, pool error, corrupt object or failed copy fails the whole load (R25): the
 //! caller reports it failed and the engine computes the prefix itself; pages already
 //! written are not reported as computed.
@@ -40,8 +42,10 @@ use crate::gpu::host_memory::SharedSlot;
 use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, StagingPool};
 use crate::pool::{Pool, PoolError};
 
+mod grant;
 mod save;
 
+pub use grant::{CopyPermit, LoadGrant};
 pub use save::save_pages;
 
 /// One page and its pool object: the object's key, what its header says, and the device
@@ -88,6 +92,13 @@ pub struct LoadMoved {
     pub bytes: u64,
 }
 
+impl LoadMoved {
+    fn add(&mut self, other: LoadMoved) {
+        self.pages += other.pages;
+        self.bytes += other.bytes;
+    }
+}
+
 /// How one save ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SaveResult {
@@ -99,11 +110,26 @@ pub enum SaveResult {
     Failed,
 }
 
-/// Loads `items` into device pages. Returns the staging pool in every case.
+/// One rank's part of a load: its pages, the block each one holds, and the engine's
+/// grant of those pages (R29).
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOrder<'a> {
+    /// The pages to load, in order.
+    pub items: &'a [PageRef],
+    /// The block index of each item (what a release names): as long as `items`.
+    pub blocks: &'a [u64],
+    /// The pages the engine still lends to the load; only those are written.
+    pub grant: &'a LoadGrant,
+}
+
+/// Loads the items of `order` into device pages, skipping the pages the engine took back
+/// (R29: the grant is asked right before each batch's copy). Returns the staging pool in
+/// every case.
 ///
 /// Batches of lent objects are pipelined: the next batch is lent, checked and submitted
 /// before the previous one is waited for, so the copy engine always has work queued. A
 /// failure waits for what is in flight before it returns (no copy outlives the call).
+/// A grant taken back whole ends the load early; its completion is stale (R26).
 ///
 /// `deadline` (`loaders.load_timeout_ms` after the load started) is checked before each
 /// batch's pool call and before its device copy: a load past it fails as
@@ -113,26 +139,48 @@ pub fn load_pages(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
-    items: &[PageRef],
+    order: LoadOrder<'_>,
     deadline: Option<std::time::Instant>,
 ) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
     let expired = || deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline);
-    if let Some(too_big) = items
+    if order.items.len() != order.blocks.len() {
+        tracing::warn!(
+            items = order.items.len(),
+            blocks = order.blocks.len(),
+            "a load names another number of blocks than pages; load failed"
+        );
+        return (staging, Err(LoadFailure::DeviceCopy));
+    }
+    if let Some(too_big) = order
+        .items
         .iter()
         .find(|item| object::object_len(item.payload_len) > staging.slot_bytes())
     {
         tracing::warn!(key = %too_big.key, slot_bytes = staging.slot_bytes(), "object larger than a staging slot");
         return (staging, Err(LoadFailure::DeviceCopy));
     }
+    let len = batch_len(&staging);
+    let mut moved = LoadMoved::default();
     let mut in_flight: Option<LentBatch<'_>> = None;
-    for batch in items.chunks(batch_len(&staging)) {
+    for (batch, blocks) in order.items.chunks(len).zip(order.blocks.chunks(len)) {
+        if order.grant.is_revoked() {
+            break;
+        }
         if expired() {
             return fail_load(staging, in_flight, LoadFailure::Timeout);
         }
+        let part = LoadOrder {
+            items: batch,
+            blocks,
+            grant: order.grant,
+        };
         let started;
-        (staging, started) = start_batch(pool, stream, staging, batch, &expired);
+        (staging, started) = start_batch(pool, stream, staging, part, &expired);
         let next = match started {
-            Ok(next) => next,
+            Ok(started) => {
+                moved.add(started.moved);
+                started.in_flight
+            }
             Err(failure) => return fail_load(staging, in_flight, failure),
         };
         if let Some(previous) = std::mem::replace(&mut in_flight, next) {
@@ -146,10 +194,6 @@ pub fn load_pages(
             return (staging, Err(failure));
         }
     }
-    let moved = LoadMoved {
-        pages: items.len() as u64,
-        bytes: items.iter().map(|item| item.payload_len as u64).sum(),
-    };
     (staging, Ok(moved))
 }
 
@@ -170,11 +214,13 @@ fn fail_load(
 /// work (the kernel, the result copy, the event).
 pub const LENT_BATCH_PAGES: usize = 256;
 
-/// A batch of lent objects submitted and not yet waited for.
+/// A batch of lent objects submitted and not yet waited for. Fields drop in order: the
+/// copy is waited for before the permit says it landed (R29).
 struct LentBatch<'a> {
     in_flight: CheckedInFlight<Vec<SharedSlot>>,
-    batch: &'a [PageRef],
-    stored: Vec<u64>,
+    /// The items copied (those still lent) with their stored checksums.
+    copied: Vec<(&'a PageRef, u64)>,
+    _permit: CopyPermit<'a>,
 }
 
 impl LentBatch<'_> {
@@ -182,86 +228,145 @@ impl LentBatch<'_> {
     fn finish(self) -> Result<(), LoadFailure> {
         let (_objects, sums) = self.in_flight.wait();
         let sums = sums.map_err(|_| LoadFailure::DeviceCopy)?;
-        compare_checksums(self.batch, &self.stored, &sums)
+        compare_checksums(&self.copied, &sums)
     }
 }
 
+/// What starting a batch did: the lent batch left in flight, and what it places.
+struct Started<'a> {
+    in_flight: Option<LentBatch<'a>>,
+    moved: LoadMoved,
+}
+
 /// Starts one batch: lent objects are checked and submitted (returned in flight); without
-/// lending, the batch is got into staging, scattered and checked before returning.
+/// lending, the batch is got into staging, scattered and checked before returning. Only
+/// the pages the grant still lends are copied.
 fn start_batch<'a>(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
-    batch: &'a [PageRef],
+    batch: LoadOrder<'a>,
     expired: &dyn Fn() -> bool,
-) -> (StagingPool, Result<Option<LentBatch<'a>>, LoadFailure>) {
-    let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
+) -> (StagingPool, Result<Started<'a>, LoadFailure>) {
+    let keys: Vec<&str> = batch.items.iter().map(|item| item.key.as_str()).collect();
     if let Some(lent) = pool.lend(&keys) {
-        let copies = load_copies(batch);
-        let started = take_lent(batch, lent).and_then(|(objects, stored)| {
+        let started = take_lent(batch.items, lent).and_then(|(objects, stored)| {
             if expired() {
                 return Err(LoadFailure::Timeout);
             }
+            let (permit, still_lent) = batch.grant.begin_copy(batch.blocks);
+            let kept = kept_slots(&still_lent);
+            let moved = moved_by(batch.items, &kept);
+            if kept.is_empty() {
+                return Ok(Started {
+                    in_flight: None,
+                    moved,
+                });
+            }
+            let copies = load_copies(batch.items, &kept);
             let in_flight = stream
                 .scatter_checked(objects, &copies)
                 .map_err(|_| LoadFailure::DeviceCopy)?;
-            Ok(Some(LentBatch {
-                in_flight,
-                batch,
-                stored,
-            }))
+            Ok(Started {
+                in_flight: Some(LentBatch {
+                    in_flight,
+                    copied: kept.iter().map(|&i| (&batch.items[i], stored[i])).collect(),
+                    _permit: permit,
+                }),
+                moved,
+            })
         });
         return (staging, started);
     }
     let slots = usize::try_from(staging.slots())
         .unwrap_or(usize::MAX)
         .max(1);
-    for part in batch.chunks(slots) {
+    let mut moved = LoadMoved::default();
+    for (items, blocks) in batch.items.chunks(slots).zip(batch.blocks.chunks(slots)) {
+        let part = LoadOrder {
+            items,
+            blocks,
+            grant: batch.grant,
+        };
         let checked;
         (staging, checked) = load_through_staging(pool, stream, staging, part, expired);
-        if let Err(failure) = checked {
-            return (staging, Err(failure));
+        match checked {
+            Ok(part_moved) => moved.add(part_moved),
+            Err(failure) => return (staging, Err(failure)),
         }
     }
-    (staging, Ok(None))
+    let started = Started {
+        in_flight: None,
+        moved,
+    };
+    (staging, Ok(started))
 }
 
 /// Without lending: gets at most `staging.slots()` objects into staging, checks their
-/// headers, scatters with device checksums and compares them.
+/// headers, scatters the pages still lent with device checksums and compares them.
 fn load_through_staging(
     pool: &dyn Pool,
     stream: &mut CopyStream,
     mut staging: StagingPool,
-    batch: &[PageRef],
+    batch: LoadOrder<'_>,
     expired: &dyn Fn() -> bool,
-) -> (StagingPool, Result<(), LoadFailure>) {
-    let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
-    let copies = load_copies(batch);
-    let stored = match fetch_into_staging(pool, &mut staging, batch, &keys) {
+) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
+    let keys: Vec<&str> = batch.items.iter().map(|item| item.key.as_str()).collect();
+    let stored = match fetch_into_staging(pool, &mut staging, batch.items, &keys) {
         Ok(stored) => stored,
         Err(failure) => return (staging, Err(failure)),
     };
     if expired() {
         return (staging, Err(LoadFailure::Timeout));
     }
+    // Held until the copy landed (`wait` below): a release waits for it (R29).
+    let (_permit, still_lent) = batch.grant.begin_copy(batch.blocks);
+    let kept = kept_slots(&still_lent);
+    let moved = moved_by(batch.items, &kept);
+    if kept.is_empty() {
+        return (staging, Ok(moved));
+    }
+    let copies = load_copies(batch.items, &kept);
     let (staging, sums) = match stream.scatter_checked(staging, &copies) {
         Ok(in_flight) => in_flight.wait(),
         Err(refused) => return (refused.memory, Err(LoadFailure::DeviceCopy)),
     };
+    let copied: Vec<(&PageRef, u64)> = kept.iter().map(|&i| (&batch.items[i], stored[i])).collect();
     let checked = sums
         .map_err(|_| LoadFailure::DeviceCopy)
-        .and_then(|sums| compare_checksums(batch, &stored, &sums));
+        .and_then(|sums| compare_checksums(&copied, &sums))
+        .map(|()| moved);
     (staging, checked)
 }
 
-/// The scatter copies of a batch: item `i`'s payload (after the header of slot or object
-/// `i`) to its page.
-fn load_copies(batch: &[PageRef]) -> Vec<PageCopy> {
-    page_copies(
-        batch
-            .iter()
-            .map(|item| (item.identity.group, item.page, item.payload_len)),
-    )
+/// Positions of the items still lent.
+fn kept_slots(still_lent: &[bool]) -> Vec<usize> {
+    (0..still_lent.len()).filter(|&i| still_lent[i]).collect()
+}
+
+/// What copying the items at `kept` places.
+fn moved_by(items: &[PageRef], kept: &[usize]) -> LoadMoved {
+    LoadMoved {
+        pages: kept.len() as u64,
+        bytes: kept.iter().map(|&i| items[i].payload_len as u64).sum(),
+    }
+}
+
+/// The scatter copies of the items at `kept`: item `i`'s payload (after the header of
+/// slot or object `i`) to its page.
+fn load_copies(batch: &[PageRef], kept: &[usize]) -> Vec<PageCopy> {
+    kept.iter()
+        .map(|&slot| {
+            let item = &batch[slot];
+            PageCopy {
+                group: item.identity.group,
+                page: item.page,
+                staging_slot: u32::try_from(slot).unwrap_or(u32::MAX),
+                staging_offset: HEADER_BYTES,
+                len: item.payload_len,
+            }
+        })
+        .collect()
 }
 
 /// Pages per batch: at least [`LENT_BATCH_PAGES`], and at least the staging slots. A pool
@@ -272,15 +377,15 @@ pub(super) fn batch_len(staging: &StagingPool) -> usize {
         .max(LENT_BATCH_PAGES)
 }
 
-/// Compares each page's device checksum with its header's (R5).
-fn compare_checksums(batch: &[PageRef], stored: &[u64], sums: &[u64]) -> Result<(), LoadFailure> {
-    for ((item, &stored), &computed) in batch.iter().zip(stored).zip(sums) {
+/// Compares each copied page's device checksum with its header's (R5).
+fn compare_checksums(copied: &[(&PageRef, u64)], sums: &[u64]) -> Result<(), LoadFailure> {
+    for (&(item, stored), &computed) in copied.iter().zip(sums) {
         if let Err(error) = object::check_checksum(stored, computed) {
             tracing::warn!(key = %item.key, %error, "loaded page does not match its checksum");
             return Err(LoadFailure::Corrupt);
         }
     }
-    if sums.len() == batch.len() {
+    if sums.len() == copied.len() {
         Ok(())
     } else {
         Err(LoadFailure::DeviceCopy)
