@@ -22,10 +22,15 @@
 //! - `mooncake::master::I1`. Every process this module spawns is killed and reaped by
 //!   [`MooncakeMaster::stop`], which `Drop` calls; nothing is stopped by name.
 //! - `mooncake::master::I2`. The master listens on loopback only.
+//! - `mooncake::master::I3`. A master dies with the process that started it, also one
+//!   killed with SIGKILL (a parent-death signal, set through `setpriv`). Linux sends it when
+//!   the thread that spawned the master ends: start a master from a thread that outlives it
+//!   (the replay starts it on its main thread).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::{MooncakeError, MooncakeInstall, MooncakeSettings};
@@ -243,7 +248,12 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
             })?,
         None => Stdio::null(),
     };
-    let mut child = Command::new(&settings.binary)
+    // A missing binary is a spawn error, also when `setpriv` would run it.
+    std::fs::metadata(&settings.binary).map_err(|source| MooncakeError::MasterSpawn {
+        binary: settings.binary.clone(),
+        source,
+    })?;
+    let mut child = master_command(&settings.binary)
         .args(master_args(settings, ports))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -260,6 +270,37 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
             let _ = child.wait();
             Err(err)
         }
+    }
+}
+
+/// The command that runs `binary` so that it dies with this process
+/// (`mooncake::master::I3`): util-linux's `setpriv --pdeathsig KILL` sets Linux's
+/// parent-death signal in the child and then executes the master (same PID), so a replay
+/// killed with SIGKILL leaves no master behind. Without `setpriv` on `PATH` the master runs
+/// plain, and a warning says so once.
+fn master_command(binary: &Path) -> Command {
+    static SETPRIV: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let setpriv = SETPRIV.get_or_init(|| {
+        let found = std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("setpriv"))
+                .find(|candidate| candidate.is_file())
+        });
+        if found.is_none() {
+            tracing::warn!(
+                "setpriv (util-linux) not found on PATH: a mooncake_master this process starts \
+                 outlives it if it is killed with SIGKILL"
+            );
+        }
+        found
+    });
+    match setpriv {
+        Some(setpriv) => {
+            let mut command = Command::new(setpriv);
+            command.args(["--pdeathsig", "KILL", "--"]).arg(binary);
+            command
+        }
+        None => Command::new(binary),
     }
 }
 
