@@ -62,6 +62,7 @@ fn replay_params(
         connector_name: "kvc".to_owned(),
         local_prefix_cache: false,
         drafter,
+        release_during_loads: false,
     })
 }
 

@@ -73,6 +73,7 @@ fn replay_params(
         connector_name: "kvc".to_owned(),
         local_prefix_cache: false,
         drafter: None,
+        release_during_loads: false,
     })
 }
 

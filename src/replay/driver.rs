@@ -114,6 +114,9 @@ pub struct ReplayParams {
     /// tokens past each chunk end, drafts written and rewound, and decoding that advances
     /// `DrafterSetup::tokens_per_step` tokens per step.
     pub drafter: Option<DrafterSetup>,
+    /// Every engine takes back half of each load while it runs and hands those pages to
+    /// another request (off by default; `engine`'s docs, R29).
+    pub release_during_loads: bool,
 }
 
 /// The event loop's state.
@@ -341,6 +344,7 @@ fn build_engines(
             local_prefix_cache: params.local_prefix_cache,
             drafter: params.drafter,
             lookup_wait: super::engine::LOOKUP_WAIT,
+            release_during_loads: params.release_during_loads,
         };
         engines.push(Engine::new(setup, connector)?);
     }
