@@ -534,6 +534,7 @@ fn a_replay_killed_with_sigkill_leaves_no_master_behind() -> TestResult {
         .args(["replay", "--pool", "mooncake", "--model", "tiny-full"])
         .args(["--generate", "long-multiturn", "--sessions", "2000", "--turns", "4"])
         .args(["--first-turn-tokens", "2000", "--last-turn-tokens", "4000"])
+        .args(["--system-prefix-tokens", "1000"])
         .args(["--pool-capacity", "1GiB", "--quiet", "--set", &venv])
         .env("RUST_LOG", "warn,kv_connector::replay::mooncake=info")
         .stdin(std::process::Stdio::null())

@@ -10,8 +10,8 @@ use common::{finished_loads, memory_pool, page_content, prompt, reserve, start, 
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::ids::{RequestId, ReservationId};
-use kv_connector::core::object::HEADER_BYTES;
 use kv_connector::core::layout::{GroupId, Layout};
+use kv_connector::core::object::HEADER_BYTES;
 use kv_connector::pool::Pool;
 
 /// R16, R24: a prompt saved by one instance is loaded byte-identical by another; the

@@ -141,8 +141,7 @@ fn assert_closed(report: &serde_json::Value) {
 /// accounting closed and the signal named.
 #[test]
 fn sigint_writes_the_partial_json_and_report_dir_with_closed_accounting() -> TestResult {
-    let reports =
-        std::env::temp_dir().join(format!("kvc-sigint-reports-{}", std::process::id()));
+    let reports = std::env::temp_dir().join(format!("kvc-sigint-reports-{}", std::process::id()));
     let reports_arg = reports.display().to_string();
     let stopped = replay_stopped_by("-INT", &["--json", "--report-dir", &reports_arg])?;
     assert_eq!(stopped.code, Some(130), "stderr: {}", stopped.stderr);

@@ -119,11 +119,7 @@ impl LoadGrant {
         mut state: MutexGuard<'a, GrantState>,
     ) -> MutexGuard<'a, GrantState> {
         let begun = state.next_copy;
-        while state
-            .copying
-            .first()
-            .is_some_and(|&number| number < begun)
-        {
+        while state.copying.first().is_some_and(|&number| number < begun) {
             state = self
                 .landed
                 .wait(state)
@@ -167,7 +163,11 @@ mod tests {
         let grant = LoadGrant::new(0..64, 16);
         assert!(!grant.release(40..64), "blocks 0-2 keep tokens");
         let (permit, lent) = grant.begin_copy(&[0, 1, 2, 3]);
-        assert_eq!(lent, [true, true, true, false], "block 2 keeps tokens 32..40");
+        assert_eq!(
+            lent,
+            [true, true, true, false],
+            "block 2 keeps tokens 32..40"
+        );
         drop(permit);
         assert!(!grant.is_revoked());
         assert!(grant.release(0..40));

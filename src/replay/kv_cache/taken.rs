@@ -66,14 +66,21 @@ mod tests {
         let taken = cache.take_back(&mut pages, 0, 3).unwrap_or(u32::MAX);
         assert_eq!(pages.page(0, 3), None);
         let fresh = cache.ensure_block(&mut pages, 0, 3)?;
-        assert!(fresh.is_some_and(|page| page != taken), "a fresh page for block 3");
+        assert!(
+            fresh.is_some_and(|page| page != taken),
+            "a fresh page for block 3"
+        );
         assert!(
             !cache.can_admit(60 * 16, 0),
             "the stand-in's page is promised: 60 full pages are not all there"
         );
         cache.give_back(0, taken);
         cache.release(pages);
-        assert_eq!(cache.free_pages()[0], free_before[0] + 4, "every page is free again");
+        assert_eq!(
+            cache.free_pages()[0],
+            free_before[0] + 4,
+            "every page is free again"
+        );
         assert!(cache.can_admit(64 * 16, 0), "and every promise given back");
         Ok(())
     }
