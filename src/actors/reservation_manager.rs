@@ -10,13 +10,13 @@
 //!
 //! A panic in a handler ([`crate::actors::supervisor::catch`]) may leave the ledger
 //! half-updated, and a ledger rebuilt empty would not know the reservations the engine
-//! holds, the loads being written into their pages, or the releases deferred until those
-//! loads settle (R26, R29). So the manager does not restart: it drops the ledger and
-//! retires, and from then on
+//! holds or the loads being written into their pages: it would drop their completions as
+//! stale and let new reservations claim their pages (R26). So the manager does not
+//! restart: it drops the ledger and retires, and from then on
 //! - the load being started when it panicked fails at once, unless its loaders already
 //!   have it;
-//! - a load its loaders still hold is reported failed when they answer (never earlier: the
-//!   engine may reuse released pages only once the load settled, R29);
+//! - a load its loaders still hold is reported failed when they answer (never earlier: a
+//!   reported load's pages are the engine's again, R29);
 //! - every later load fails at once (R25), releases are ignored, stats are still answered.
 //!
 //! The engine sees every load reported failed, never filled, and computes the prefixes
