@@ -361,7 +361,8 @@ impl EngineConnector for Scripted {
                     .map_or(start, |state| state.offer_blocks);
                 if self.script.fill_at_report {
                     let tables = scheduled.page_tables.iter().map(|t| t.to_vec()).collect();
-                    self.late_fills.push((scheduled.request, tables, start..end));
+                    self.late_fills
+                        .push((scheduled.request, tables, start..end));
                 } else {
                     self.fill(scheduled.request, scheduled.page_tables, start..end);
                 }
@@ -1116,6 +1117,8 @@ fn run_kvc(
 ) -> Result<ReplayReport, ReplayError> {
     let mut params = params.clone();
     "kvc".clone_into(&mut params.connector_name);
+    // Room for every instance's connector staging pools (768 MiB each by default).
+    params.deployment.host_memory_limit_bytes = 4 << 30;
     run_replay(&params, workload, &mut kvc_connector, &mut NoProgress)
 }
 

@@ -233,7 +233,10 @@ pub struct ReplayArgs {
     /// (default: the model's estimate for an H200-class GPU).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub kv_memory: Option<u64>,
-    /// Most host memory the simulated devices of all instances may take.
+    /// Most host memory the replay may take for its instances, checked before it starts:
+    /// every rank's simulated KV pages (with their per-page overhead) and connector staging
+    /// pools, and every instance's page tables. The embedded pool is bounded by its own
+    /// capacity (--pool-capacity times the page scale).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
     pub host_memory_limit: u64,
     /// Tensor-parallel ranks per instance (default: the layout's world size).

@@ -246,7 +246,14 @@ fn run(
     }
     // The replay's own use of the configuration (`R`); each connector validates its copy.
     let rewind_tokens = params.config.validate()?.planner.rewind_tokens;
-    let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
+    // The real connector allocates staging pools on every rank (`setup::S2` counts them).
+    let with_connector = params.connector_name == "kvc";
+    let deployment = Deployment::build(
+        &params.layout,
+        &params.config,
+        &params.deployment,
+        with_connector,
+    )?;
     warn_if_pool_below_one_prompt(params, &deployment, workload);
     let engines = build_engines(
         params,
