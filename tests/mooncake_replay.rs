@@ -532,7 +532,14 @@ fn a_replay_killed_with_sigkill_leaves_no_master_behind() -> TestResult {
     let venv = format!("mooncake.venv_dir={}", venv_dir().display());
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"))
         .args(["replay", "--pool", "mooncake", "--model", "tiny-full"])
-        .args(["--generate", "long-multiturn", "--sessions", "2000", "--turns", "4"])
+        .args([
+            "--generate",
+            "long-multiturn",
+            "--sessions",
+            "2000",
+            "--turns",
+            "4",
+        ])
         .args(["--first-turn-tokens", "2000", "--last-turn-tokens", "4000"])
         .args(["--system-prefix-tokens", "1000"])
         .args(["--pool-capacity", "1GiB", "--quiet", "--set", &venv])
@@ -561,7 +568,10 @@ fn a_replay_killed_with_sigkill_leaves_no_master_behind() -> TestResult {
         child.wait()?;
         return Err(format!("the replay did not announce its master:\n{seen}").into());
     };
-    assert!(!process_dead(master), "the master runs while the replay does");
+    assert!(
+        !process_dead(master),
+        "the master runs while the replay does"
+    );
     child.kill()?;
     child.wait()?;
     // The parent-death signal is sent as the replay exits; the master then dies on its own
@@ -577,6 +587,9 @@ fn a_replay_killed_with_sigkill_leaves_no_master_behind() -> TestResult {
             .args(["-9", &master.to_string()])
             .status();
     }
-    assert!(!orphaned, "mooncake_master {master} outlived the replay killed with SIGKILL");
+    assert!(
+        !orphaned,
+        "mooncake_master {master} outlived the replay killed with SIGKILL"
+    );
     Ok(())
 }

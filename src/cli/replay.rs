@@ -239,7 +239,8 @@ pub struct ReplayArgs {
     /// capacity (--pool-capacity times the page scale).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
     pub host_memory_limit: u64,
-    /// Tensor-parallel ranks per instance (default: the layout's world size).
+    /// Tensor-parallel ranks per instance (default: the layout's world size); at most
+    /// 64, dividing or a multiple of every group's KV heads.
     #[arg(long, value_name = "N")]
     pub world: Option<u32>,
     /// Prompt tokens one engine step computes, over all its requests.

@@ -57,7 +57,8 @@ pub struct ConfigArgs {
     /// `KVC_MODEL_LAYOUT_FILE`).
     #[arg(long, value_name = "FILE")]
     pub layout: Option<PathBuf>,
-    /// Tensor-parallel ranks (default: the layout's `world_size`).
+    /// Tensor-parallel ranks (default: the layout's `world_size`); at most
+    /// 64, dividing or a multiple of every group's KV heads.
     #[arg(long, value_name = "N")]
     pub world: Option<u32>,
 }
