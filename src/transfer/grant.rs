@@ -3,7 +3,7 @@
 //!
 //! The contract: once `release_prefix_reservation` (or `request_finished`, or a
 //! replacement) returns, the connector never writes the pages it took back, and the engine
-//! may hand them to another request at once (as vLLM and SGLang reuse a freed block).
+//! may hand them to another request at once (as vLLM and `SGLang` reuse a freed block).
 //!
 //! - A loader asks the grant right before each batch's device copy which of the batch's
 //!   blocks are still lent ([`LoadGrant::begin_copy`]) and copies only those; the returned

@@ -331,10 +331,10 @@ fn load_through_staging(
         Ok(in_flight) => in_flight.wait(),
         Err(refused) => return (refused.memory, Err(LoadFailure::DeviceCopy)),
     };
-    let copied: Vec<(&PageRef, u64)> = kept.iter().map(|&i| (&batch.items[i], stored[i])).collect();
+    let landed: Vec<(&PageRef, u64)> = kept.iter().map(|&i| (&batch.items[i], stored[i])).collect();
     let checked = sums
         .map_err(|_| LoadFailure::DeviceCopy)
-        .and_then(|sums| compare_checksums(&copied, &sums))
+        .and_then(|sums| compare_checksums(&landed, &sums))
         .map(|()| moved);
     (staging, checked)
 }

@@ -30,7 +30,7 @@
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{MooncakeError, MooncakeInstall, MooncakeSettings};
@@ -236,7 +236,7 @@ fn master_args(settings: &MasterSettings, ports: MasterPorts) -> Vec<String> {
 
 /// Spawns a master on `ports` and waits until every port listens.
 fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, MooncakeError> {
-    let stderr = match &settings.log_file {
+    let stderr = || match &settings.log_file {
         Some(path) => std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -245,24 +245,17 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
             .map_err(|source| MooncakeError::MasterLog {
                 path: path.clone(),
                 source,
-            })?,
-        None => Stdio::null(),
+            }),
+        None => Ok(Stdio::null()),
     };
-    // A missing binary is a spawn error, also when `setpriv` would run it.
-    std::fs::metadata(&settings.binary).map_err(|source| MooncakeError::MasterSpawn {
+    let spawn_error = |source| MooncakeError::MasterSpawn {
         binary: settings.binary.clone(),
         source,
-    })?;
-    let mut child = master_command(&settings.binary)
-        .args(master_args(settings, ports))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .map_err(|source| MooncakeError::MasterSpawn {
-            binary: settings.binary.clone(),
-            source,
-        })?;
+    };
+    // A missing binary is a spawn error, also when `setpriv` would run it.
+    std::fs::metadata(&settings.binary).map_err(spawn_error)?;
+    let mut child = spawn_master(&settings.binary, &master_args(settings, ports), &stderr)?
+        .map_err(spawn_error)?;
     match wait_ready(&mut child, settings, ports) {
         Ok(()) => Ok(child),
         Err(err) => {
@@ -273,35 +266,40 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
     }
 }
 
-/// The command that runs `binary` so that it dies with this process
-/// (`mooncake::master::I3`): util-linux's `setpriv --pdeathsig KILL` sets Linux's
-/// parent-death signal in the child and then executes the master (same PID), so a replay
-/// killed with SIGKILL leaves no master behind. Without `setpriv` on `PATH` the master runs
-/// plain, and a warning says so once.
-fn master_command(binary: &Path) -> Command {
-    static SETPRIV: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let setpriv = SETPRIV.get_or_init(|| {
-        let found = std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|dir| dir.join("setpriv"))
-                .find(|candidate| candidate.is_file())
-        });
-        if found.is_none() {
-            tracing::warn!(
-                "setpriv (util-linux) not found on PATH: a mooncake_master this process starts \
-                 outlives it if it is killed with SIGKILL"
-            );
-        }
-        found
-    });
-    match setpriv {
-        Some(setpriv) => {
-            let mut command = Command::new(setpriv);
-            command.args(["--pdeathsig", "KILL", "--"]).arg(binary);
-            command
-        }
-        None => Command::new(binary),
+/// Spawns `binary` with `args` so that it dies with this process (`mooncake::master::I3`):
+/// through util-linux's `setpriv --pdeathsig KILL`, which sets Linux's parent-death signal
+/// in the child and then executes the master (same PID), so a process killed with SIGKILL
+/// leaves no master behind. Without `setpriv` the master runs plain, and a warning says
+/// so once. `stderr` makes the master's stderr for each attempt.
+fn spawn_master(
+    binary: &Path,
+    args: &[String],
+    stderr: &dyn Fn() -> Result<Stdio, MooncakeError>,
+) -> Result<std::io::Result<Child>, MooncakeError> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let quiet = |command: &mut Command| {
+        command.stdin(Stdio::null()).stdout(Stdio::null());
+    };
+    let mut guarded = Command::new("setpriv");
+    guarded
+        .args(["--pdeathsig", "KILL", "--"])
+        .arg(binary)
+        .args(args);
+    quiet(&mut guarded);
+    match guarded.stderr(stderr()?).spawn() {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        spawned => return Ok(spawned),
     }
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "setpriv (util-linux) not found: a mooncake_master this process starts outlives \
+             it if it is killed with SIGKILL"
+        );
+    }
+    let mut plain = Command::new(binary);
+    plain.args(args);
+    quiet(&mut plain);
+    Ok(plain.stderr(stderr()?).spawn())
 }
 
 /// Polls the three ports until they accept connections, the child exits, or time runs out.
