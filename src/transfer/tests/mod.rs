@@ -7,8 +7,12 @@ use crate::core::eviction::EvictionPolicy;
 use crate::core::hash::BlockHash;
 use crate::core::keys::Shard;
 use crate::core::layout::{GroupId, LayoutFingerprint};
+use crate::core::ledger::LoadFailure;
+use crate::core::object;
+use crate::gpu::CopyStream;
 use crate::gpu::{Device, PagePoolSpec};
 use crate::pool::{MemoryPool, SystemClock};
+use crate::pool::{Pool, PoolError};
 
 const PAGE: usize = 256;
 
