@@ -16,9 +16,10 @@
 //!   never for a pool call over the network (`transfer::load_pages`). A release that takes
 //!   no page back does not wait.
 //!
-//! Invariant G1: a page is written by a copy that began while its block was lent; a copy
-//!   that began before a release has landed by the time that release returns. Together: no
-//!   write reaches a page after the release that took it back returned.
+//! Invariant `grant::W1`: a page is written only by a copy that began while its block was
+//! lent, and a copy that began before a release has landed by the time that release
+//! returns. Together: no write reaches a page after the release that took it back
+//! returned.
 //!
 //! Blocks follow the ledger's rule ([`crate::core::ledger::overlaps`]): a block stays lent
 //! while any of its tokens is reserved, so a release need not be block aligned.
@@ -93,8 +94,8 @@ impl LoadGrant {
     }
 
     /// The engine takes back tokens `tokens`; returns once no copy into a page whose block
-    /// has no lent token left can land any more (G1). Returns whether every page is now
-    /// taken back.
+    /// has no lent token left can land any more (`grant::W1`). Returns whether every page
+    /// is now taken back.
     pub fn release(&self, tokens: Range<u64>) -> bool {
         let mut state = self.lock();
         if subtract_range(&mut state.lent, tokens) {
@@ -104,7 +105,7 @@ impl LoadGrant {
     }
 
     /// The engine takes back every page (the reservation was released whole, replaced, or
-    /// its request finished); returns once no copy can land in any of them (G1).
+    /// its request finished); returns once no copy can land in any of them (`grant::W1`).
     pub fn revoke(&self) {
         let mut state = self.lock();
         if !state.lent.is_empty() {
@@ -177,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn a_release_returns_only_after_a_copy_begun_before_it_landed_g1() {
+    fn a_release_returns_only_after_a_copy_begun_before_it_landed_w1() {
         let grant = Arc::new(LoadGrant::new(0..64, 16));
         let landed = Arc::new(AtomicBool::new(false));
         let (began_tx, began) = flume::bounded(1);
