@@ -39,6 +39,15 @@ fn short_replay(dir: &Path, extra: &[&str]) -> Result<String, Box<dyn std::error
 
 /// Runs `replay` with a three-turn conversation on tiny-hybrid and `flags`; returns stdout.
 fn replay_with(flags: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    let (result, out) = replay_output(flags)?;
+    result?;
+    Ok(out)
+}
+
+/// Runs `replay` as [`replay_with`] does; returns its result and stdout, written or not.
+fn replay_output(
+    flags: &[&str],
+) -> Result<(Result<(), replay::ReplayCliError>, String), Box<dyn std::error::Error>> {
     let mut line = vec![
         "kv-connector",
         "replay",
@@ -61,8 +70,8 @@ fn replay_with(flags: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
         return Err("not the replay subcommand".into());
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    replay::run(&args, HashMap::<String, String>::new(), &mut out, &mut err)?;
-    Ok(String::from_utf8(out)?)
+    let result = replay::run(&args, HashMap::<String, String>::new(), &mut out, &mut err);
+    Ok((result, String::from_utf8(out)?))
 }
 
 #[test]
@@ -133,6 +142,22 @@ fn report_dir_under_a_file_is_an_error_naming_the_path() -> TestResult {
     std::fs::write(&file, b"x")?;
     let err = short_replay(&file.join("reports"), &[]).expect_err("a file is not a directory");
     assert!(err.to_string().contains("plain-file"), "{err}");
+    Ok(())
+}
+
+/// A directory that cannot take the report is refused before the replay runs: nothing is
+/// printed, the error names the path.
+#[test]
+fn an_unwritable_report_dir_is_refused_before_the_replay() -> TestResult {
+    let scratch = ScratchDir::new("report-dir-early");
+    std::fs::create_dir_all(&scratch.0)?;
+    let file = scratch.0.join("plain-file");
+    std::fs::write(&file, b"x")?;
+    let dir = file.join("reports").display().to_string();
+    let (result, out) = replay_output(&["--report-dir", dir.as_str()])?;
+    let err = result.expect_err("a file is not a directory");
+    assert!(err.to_string().contains("plain-file"), "{err}");
+    assert!(out.is_empty(), "the replay ran before the check: {out}");
     Ok(())
 }
 

@@ -52,7 +52,8 @@ fn replay_params(
             instances: 2,
             kv_pages: KvPages::Fixed(4096),
             kv_bytes_scale: KvBytesScale::Fixed(kv_bytes_scale),
-            host_memory_limit_bytes: 1 << 30,
+            // Room for both instances' connector staging pools (768 MiB each by default).
+            host_memory_limit_bytes: 4 << 30,
             pool_master: PoolMaster::Start,
         },
         routing: Routing::RoundRobin,
@@ -62,6 +63,7 @@ fn replay_params(
         connector_name: "kvc".to_owned(),
         local_prefix_cache: false,
         drafter,
+        release_during_loads: false,
     })
 }
 

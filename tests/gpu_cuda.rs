@@ -24,11 +24,11 @@ use kv_connector::gpu::{
     CopyDirection, Device, DeviceKind, DeviceRequest, GpuError, PageCopy, StagingPool,
 };
 use kv_connector::pool::{MemoryPool, SystemClock};
-use kv_connector::transfer::{load_pages, save_pages, LoadMoved, PageRef, SaveResult};
+use kv_connector::transfer::{save_pages, LoadMoved, PageRef, SaveResult};
 
 mod gpu_common;
 
-use gpu_common::{page_ref, spec, GPT_OSS_PAGE};
+use gpu_common::{load_all, page_ref, spec, GPT_OSS_PAGE};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
@@ -294,7 +294,7 @@ fn connector_save_then_load_is_byte_identical() -> TestResult {
     assert_eq!(again, vec![SaveResult::SkippedPresent; 2], "R19");
     let loads: Vec<PageRef> = (0..10).map(|b| page_ref(b, 16 + b)).collect();
     let moved;
-    (load_staging, moved) = load_pages(&pool, &mut load_stream, load_staging, &loads, None);
+    (load_staging, moved) = load_all(&pool, &mut load_stream, load_staging, &loads, None);
     assert_eq!(
         moved,
         Ok(LoadMoved {
@@ -333,16 +333,16 @@ fn failed_copies_are_failed_loads_and_saves() -> TestResult {
 
     device.inject_copy_failures(1);
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 3)], None);
+    (staging, loaded) = load_all(&pool, &mut stream, staging, &[page_ref(1, 3)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy));
     assert_eq!(stream.counters().issue_failures, 2);
 
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 99)], None);
+    (staging, loaded) = load_all(&pool, &mut stream, staging, &[page_ref(1, 99)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy), "page out of range");
 
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 3)], None);
+    (staging, loaded) = load_all(&pool, &mut stream, staging, &[page_ref(1, 3)], None);
     assert_eq!(loaded.map(|m| m.pages), Ok(1));
     assert_eq!(
         device.read_page_to_vec(group, 3)?,
@@ -351,7 +351,7 @@ fn failed_copies_are_failed_loads_and_saves() -> TestResult {
 
     device.poison();
     let loaded;
-    (staging, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 4)], None);
+    (staging, loaded) = load_all(&pool, &mut stream, staging, &[page_ref(1, 4)], None);
     assert_eq!(loaded, Err(LoadFailure::DeviceCopy));
     let results;
     (staging, results) = save_pages(&pool, &mut stream, staging, &[page_ref(2, 0)]);

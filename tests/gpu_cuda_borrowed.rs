@@ -18,11 +18,11 @@ use kv_connector::core::layout::GroupId;
 use kv_connector::core::object::HEADER_BYTES;
 use kv_connector::gpu::{BorrowedPages, Device, GpuError, PageCopy};
 use kv_connector::pool::{MemoryPool, SystemClock};
-use kv_connector::transfer::{load_pages, save_pages, LoadMoved, PageRef, SaveResult};
+use kv_connector::transfer::{save_pages, LoadMoved, PageRef, SaveResult};
 
 mod gpu_common;
 
-use gpu_common::{page_ref, GPT_OSS_PAGE};
+use gpu_common::{load_all, page_ref, GPT_OSS_PAGE};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
@@ -156,7 +156,7 @@ fn connector_save_then_load_through_borrowed_pages() -> TestResult {
     );
     assert_eq!(results, vec![SaveResult::Stored; 6]);
     let loads: Vec<_> = (0..6).map(|b| page_ref(b, 12 + b)).collect();
-    let (_, moved) = load_pages(
+    let (_, moved) = load_all(
         &pool,
         &mut load_stream,
         device.staging_pool(slot_bytes, 3)?,

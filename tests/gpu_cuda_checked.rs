@@ -22,11 +22,11 @@ use kv_connector::core::ledger::LoadFailure;
 use kv_connector::core::object::{self, checksum, HEADER_BYTES};
 use kv_connector::gpu::{Device, PageCopy, PagePoolSpec};
 use kv_connector::pool::{MemoryPool, Pool, SystemClock};
-use kv_connector::transfer::{load_pages, save_pages, LoadMoved, PageRef, SaveResult};
+use kv_connector::transfer::{save_pages, LoadMoved, PageRef, SaveResult};
 
 mod gpu_common;
 
-use gpu_common::{identity, page_ref, spec, GPT_OSS_PAGE};
+use gpu_common::{identity, load_all, page_ref, spec, GPT_OSS_PAGE};
 
 type TestResult = Result<(), Box<dyn Error>>;
 
@@ -149,7 +149,7 @@ fn zero_copy_save_then_load_is_byte_identical() -> TestResult {
     assert_eq!(results, vec![SaveResult::Stored; 10]);
     assert_eq!(pool.counters().puts, 10);
     let loads: Vec<PageRef> = (0..10).map(|b| page_ref(b, 16 + b)).collect();
-    let (_, moved) = load_pages(&pool, &mut load_stream, load_staging, &loads, None);
+    let (_, moved) = load_all(&pool, &mut load_stream, load_staging, &loads, None);
     assert_eq!(
         moved,
         Ok(LoadMoved {
@@ -181,7 +181,7 @@ fn a_corrupted_payload_fails_the_load_as_corrupt() -> TestResult {
     }
     let mut stream = device.stream()?;
     let staging = device.staging_pool(HEADER_BYTES + GPT_OSS_PAGE, 2)?;
-    let (_, loaded) = load_pages(&pool, &mut stream, staging, &[page_ref(1, 2)], None);
+    let (_, loaded) = load_all(&pool, &mut stream, staging, &[page_ref(1, 2)], None);
     assert_eq!(loaded, Err(LoadFailure::Corrupt));
     Ok(())
 }

@@ -497,3 +497,87 @@ fn json_logs_of_a_mooncake_replay_stay_json() -> TestResult {
     assert!(files > 0, "nothing was written to {}", folder.display());
     Ok(())
 }
+
+/// Whether process `pid` is gone or a zombie (dead, waiting to be reaped by its new parent).
+fn process_dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses: `pid (comm) S ...`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
+}
+
+/// A replay killed with SIGKILL (no handler runs) takes the master it started with it
+/// (`mooncake::master::I3`): nothing keeps the master's ports and memory after the replay.
+#[test]
+fn a_replay_killed_with_sigkill_leaves_no_master_behind() -> TestResult {
+    use std::io::{BufRead, BufReader};
+    if install().is_none() {
+        return Ok(());
+    }
+    let venv = format!("mooncake.venv_dir={}", venv_dir().display());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kv-connector"))
+        .args(["replay", "--pool", "mooncake", "--model", "tiny-full"])
+        .args([
+            "--generate",
+            "long-multiturn",
+            "--sessions",
+            "2000",
+            "--turns",
+            "4",
+        ])
+        .args(["--first-turn-tokens", "2000", "--last-turn-tokens", "4000"])
+        .args(["--system-prefix-tokens", "1000"])
+        .args(["--pool-capacity", "1GiB", "--quiet", "--set", &venv])
+        .env("RUST_LOG", "warn,kv_connector::replay::mooncake=info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let mut master = None;
+    let mut seen = String::new();
+    for line in BufReader::new(stderr).lines() {
+        let line = line?;
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("replay started mooncake_master") {
+            master = line
+                .split_whitespace()
+                .find_map(|field| field.strip_prefix("pid="))
+                .and_then(|pid| pid.parse::<u32>().ok());
+            break;
+        }
+    }
+    let Some(master) = master else {
+        child.kill()?;
+        child.wait()?;
+        return Err(format!("the replay did not announce its master:\n{seen}").into());
+    };
+    assert!(
+        !process_dead(master),
+        "the master runs while the replay does"
+    );
+    child.kill()?;
+    child.wait()?;
+    // The parent-death signal is sent as the replay exits; the master then dies on its own
+    // schedule. Bounded, not a timing assertion: a master left running never dies.
+    let started = Instant::now();
+    while !process_dead(master) && started.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let orphaned = !process_dead(master);
+    if orphaned {
+        // Clean up after the failure: this test started it, by PID.
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &master.to_string()])
+            .status();
+    }
+    assert!(
+        !orphaned,
+        "mooncake_master {master} outlived the replay killed with SIGKILL"
+    );
+    Ok(())
+}

@@ -172,7 +172,7 @@ fn tiny_full_params(max_num_tokens: usize) -> Result<ReplayParams, Box<dyn std::
             instances: 1,
             kv_pages: KvPages::Fixed(2048),
             kv_bytes_scale: KvBytesScale::Fixed(1.0),
-            host_memory_limit_bytes: 1 << 30,
+            host_memory_limit_bytes: 4 << 30,
             pool_master: PoolMaster::Start,
         },
         routing: Routing::RoundRobin,
@@ -182,6 +182,7 @@ fn tiny_full_params(max_num_tokens: usize) -> Result<ReplayParams, Box<dyn std::
         connector_name: "scripted".to_owned(),
         local_prefix_cache: false,
         drafter: None,
+        release_during_loads: false,
     })
 }
 

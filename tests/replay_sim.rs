@@ -80,6 +80,9 @@ struct Script {
     over_offer: bool,
     /// Loads run in the background (`is_async`).
     is_async: bool,
+    /// Fill a load's pages only when it is reported, ignoring releases meanwhile: a
+    /// connector that breaks R29.
+    fill_at_report: bool,
 }
 
 impl Script {
@@ -90,6 +93,7 @@ impl Script {
             saves: Saves::Free,
             over_offer: false,
             is_async: true,
+            fill_at_report: false,
         }
     }
 }
@@ -138,6 +142,8 @@ struct Scripted {
     requests: HashMap<RequestId, RequestState>,
     scheduled: HashSet<RequestId>,
     finished_loads: Vec<FinishedLoad>,
+    /// Fills left for the report (`Script::fill_at_report`): request, tables, blocks.
+    late_fills: Vec<(RequestId, Vec<Vec<i32>>, std::ops::Range<usize>)>,
     pending_saves: Vec<(RequestId, u32)>,
     checker: PageChecker,
     report: ConnectorReport,
@@ -160,6 +166,7 @@ impl Scripted {
             requests: HashMap::new(),
             scheduled: HashSet::new(),
             finished_loads: Vec::new(),
+            late_fills: Vec::new(),
             pending_saves: Vec::new(),
             checker: PageChecker::new(context.layout.world_size),
             report: ConnectorReport::default(),
@@ -331,6 +338,10 @@ impl EngineConnector for Scripted {
     }
 
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
+        for (request, tables, blocks) in std::mem::take(&mut self.late_fills) {
+            let tables: Vec<&[i32]> = tables.iter().map(Vec::as_slice).collect();
+            self.fill(request, &tables, blocks);
+        }
         std::mem::take(&mut self.finished_loads)
     }
 
@@ -348,8 +359,21 @@ impl EngineConnector for Scripted {
                     .requests
                     .get(&scheduled.request)
                     .map_or(start, |state| state.offer_blocks);
-                self.fill(scheduled.request, scheduled.page_tables, start..end);
+                if self.script.fill_at_report {
+                    let tables = scheduled.page_tables.iter().map(|t| t.to_vec()).collect();
+                    self.late_fills
+                        .push((scheduled.request, tables, start..end));
+                } else {
+                    self.fill(scheduled.request, scheduled.page_tables, start..end);
+                }
                 let filled = self.script.fill != Fill::Fail;
+                // Each load counted once, as the real connector does (stats::A2).
+                self.report.loads_started += 1;
+                if filled {
+                    self.report.loads_done += 1;
+                } else {
+                    self.report.loads_failed += 1;
+                }
                 if filled {
                     if let Some(state) = self.requests.get_mut(&scheduled.request) {
                         state.saved_blocks = end;
@@ -459,6 +483,7 @@ fn params(
         connector_name: "scripted".to_owned(),
         local_prefix_cache: false,
         drafter: None,
+        release_during_loads: false,
     })
 }
 
@@ -517,6 +542,39 @@ fn no_connector_completes_every_request_without_reuse() -> TestResult {
         report.sim.duration_s
     );
     assert!(report.sim.ttft_p50_s > 0.0);
+    Ok(())
+}
+
+/// R29 at scale (`--release-during-loads`): every load of two blocks or more gives back its
+/// second half while it runs, and another request writes those pages at once. Pages a
+/// connector wrote before the release are fine; one that writes the released pages
+/// afterwards (fills at the report, ignoring the release) is caught by the page check.
+#[test]
+fn releases_during_loads_catch_a_connector_that_writes_released_pages_r29() -> TestResult {
+    let mut params = params("tiny-full", 1, 512)?;
+    params.release_during_loads = true;
+    let (report, log) = run_scripted(&params, Script::new(Fill::Generate))?;
+    assert_eq!(report.completed, 6);
+    assert!(report.loads_released_in_flight > 0, "{report:?}");
+    assert!(report.pages_released_in_flight > 0, "{report:?}");
+    assert_eq!(report.mismatched_pages, 0);
+    assert!(log
+        .lock()
+        .releases
+        .iter()
+        .all(|&(_, _, start, end)| start % 16 == 0 && end > start));
+    assert_eq!(
+        report.computed_tokens + report.reused_tokens,
+        report.prompt_tokens
+    );
+    let mut late = Script::new(Fill::Generate);
+    late.fill_at_report = true;
+    let (careless, _) = run_scripted(&params, late)?;
+    assert!(
+        careless.mismatched_pages >= careless.pages_released_in_flight
+            && careless.pages_released_in_flight > 0,
+        "every page written after its release is a mismatch: {careless:?}"
+    );
     Ok(())
 }
 
@@ -1059,6 +1117,8 @@ fn run_kvc(
 ) -> Result<ReplayReport, ReplayError> {
     let mut params = params.clone();
     "kvc".clone_into(&mut params.connector_name);
+    // Room for every instance's connector staging pools (768 MiB each by default).
+    params.deployment.host_memory_limit_bytes = 4 << 30;
     run_replay(&params, workload, &mut kvc_connector, &mut NoProgress)
 }
 

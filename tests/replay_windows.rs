@@ -58,7 +58,7 @@ fn params(layout: &Layout) -> ReplayParams {
             instances: 2,
             kv_pages: KvPages::Fixed(2048),
             kv_bytes_scale: KvBytesScale::Fixed(1.0),
-            host_memory_limit_bytes: 1 << 30,
+            host_memory_limit_bytes: 4 << 30,
             pool_master: PoolMaster::Start,
         },
         routing: Routing::RoundRobin,
@@ -68,6 +68,7 @@ fn params(layout: &Layout) -> ReplayParams {
         connector_name: "scripted".to_owned(),
         local_prefix_cache: false,
         drafter: None,
+        release_during_loads: false,
     }
 }
 

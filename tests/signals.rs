@@ -1,6 +1,7 @@
 //! SIGINT and SIGTERM stop `kv-connector replay` gracefully: it stops admitting requests,
-//! shuts its connectors down, prints the partial report on stderr and exits with 130 / 143
-//! (128 + the signal number). Each test spawns the built binary on a generated workload
+//! shuts its connectors down, prints the partial report on stderr (and writes its JSON with
+//! `--json` and `--report-dir`, accounting closed) and exits with 130 / 143 (128 + the
+//! signal number). Each test spawns the built binary on a generated workload
 //! that runs for minutes, waits until it has logged its first completed request (no
 //! sleeps: the test reads the child's stderr), sends the signal, and checks the exit and
 //! the partial report's numbers: some requests but not all completed, and the stopped
@@ -31,9 +32,16 @@ fn watchdog(pid: u32) -> std::sync::mpsc::Sender<()> {
     done
 }
 
-/// Runs a long replay, sends `signal` (a `kill` flag) after the first completion, and
-/// returns the exit code and everything the replay wrote on stderr.
-fn replay_stopped_by(signal: &str) -> Result<(Option<i32>, String), Box<dyn std::error::Error>> {
+/// What a stopped replay left: its exit code, stderr and stdout.
+struct Stopped {
+    code: Option<i32>,
+    stderr: String,
+    stdout: String,
+}
+
+/// Runs a long replay with `extra` flags, sends `signal` (a `kill` flag) after the first
+/// completion, and returns what it left.
+fn replay_stopped_by(signal: &str, extra: &[&str]) -> Result<Stopped, Box<dyn std::error::Error>> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kv-connector"))
         .args([
             "replay",
@@ -57,6 +65,7 @@ fn replay_stopped_by(signal: &str) -> Result<(Option<i32>, String), Box<dyn std:
             "8",
             "--quiet",
         ])
+        .args(extra)
         .env("RUST_LOG", "warn,kv_connector::cli::replay=debug")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -87,11 +96,11 @@ fn replay_stopped_by(signal: &str) -> Result<(Option<i32>, String), Box<dyn std:
     }
     let exit = child.wait()?;
     let _ = done.send(());
-    assert!(
-        stdout.trim().is_empty(),
-        "a stopped replay prints no final report on stdout: {stdout}"
-    );
-    Ok((exit.code(), seen))
+    Ok(Stopped {
+        code: exit.code(),
+        stderr: seen,
+        stdout,
+    })
 }
 
 /// The partial report: the summary table with fewer completions than requests, and the
@@ -138,16 +147,65 @@ fn counts(report: &str) -> Option<(u64, u64)> {
 
 #[test]
 fn sigint_stops_the_replay_with_a_partial_report_and_exit_130() -> TestResult {
-    let (code, stderr) = replay_stopped_by("-INT")?;
-    assert_eq!(code, Some(130), "stderr: {stderr}");
-    assert_partial_report(&stderr, "sigint");
+    let stopped = replay_stopped_by("-INT", &[])?;
+    assert_eq!(stopped.code, Some(130), "stderr: {}", stopped.stderr);
+    assert_partial_report(&stopped.stderr, "sigint");
+    assert!(
+        stopped.stdout.trim().is_empty(),
+        "without --json the table goes to stderr only: {}",
+        stopped.stdout
+    );
     Ok(())
 }
 
 #[test]
 fn sigterm_stops_the_replay_with_a_partial_report_and_exit_143() -> TestResult {
-    let (code, stderr) = replay_stopped_by("-TERM")?;
-    assert_eq!(code, Some(143), "stderr: {stderr}");
-    assert_partial_report(&stderr, "sigterm");
+    let stopped = replay_stopped_by("-TERM", &[])?;
+    assert_eq!(stopped.code, Some(143), "stderr: {}", stopped.stderr);
+    assert_partial_report(&stopped.stderr, "sigterm");
+    Ok(())
+}
+
+/// The accounting of a partial report: every save and every load counted once, the loads
+/// the stop cut off included (they never reach their engine).
+fn assert_closed(report: &serde_json::Value) {
+    let field = |name: &str| report[name].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(
+        field("saves_enqueued"),
+        field("saves_done")
+            + field("saves_skipped_present")
+            + field("saves_dropped")
+            + field("saves_failed"),
+        "{report}"
+    );
+    assert_eq!(
+        field("loads_started"),
+        field("loads_done") + field("loads_failed"),
+        "{report}"
+    );
+}
+
+/// With `--json` and `--report-dir`, SIGINT writes the partial report to both, its
+/// accounting closed and the signal named.
+#[test]
+fn sigint_writes_the_partial_json_and_report_dir_with_closed_accounting() -> TestResult {
+    let reports = std::env::temp_dir().join(format!("kvc-sigint-reports-{}", std::process::id()));
+    let reports_arg = reports.display().to_string();
+    let stopped = replay_stopped_by("-INT", &["--json", "--report-dir", &reports_arg])?;
+    assert_eq!(stopped.code, Some(130), "stderr: {}", stopped.stderr);
+    assert_partial_report(&stopped.stderr, "sigint");
+    let printed: serde_json::Value = serde_json::from_str(stopped.stdout.trim())?;
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reports.join("report.json"))?)?;
+    for report in [&printed, &written] {
+        assert_eq!(report["stopped_by"], "sigint", "{report}");
+        assert!(
+            report["completed"].as_u64() < report["requests"].as_u64(),
+            "{report}"
+        );
+        assert_closed(report);
+    }
+    assert!(reports.join("timeline.json").is_file());
+    std::fs::remove_dir_all(&reports)?;
     Ok(())
 }

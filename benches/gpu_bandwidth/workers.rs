@@ -9,7 +9,7 @@ use std::time::Duration;
 use kv_connector::core::object::{self, HEADER_BYTES};
 use kv_connector::gpu::Device;
 use kv_connector::pool::{MemoryPool, Pool};
-use kv_connector::transfer::{load_pages, save_pages, PageRef, SaveResult};
+use kv_connector::transfer::{load_pages, save_pages, LoadGrant, LoadOrder, PageRef, SaveResult};
 
 use super::{
     identity, pattern, timed, BenchResult, CONNECTOR_REQUEST_PAGES, LOAD_DST, LOAD_SET, PAGE,
@@ -186,11 +186,19 @@ fn loader(
     let mut staging = Some(device.staging_pool(HEADER_BYTES + PAGE, REQUEST_PAGES)?);
     Ok(Box::new(move |round| {
         let items = load_request(worker, round);
+        // Every page lent for the whole load (item `i` holds block `i`).
+        let blocks: Vec<u64> = (0..items.len() as u64).collect();
+        let grant = LoadGrant::new(0..items.len() as u64, 1);
+        let order = LoadOrder {
+            items: &items,
+            blocks: &blocks,
+            grant: &grant,
+        };
         let (returned, moved) = load_pages(
             pool.as_ref(),
             &mut stream,
             staging.take().ok_or("staging lost")?,
-            &items,
+            order,
             None,
         );
         staging = Some(returned);

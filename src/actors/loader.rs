@@ -19,6 +19,9 @@
 //! - `loader::L1`. Every `LoadBlocks` gets exactly one `RankLoadFinished`, also when the load
 //!   panics.
 //! - `loader::L2`. A load that did not finish every page is reported failed, never filled (R25).
+//! - `loader::L3`. A page the engine took back (the load's grant no longer lends it) is never
+//!   written after the release returned (R29, `transfer::LoadGrant`); the load is filled
+//!   when every page still lent is.
 
 use std::time::Instant;
 
@@ -79,7 +82,7 @@ impl Loader {
         let (pool, stream) = (self.pool.as_ref(), &mut self.stream);
         let supervised = self
             .staging
-            .run(|staging| load_pages(pool, stream, staging, &message.items, deadline));
+            .run(|staging| load_pages(pool, stream, staging, message.order(), deadline));
         match supervised {
             Some(Batch::Done(Ok(moved))) => (LoadResult::Filled, moved.pages, moved.bytes),
             Some(Batch::Done(Err(failure))) => (LoadResult::Failed(failure), 0, 0),

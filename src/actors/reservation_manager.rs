@@ -10,13 +10,13 @@
 //!
 //! A panic in a handler ([`crate::actors::supervisor::catch`]) may leave the ledger
 //! half-updated, and a ledger rebuilt empty would not know the reservations the engine
-//! holds, the loads being written into their pages, or the releases deferred until those
-//! loads settle (R26, R29). So the manager does not restart: it drops the ledger and
-//! retires, and from then on
+//! holds or the loads being written into their pages: it would drop their completions as
+//! stale and let new reservations claim their pages (R26). So the manager does not
+//! restart: it drops the ledger and retires, and from then on
 //! - the load being started when it panicked fails at once, unless its loaders already
 //!   have it;
-//! - a load its loaders still hold is reported failed when they answer (never earlier: the
-//!   engine may reuse released pages only once the load settled, R29);
+//! - a load its loaders still hold is reported failed when they answer (never earlier: a
+//!   reported load's pages are the engine's again, R29);
 //! - every later load fails at once (R25), releases are ignored, stats are still answered.
 //!
 //! The engine sees every load reported failed, never filled, and computes the prefixes
@@ -46,7 +46,7 @@ use crate::messages::reservation_manager::{
 use crate::messages::{EngineInbox, FinishedLoad};
 use crate::pool::{ActorFault, ActorFaults};
 use crate::stats::LoadStats;
-use crate::transfer::PageRef;
+use crate::transfer::{LoadGrant, PageRef};
 
 /// A load waiting for its ranks.
 #[derive(Debug)]
@@ -56,6 +56,13 @@ struct PendingLoad {
     result: LoadResult,
     pages: u64,
     bytes: u64,
+}
+
+/// A recorded load on its way to the loaders.
+struct PlannedLoad<'a> {
+    pages: &'a [(ReservedPage, BlockHash)],
+    grant: &'a Arc<LoadGrant>,
+    started_at: Instant,
 }
 
 /// The reservation manager.
@@ -181,14 +188,19 @@ impl ReservationManager {
         );
     }
 
-    /// Builds one rank's load items from the reserved pages.
-    fn items_for_rank(&self, rank: u32, pages: &[(ReservedPage, BlockHash)]) -> Vec<PageRef> {
+    /// Builds one rank's load items from the reserved pages, with the block of each.
+    fn items_for_rank(
+        &self,
+        rank: u32,
+        pages: &[(ReservedPage, BlockHash)],
+    ) -> (Vec<PageRef>, Vec<u64>) {
         pages
             .iter()
             .filter_map(|(page, hash)| {
                 PageRef::in_key_space(&self.keys, rank, page.group, page.page, *hash)
+                    .map(|item| (item, page.block_index))
             })
-            .collect()
+            .unzip()
     }
 }
 
@@ -266,7 +278,12 @@ impl ReservationManager {
             !self.faults.fires(ActorFault::ManagerPanic),
             "injected fault manager_panic: the reservation manager panicked starting a load"
         );
-        self.dispatch(ctx, request, (reservation, ticket), &pages, started_at);
+        let order = PlannedLoad {
+            pages: &pages,
+            grant: &load.grant,
+            started_at,
+        };
+        self.dispatch(ctx, request, (reservation, ticket), &order);
     }
 
     /// Sends a recorded load to one loader of every rank. The load is pending before any
@@ -277,8 +294,7 @@ impl ReservationManager {
         ctx: &mut Context<Self>,
         request: RequestId,
         key: (ReservationId, LoadTicket),
-        pages: &[(ReservedPage, BlockHash)],
-        started_at: Instant,
+        load: &PlannedLoad<'_>,
     ) {
         let result = if self.loaders.is_empty() {
             LoadResult::Failed(LoadFailure::LoaderGone)
@@ -300,10 +316,13 @@ impl ReservationManager {
             let sent = loaders
                 .get(self.next_loader % loaders.len().max(1))
                 .is_some_and(|loader| {
+                    let (items, blocks) = self.items_for_rank(rank, load.pages);
                     let message = LoadBlocks {
                         ticket: key.1,
-                        items: self.items_for_rank(rank, pages),
-                        started_at,
+                        items,
+                        blocks,
+                        grant: Arc::clone(load.grant),
+                        started_at: load.started_at,
                     };
                     loader.try_send(message).is_ok()
                 });

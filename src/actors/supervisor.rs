@@ -206,7 +206,13 @@ impl StagingSupervisor {
             );
             return self.retire();
         }
-        let staging = StagingPool::new_host(self.geometry);
+        let staging = match StagingPool::new_host(self.geometry) {
+            Ok(staging) => staging,
+            Err(err) => {
+                tracing::error!(actor, rank, panic, error = %err, kind = err.kind(), "panicked and no memory was left for a new staging pool; retired, its later work fails");
+                return self.retire();
+            }
+        };
         if let Err(err) = self.pool.register_staging(staging.bytes()) {
             tracing::error!(actor, rank, panic, error = %err, kind = err.kind(), "panicked and its new staging pool was refused; retired, its later work fails");
             return self.retire();
@@ -273,7 +279,7 @@ mod tests {
     #[test]
     fn a_panicking_batch_rebuilds_a_host_staging_pool() -> TestResult {
         let geometry = StagingGeometry::new(64, 3)?;
-        let mut supervisor = supervisor(StagingPool::new_host(geometry))?;
+        let mut supervisor = supervisor(StagingPool::new_host(geometry)?)?;
         let panicked: Option<Batch<()>> = supervisor.run(|_| panic!("injected"));
         assert_eq!(panicked, Some(Batch::Panicked));
         assert!(!supervisor.is_retired());
@@ -288,7 +294,7 @@ mod tests {
     /// P2: a lent staging pool is lent once; after `retire` it is never lent again.
     #[test]
     fn a_lent_or_retired_supervisor_lends_nothing() -> TestResult {
-        let mut supervisor = supervisor(StagingPool::new_host(StagingGeometry::new(64, 1)?))?;
+        let mut supervisor = supervisor(StagingPool::new_host(StagingGeometry::new(64, 1)?)?)?;
         let lent = supervisor.lend().ok_or("nothing lent")?;
         assert!(supervisor.lend().is_none(), "lent to one batch at a time");
         let answer = supervisor.settle(lent.run(|staging| (staging, 1)));

@@ -18,10 +18,15 @@
 //!    the table on stderr unless `--quiet`).
 //! 6. With `--report-dir DIR`, the replay also collects time series per simulated time
 //!    bucket, and `DIR` gets the JSON report, the timeline and PNG plots
-//!    ([`crate::replay::plots`]).
+//!    ([`crate::replay::plots`]). `DIR` is checked (created, and a probe file written)
+//!    before the replay starts.
 //! 7. Check the report ([`crate::replay::checks`]): a mismatched page, a page published
 //!    past the chunk end or accounting that does not close fails the run
 //!    ([`ReplayCliError::ChecksFailed`], exit status 3) after everything above was written.
+//!
+//! A stop signal (SIGINT, SIGTERM) ends the replay early with a partial report: the table
+//! on stderr, the JSON on stdout with `--json` (its `stopped_by` names the signal), and
+//! `DIR` written with `--report-dir`; then the error names the signal.
 //!
 //! `--local-prefix-cache` gives every simulated instance a local prefix cache (vLLM's
 //! automatic prefix caching, TensorRT-LLM's KV cache reuse): pages of finished prompts
@@ -53,7 +58,7 @@ use crate::replay::checks::{check, FailedChecks};
 use crate::replay::cost::CostModel;
 use crate::replay::engine::DrafterSetup;
 use crate::replay::kvc::kvc_handle;
-use crate::replay::plots::{write_report_dir, PlotError};
+use crate::replay::plots::{check_report_dir, write_report_dir, PlotError};
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
 };
@@ -241,10 +246,14 @@ pub struct ReplayArgs {
     /// (default: the model's estimate for an H200-class GPU).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub kv_memory: Option<u64>,
-    /// Most host memory the simulated devices of all instances may take.
+    /// Most host memory the replay may take for its instances, checked before it starts:
+    /// every rank's simulated KV pages (with their per-page overhead) and connector staging
+    /// pools, and every instance's page tables. The embedded pool is bounded by its own
+    /// capacity (--pool-capacity times the page scale).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "4GiB")]
     pub host_memory_limit: u64,
-    /// Tensor-parallel ranks per instance (default: the layout's world size).
+    /// Tensor-parallel ranks per instance (default: the layout's world size); at most
+    /// 64, dividing or a multiple of every group's KV heads.
     #[arg(long, value_name = "N")]
     pub world: Option<u32>,
     /// Prompt tokens one engine step computes, over all its requests.
@@ -279,6 +288,12 @@ pub struct ReplayArgs {
     /// the connector is asked only for what lies beyond the local match.
     #[arg(long)]
     pub local_prefix_cache: bool,
+    /// Test R29 at scale: every instance takes back the second half of each load while it
+    /// runs and hands those pages to another request that writes them at once; the page
+    /// check counts any page a loader wrote after its release (`mismatched_pages`). A filled
+    /// load resumes at its kept half (layouts with window groups compute it instead).
+    #[arg(long)]
+    pub release_during_loads: bool,
     /// Also replay the same workload with no connector and report both side by side
     /// (simulated TTFT, throughput, prefill tokens, with the ratios). On for the built-in
     /// demo; off with --connector none.
@@ -334,7 +349,7 @@ pub enum ReplayCliError {
     #[cfg(feature = "faults")]
     #[error("invalid --faults spec")]
     FaultSpec(#[source] crate::pool::faults::FaultSpecError),
-    /// A signal stopped the replay; the partial report went to stderr.
+    /// A signal stopped the replay; the partial report was written (the table on stderr).
     #[error(
         "replay stopped by {} after {completed} of {requests} requests; the partial report is on stderr",
         signal.as_str()
@@ -416,8 +431,8 @@ pub fn run<S: std::hash::BuildHasher>(
 }
 
 /// Runs `kv-connector replay` until it ends or `stop` fires (SIGINT / SIGTERM): then the
-/// driver stops admitting requests, the connectors shut down, and the partial report goes
-/// to `err`.
+/// driver stops admitting requests, the connectors shut down, and the partial report is
+/// written as a full one would be (module docs), with its table on `err`.
 ///
 /// # Errors
 ///
@@ -462,6 +477,9 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
     }
     let params = replay_params(args, config)?;
     let workload = build_workload(args)?;
+    if let Some(dir) = &args.report_dir {
+        check_report_dir(dir)?;
+    }
     let metrics = match parse_metrics_addr(&params.config.stats.metrics_addr)? {
         Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&sources))?),
         None => None,
@@ -494,7 +512,8 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
         ),
     };
     fault_wiring::record(&faults, &mut report);
-    if compares_baseline(args) && stop.received().is_none() {
+    let stopped = stop.received();
+    if compares_baseline(args) && stopped.is_none() {
         // No connector, so no pool: never start a Mooncake master or clients for it.
         let mut config = (*params.config).clone();
         config.pool.backend = PoolBackend::Memory;
@@ -509,15 +528,7 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
         )?;
         report.baseline = Some(BaselineComparison::new(&report, &without));
     }
-    if let Some(signal) = stop.received() {
-        report.write_table(err).map_err(ReplayCliError::Write)?;
-        err.flush().map_err(ReplayCliError::Write)?;
-        return Err(ReplayCliError::Interrupted {
-            signal,
-            completed: report.completed,
-            requests: report.requests,
-        });
-    }
+    report.stopped_by = stopped.map(|signal| signal.as_str().to_owned());
     write_report(args, &report, out, err)?;
     if let (Some(dir), Some(timeline)) = (&args.report_dir, timeline) {
         let written = write_report_dir(dir, &report, &timeline)?;
@@ -529,7 +540,14 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
             writeln!(err, "report written: {}", names.join(", ")).map_err(ReplayCliError::Write)?;
         }
     }
-    Ok(check(&report)?)
+    match stopped {
+        Some(signal) => Err(ReplayCliError::Interrupted {
+            signal,
+            completed: report.completed,
+            requests: report.requests,
+        }),
+        None => Ok(check(&report)?),
+    }
 }
 
 /// Whether the run also replays the workload without a connector: asked for, or the
@@ -583,6 +601,7 @@ fn replay_params(args: &ReplayArgs, config: Config) -> Result<ReplayParams, Repl
         .to_owned(),
         local_prefix_cache: args.local_prefix_cache,
         drafter: drafter_setup(args)?,
+        release_during_loads: args.release_during_loads,
     })
 }
 
@@ -709,20 +728,23 @@ impl GeneratorArgs {
     }
 }
 
-/// Prints the report (workflow step 5).
+/// Prints the report (workflow step 5). A partial report (a signal stopped the replay)
+/// puts its table on `err` in every case, and its JSON on `out` with `--json`.
 fn write_report(
     args: &ReplayArgs,
     report: &ReplayReport,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ReplayCliError> {
+    let partial = report.stopped_by.is_some();
     if args.json {
         serde_json::to_writer(&mut *out, report).map_err(ReplayCliError::Json)?;
         writeln!(out).map_err(ReplayCliError::Write)?;
-        if !args.quiet {
-            report.write_table(err).map_err(ReplayCliError::Write)?;
-        }
-    } else {
+    }
+    if partial || (args.json && !args.quiet) {
+        report.write_table(err).map_err(ReplayCliError::Write)?;
+        err.flush().map_err(ReplayCliError::Write)?;
+    } else if !args.json {
         report.write_table(out).map_err(ReplayCliError::Write)?;
     }
     out.flush().map_err(ReplayCliError::Write)

@@ -15,6 +15,9 @@
 //! 3. Engine arguments (`--engine-args FILE`: YAML, JSON or TOML, see
 //!    [`engine_args_file`]): every R8 refusal, and the fields not checked listed as ignored.
 //! 4. The build: `pool.backend = "mooncake"` needs the `mooncake` cargo feature.
+//!    The host: the memory the configuration takes on a node (R9: the pool memory it
+//!    contributes and every staging pool) must fit the host's memory (`MemTotal`); the
+//!    refusal names the largest part and a value that fits.
 //! 5. Print: the effective configuration as TOML (refused keys at their defaults, said in
 //!    a comment), the layout's groups and page sizes as comments, then on `err` one
 //!    `refused [...]` line per refusal with its causes; fail with
@@ -27,9 +30,13 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use super::engine_args_file;
-use crate::config::{parse_override, Config, ConfigError, ConfigSources, PoolBackend, KEYS};
+use crate::config::{
+    bytes_text, parse_override, Config, ConfigError, ConfigSources, NodeMemory, PoolBackend, KEYS,
+    MIB,
+};
 use crate::core::engine_args::validate_llm_args;
 use crate::core::layout::{Layout, LayoutError};
+use crate::gpu::host_memory::host_memory;
 
 /// The configuration and layout flags `validate` and `inspect` share.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -50,7 +57,8 @@ pub struct ConfigArgs {
     /// `KVC_MODEL_LAYOUT_FILE`).
     #[arg(long, value_name = "FILE")]
     pub layout: Option<PathBuf>,
-    /// Tensor-parallel ranks (default: the layout's `world_size`).
+    /// Tensor-parallel ranks (default: the layout's `world_size`); at most
+    /// 64, dividing or a multiple of every group's KV heads.
     #[arg(long, value_name = "N")]
     pub world: Option<u32>,
 }
@@ -151,6 +159,55 @@ impl ValidateError {
 #[error("pool.backend = \"mooncake\" needs a build with `--features mooncake` (scripts/setup-mooncake); use pool.backend = \"memory\" or rebuild")]
 pub struct MooncakeNotBuilt;
 
+/// The configuration takes more memory than the host has (step 4).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the configuration takes {} of host memory ({} {} + loader staging {} + saver staging \
+     {}), more than this host has ({} MemTotal); lower {fits_key}, e.g. {fits_key}={}MiB",
+    bytes_text(memory.total_bytes()), memory.pool_key, bytes_text(memory.pool_bytes),
+    bytes_text(memory.loader_staging_bytes), bytes_text(memory.saver_staging_bytes),
+    bytes_text(*host_total_bytes), fits_bytes / MIB
+)]
+pub struct HostMemoryExceeded {
+    /// What the configuration takes.
+    pub memory: NodeMemory,
+    /// The host's memory.
+    pub host_total_bytes: u64,
+    /// The key of the largest part.
+    pub fits_key: &'static str,
+    /// A value of that key with which everything fits (whole MiB).
+    pub fits_bytes: u64,
+}
+
+/// Step 4: the configuration's node memory against the host's `host_total` bytes.
+fn check_host_memory(config: &Config, host_total: u64) -> Option<HostMemoryExceeded> {
+    let runtime = config.validate().ok()?;
+    let memory = config.node_memory(&runtime);
+    let excess = memory
+        .total_bytes()
+        .checked_sub(host_total)
+        .filter(|&excess| excess > 0)?;
+    let loader_threads = runtime.loaders.load_threads.get() as u64;
+    // The largest part, and how many pools of its key it is.
+    let parts = [
+        (memory.pool_key, memory.pool_bytes, 1),
+        (
+            "loaders.staging_bytes_per_loader",
+            memory.loader_staging_bytes,
+            loader_threads,
+        ),
+        ("saver.staging_bytes", memory.saver_staging_bytes, 1),
+    ];
+    let (fits_key, part_bytes, pools) = parts.into_iter().max_by_key(|part| part.1)?;
+    let per_pool = part_bytes.saturating_sub(excess) / pools;
+    Some(HostMemoryExceeded {
+        memory,
+        host_total_bytes: host_total,
+        fits_key,
+        fits_bytes: (per_pool / MIB).max(1) * MIB,
+    })
+}
+
 /// One refusal: the step it came from and the error.
 struct Refusal {
     step: &'static str,
@@ -207,6 +264,14 @@ pub fn run<S: std::hash::BuildHasher>(
                 step: "build",
                 error: Box::new(MooncakeNotBuilt),
             });
+        }
+        if let Some(host_total) = host_memory().map(|host| host.total_bytes) {
+            if let Some(refused) = check_host_memory(config, host_total) {
+                refusals.push(Refusal {
+                    step: "host",
+                    error: Box::new(refused),
+                });
+            }
         }
     }
     check_engine_args(args, out, &mut refusals).map_err(write)?;
@@ -538,6 +603,55 @@ mod tests {
             !out.contains("[pool]"),
             "no effective config without a loaded one: {out}"
         );
+        Ok(())
+    }
+
+    /// Step 4: a configuration that takes more memory than the host has is refused,
+    /// naming its largest part and a value of it that fits; that value passes.
+    #[test]
+    fn a_configuration_larger_than_the_host_is_refused_naming_a_value_that_fits() -> TestResult {
+        use crate::config::GIB;
+        let host = 23 * GIB;
+        assert!(check_host_memory(&Config::default(), host).is_none());
+        let mut config = Config::default();
+        config.saver.staging_bytes = 64 * GIB;
+        let refused = check_host_memory(&config, host).ok_or("64 GiB of staging was accepted")?;
+        assert_eq!(refused.fits_key, "saver.staging_bytes");
+        let text = refused.to_string();
+        assert!(text.contains("MemTotal"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "saver.staging_bytes={}MiB",
+                refused.fits_bytes / MIB
+            )),
+            "{text}"
+        );
+        config.saver.staging_bytes = refused.fits_bytes;
+        assert!(
+            check_host_memory(&config, host).is_none(),
+            "the advice fits"
+        );
+        Ok(())
+    }
+
+    /// The same through the command on this host, where 64 GiB of staging does not fit.
+    #[test]
+    fn validate_refuses_staging_the_host_cannot_hold() -> TestResult {
+        let Some(host) = host_memory() else {
+            println!("skipped: no /proc/meminfo");
+            return Ok(());
+        };
+        if host.total_bytes >= 72 * crate::config::GIB {
+            println!("skipped: this host holds 64 GiB of staging");
+            return Ok(());
+        }
+        let (result, _, err) = validate(&["--set", "saver.staging_bytes=64GiB"], &[])?;
+        assert!(
+            matches!(result, Err(ValidateError::Refused { count: 1 })),
+            "{err}"
+        );
+        assert!(err.contains("refused [host]"), "{err}");
+        assert!(err.contains("e.g. saver.staging_bytes="), "{err}");
         Ok(())
     }
 }

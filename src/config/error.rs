@@ -205,7 +205,7 @@ fn budget_remedy(pool_key: &str, max_pool_bytes: Option<u64>, required_bytes: u6
 
 /// Renders a byte count exactly, plus the largest binary unit that divides it evenly
 /// (`268435456 (256 MiB)`).
-fn bytes_text(bytes: u64) -> String {
+pub fn bytes_text(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut unit = 0;
     let mut whole = bytes;

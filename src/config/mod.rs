@@ -46,7 +46,7 @@ use serde::{Deserialize, Serialize};
 pub use actor_sections::{
     HandoffConfig, LoadersConfig, PlannerConfig, ReservationsConfig, SaverConfig, StatsConfig,
 };
-pub use error::{ConfigError, ConfigWarning, ValueOrigin};
+pub use error::{bytes_text, ConfigError, ConfigWarning, ValueOrigin};
 pub use keys::{parse_byte_size, KeySpec, LeafKind, KEYS};
 pub use layers::{parse_override, ENV_PREFIX};
 pub use runtime::RuntimeConfig;
@@ -54,6 +54,7 @@ pub use sections::{
     DeviceConfig, KeysConfig, ModelConfig, MooncakeConfig, NodeConfig, PoolBackend, PoolConfig,
     GIB, MIB, MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
 };
+pub use validate::NodeMemory;
 
 /// Prefix of the legacy environment names kept for existing deployments.
 pub const LEGACY_ENV_PREFIX: &str = "TRTLLM_MOONCAKE_STORE_";

@@ -204,6 +204,29 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
 /// the environment's value).
 const MOONCAKE_LOG_LEVELS: [&str; 4] = ["", "INFO", "WARNING", "ERROR"];
 
+/// The host memory a configuration takes on a node (R9), by part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// The key that sizes the pool memory: `pool.capacity_bytes` or
+    /// `mooncake.global_segment_size_bytes`.
+    pub pool_key: &'static str,
+    /// The pool memory this node contributes.
+    pub pool_bytes: u64,
+    /// `loaders.load_threads * loaders.staging_bytes_per_loader`.
+    pub loader_staging_bytes: u64,
+    /// `saver.staging_bytes`.
+    pub saver_staging_bytes: u64,
+}
+
+impl NodeMemory {
+    /// Everything together.
+    pub fn total_bytes(&self) -> u64 {
+        self.pool_bytes
+            .saturating_add(self.loader_staging_bytes)
+            .saturating_add(self.saver_staging_bytes)
+    }
+}
+
 impl Config {
     /// Checks ranges and the node memory budget, and returns the actor sections in the
     /// types the checks proved ([`RuntimeConfig`]).
@@ -240,26 +263,44 @@ impl Config {
         Ok(runtime)
     }
 
-    /// R9: the budget covers the pool memory this node contributes (the embedded pool's
-    /// capacity, or this process's Mooncake segment) plus every staging pool.
+    /// The host memory this configuration takes on a node (R9): the pool memory it
+    /// contributes (the embedded pool's capacity, or this process's Mooncake segment) and
+    /// every staging pool.
+    pub fn node_memory(&self, runtime: &RuntimeConfig) -> NodeMemory {
+        let (pool_key, pool_bytes) = match self.pool.backend {
+            PoolBackend::Memory => ("pool.capacity_bytes", self.pool.capacity_bytes),
+            PoolBackend::Mooncake => (
+                "mooncake.global_segment_size_bytes",
+                self.mooncake.global_segment_size_bytes,
+            ),
+        };
+        // At most 64 loaders of 64 GiB each plus one saver of 64 GiB: no overflow.
+        let loaders = &runtime.loaders;
+        NodeMemory {
+            pool_key,
+            pool_bytes,
+            loader_staging_bytes: loaders.load_threads.get() as u64
+                * loaders.staging_bytes_per_loader.get(),
+            saver_staging_bytes: runtime.saver.staging_bytes.get(),
+        }
+    }
+
+    /// R9: the budget covers [`Config::node_memory`].
     fn check_budget(&self, runtime: &RuntimeConfig) -> Result<(), ConfigError> {
         let budget_bytes = self.node.memory_budget_bytes;
         if budget_bytes == 0 {
             return Ok(());
         }
-        let (pool_key, pool_bytes, smallest_segment) = match self.pool.backend {
-            PoolBackend::Memory => ("pool.capacity_bytes", self.pool.capacity_bytes, 1),
-            PoolBackend::Mooncake => (
-                "mooncake.global_segment_size_bytes",
-                self.mooncake.global_segment_size_bytes,
-                MOONCAKE_MIN_SEGMENT_BYTES,
-            ),
+        let smallest_segment = match self.pool.backend {
+            PoolBackend::Memory => 1,
+            PoolBackend::Mooncake => MOONCAKE_MIN_SEGMENT_BYTES,
         };
-        // At most 64 loaders of 64 GiB each plus one saver of 64 GiB: no overflow.
-        let loaders = &runtime.loaders;
-        let loader_staging_bytes =
-            loaders.load_threads.get() as u64 * loaders.staging_bytes_per_loader.get();
-        let saver_staging_bytes = runtime.saver.staging_bytes.get();
+        let NodeMemory {
+            pool_key,
+            pool_bytes,
+            loader_staging_bytes,
+            saver_staging_bytes,
+        } = self.node_memory(runtime);
         let staging_bytes = loader_staging_bytes + saver_staging_bytes;
         let required_bytes = pool_bytes.saturating_add(staging_bytes);
         if required_bytes <= budget_bytes {

@@ -24,6 +24,7 @@ use crate::messages::reservation_manager::{ReleaseReservation, StartLoad};
 use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, LookupCompleted, SavesSettled};
 use crate::stats::ConnectorStats;
+use crate::transfer::LoadGrant;
 
 #[cfg(feature = "faults")]
 mod gates;
@@ -46,6 +47,9 @@ struct RequestState {
     pending_saves: u64,
     finished: bool,
     window_saved: bool,
+    /// The load in flight for this request: its reservation and the pages the engine
+    /// lends it (R29; `loads` module).
+    load: Option<(ReservationId, Arc<LoadGrant>)>,
 }
 
 /// A layer group as the handle needs it for saves.
@@ -280,8 +284,10 @@ impl EngineConnector for ConnectorHandle {
         &mut self,
         request: RequestId,
         num_computed: usize,
-        _reservation: ReservationId,
+        reservation: ReservationId,
     ) -> ReserveAnswer {
+        // A new reservation replaces one whose load may still run: its pages go back (R29).
+        self.take_back_load(request, Some(reservation));
         self.drain_lookups();
         self.drain_returns();
         if self.lookups_refused {
@@ -317,11 +323,14 @@ impl EngineConnector for ConnectorHandle {
 
     fn release_prefix_reservation(
         &mut self,
-        _request: RequestId,
+        request: RequestId,
         reservation: ReservationId,
         start: usize,
         end: usize,
     ) {
+        // The loaders stop writing the released pages before this returns (R29); the
+        // ledger frees them when the message arrives.
+        self.release_load_pages(request, reservation, start as u64..end as u64);
         self.hand_off(Outgoing::Release(ReleaseReservation {
             reservation,
             start: start as u64,
@@ -367,6 +376,9 @@ impl EngineConnector for ConnectorHandle {
     }
 
     fn request_finished(&mut self, request: RequestId) -> bool {
+        // The engine frees the request's pages after this: a load still running for it
+        // writes none of them any more (R29).
+        self.take_back_load(request, None);
         self.drain_returns();
         self.drain_saves();
         let keep = self

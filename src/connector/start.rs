@@ -17,13 +17,14 @@ use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
 use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
 use crate::actors::supervisor::{StagingSupervisor, Supervisee};
-use crate::config::{Config, RuntimeConfig};
+use crate::config::{bytes_text, Config, RuntimeConfig, MIB};
 use crate::core::hash::BlockHash;
 use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::core::ledger::Ledger;
 use crate::core::object::HEADER_BYTES;
-use crate::gpu::{Device, StagingPool};
+use crate::gpu::host_memory::host_memory;
+use crate::gpu::{Device, GpuError, StagingPool};
 use crate::messages::EngineInbox;
 use crate::pool::{ActorFaults, Pool, PoolError};
 
@@ -69,6 +70,14 @@ impl StagingRole {
         match self {
             Self::Loader => "loader",
             Self::Saver => "saver",
+        }
+    }
+
+    /// The configuration key that sizes a staging pool of this role.
+    pub fn config_key(self) -> &'static str {
+        match self {
+            Self::Loader => "loaders.staging_bytes_per_loader",
+            Self::Saver => "saver.staging_bytes",
         }
     }
 }
@@ -185,6 +194,22 @@ pub enum StartError {
         bytes: u64,
         /// Bytes of one slot.
         slot_bytes: usize,
+    },
+    /// The host refused the memory of a staging pool.
+    #[error(
+        "cannot allocate the {} staging pool of rank {rank}: {} = {} is more than this host \
+         gives; set it lower, e.g. {}={}MiB",
+        role.as_str(), role.config_key(), bytes_text(*bytes), role.config_key(), fits_bytes / MIB
+    )]
+    StagingAlloc {
+        /// The rank whose staging pool it is.
+        rank: u32,
+        /// A loader's or the saver's.
+        role: StagingRole,
+        /// Its configured size.
+        bytes: u64,
+        /// A size that fits the host's available memory now (whole MiB).
+        fits_bytes: u64,
     },
     /// The configuration is refused (`Config::validate`).
     #[error(transparent)]
@@ -355,7 +380,17 @@ impl RankActors<'_> {
             bytes: bytes.get(),
             slot_bytes: self.slot_bytes,
         })?;
-        let staging = device.staging_pool(self.slot_bytes, slots)?;
+        let staging = device
+            .staging_pool(self.slot_bytes, slots)
+            .map_err(|error| match error {
+                GpuError::HostAllocFailed { .. } => StartError::StagingAlloc {
+                    rank,
+                    role,
+                    bytes: bytes.get(),
+                    fits_bytes: fitting_staging_bytes(),
+                },
+                other => other.into(),
+            })?;
         registrations.register(&staging, rank, role)?;
         Ok(staging)
     }
@@ -429,4 +464,13 @@ impl RankActors<'_> {
             SaverQueue::new(saver)
         }))
     }
+}
+
+/// A staging size that fits the host's available memory now: a quarter of it, at most the
+/// default (256 MiB), in whole MiB and at least 1 MiB (a pool smaller than a slot still
+/// stages one page at a time).
+fn fitting_staging_bytes() -> u64 {
+    let default = crate::config::LoadersConfig::default().staging_bytes_per_loader;
+    let fits = host_memory().map_or(default, |host| (host.available_bytes / 4).min(default));
+    (fits / MIB).max(1) * MIB
 }

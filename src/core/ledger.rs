@@ -16,9 +16,11 @@
 //! 1. The reservation manager calls [`Ledger::reserve`] with the engine's id, the token range
 //!    offered and the pages set aside, one [`ReservedPage`] per (block, group).
 //! 2. A loader takes the reservation: [`Ledger::start_load`] returns a [`LoadTicket`] (id plus
-//!    a generation). Right before its staging -> device copy the loader re-reads
-//!    [`Ledger::pages`] and writes only into pages still listed: a released page may already
-//!    belong to another request.
+//!    a generation). The ledger does not guard the pages while they are written: a released
+//!    page may belong to another request at once, so the engine's handle takes it back from
+//!    the load's `transfer::LoadGrant` before the release returns, and loaders write only
+//!    what the grant still lends (R29). The ledger's release only frees the page for later
+//!    reservations.
 //! 3. The loader reports with [`Ledger::complete`]. A completion that no longer matches a live,
 //!    loading reservation is stale and ignored ([`CompletionDisposition::Stale`]).
 //! 4. Every step `get_finished_prefix_loads` drains [`Ledger::take_finished`]; the reservations
@@ -508,8 +510,10 @@ impl Ledger {
     }
 }
 
-/// Whether block `block_index` (tokens `[b*T, (b+1)*T)`) overlaps any of `tokens`.
-fn overlaps(block_index: u64, tokens_per_block: u64, tokens: &[Range<u64>]) -> bool {
+/// Whether block `block_index` (tokens `[b*T, (b+1)*T)`) overlaps any of `tokens`: the
+/// rule by which a reservation keeps a page (a page goes only when no token of its block
+/// is reserved any more), shared with `transfer::LoadGrant`.
+pub fn overlaps(block_index: u64, tokens_per_block: u64, tokens: &[Range<u64>]) -> bool {
     let block_start = block_index.saturating_mul(tokens_per_block);
     let block_end = block_start.saturating_add(tokens_per_block);
     tokens
@@ -519,7 +523,7 @@ fn overlaps(block_index: u64, tokens_per_block: u64, tokens: &[Range<u64>]) -> b
 
 /// Removes `cut` from sorted, disjoint `ranges`, keeping them sorted, disjoint and non-empty;
 /// returns whether anything was removed.
-fn subtract_range(ranges: &mut Vec<Range<u64>>, cut: Range<u64>) -> bool {
+pub fn subtract_range(ranges: &mut Vec<Range<u64>>, cut: Range<u64>) -> bool {
     if cut.start >= cut.end
         || !ranges
             .iter()

@@ -94,10 +94,11 @@ impl Device {
     ///
     /// # Errors
     /// The spec errors of [`PageGeometry::new`]: no pools, a duplicate group, an empty pool,
-    /// or a pool too large to address.
+    /// or a pool too large to address; [`GpuError::HostAllocFailed`] when the heap refuses
+    /// the pages.
     pub fn open_host(specs: &[PagePoolSpec]) -> Result<Self, GpuError> {
         let geometry = PageGeometry::new(specs)?;
-        let backend = Backend::Host(HostDevice::new(&geometry));
+        let backend = Backend::Host(HostDevice::new(&geometry)?);
         Ok(Self::from_parts(geometry, backend))
     }
 
@@ -241,7 +242,7 @@ impl Device {
         self.ensure_usable()?;
         let geometry = StagingGeometry::new(slot_bytes, slots)?;
         match &self.shared.backend {
-            Backend::Host(_) => Ok(StagingPool::new_host(geometry)),
+            Backend::Host(_) => StagingPool::new_host(geometry),
             #[cfg(feature = "cuda")]
             Backend::Cuda(cuda) => {
                 let pinned = self.poison_if_sticky(cuda.pinned(geometry.total_bytes()))?;
@@ -437,6 +438,28 @@ mod tests {
                 num_pages: 1,
             },
         ])
+    }
+
+    /// Page pools larger than the heap gives are an error, never an abort.
+    #[test]
+    fn page_pools_the_heap_refuses_are_an_error() {
+        let spec = PagePoolSpec {
+            group: GroupId(0),
+            page_bytes: 1 << 46,
+            num_pages: 2,
+        };
+        // `black_box`: an allocation nothing reads could be optimized away.
+        let refused = std::hint::black_box(Device::open_host(&[spec])).map(|device| device.kind());
+        assert!(
+            matches!(
+                refused,
+                Err(GpuError::HostAllocFailed {
+                    what: "page pool",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
     }
 
     #[test]

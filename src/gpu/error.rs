@@ -174,6 +174,15 @@ pub enum GpuError {
         chunk_bytes: usize,
     },
 
+    /// The heap refused host memory for a staging pool or a page pool.
+    #[error("could not allocate {bytes} bytes of host memory for {what}")]
+    HostAllocFailed {
+        /// What the memory was for (`staging pool`, `page pool`).
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
+
     /// An issued copy failed; its destination bytes must be treated as not written (`gpu::I6`).
     #[error("{direction} copy of {bytes} bytes on stream {stream} failed")]
     CopyFailed {
@@ -366,6 +375,7 @@ impl GpuError {
             Self::OverlappingCopies { .. } => "overlapping_copies",
             Self::EmptyArenaSlot => "empty_arena_slot",
             Self::ArenaAllocFailed { .. } => "arena_alloc_failed",
+            Self::HostAllocFailed { .. } => "host_alloc_failed",
             Self::CopyFailed { .. } => "copy_failed",
             Self::Poisoned => "poisoned",
             Self::CudaNotBuilt => "cuda_not_built",

@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn wait_returns_the_same_staging_pool_and_outcome() -> Result<(), GpuError> {
-        let mut staging = StagingPool::new_host(StagingGeometry::new(4, 2)?);
+        let mut staging = StagingPool::new_host(StagingGeometry::new(4, 2)?)?;
         staging.slot_mut(1)?.copy_from_slice(&[1, 2, 3, 4]);
         let failed = GpuError::CopyFailed {
             stream: StreamId(1),

@@ -22,7 +22,9 @@ use std::ops::{Deref, DerefMut};
 use parking_lot::RwLock;
 
 use super::copy::{CopyDirection, CopyRun};
-use super::pages::PageGeometry;
+use super::error::GpuError;
+use super::host_memory::try_zeroed;
+use super::pages::{PageGeometry, PagePoolSpec};
 
 /// One group's pages. Each page has its own lock (`host::H1`).
 struct HostPagePool {
@@ -80,22 +82,30 @@ pub(crate) struct HostDevice {
 
 impl HostDevice {
     /// Allocates zeroed pages for every pool of `geometry`.
-    pub(crate) fn new(geometry: &PageGeometry) -> Self {
-        let pools = geometry
-            .pools()
-            .iter()
-            .map(|spec| HostPagePool {
+    ///
+    /// # Errors
+    /// [`GpuError::HostAllocFailed`] when the heap refuses the memory (never an abort).
+    pub(crate) fn new(geometry: &PageGeometry) -> Result<Self, GpuError> {
+        let refused = |spec: &PagePoolSpec| GpuError::HostAllocFailed {
+            what: "page pool",
+            bytes: spec.page_bytes.saturating_mul(spec.num_pages as usize),
+        };
+        let mut pools = Vec::with_capacity(geometry.pools().len());
+        for spec in geometry.pools() {
+            let mut pages = Vec::new();
+            pages
+                .try_reserve_exact(spec.num_pages as usize)
+                .map_err(|_| refused(spec))?;
+            for _ in 0..spec.num_pages {
+                let memory = try_zeroed(spec.page_bytes).ok_or_else(|| refused(spec))?;
+                pages.push(RwLock::new(PageMemory::Owned(memory)));
+            }
+            pools.push(HostPagePool {
                 page_bytes: spec.page_bytes,
-                pages: (0..spec.num_pages)
-                    .map(|_| {
-                        RwLock::new(PageMemory::Owned(
-                            vec![0; spec.page_bytes].into_boxed_slice(),
-                        ))
-                    })
-                    .collect(),
-            })
-            .collect();
-        Self { pools }
+                pages,
+            });
+        }
+        Ok(Self { pools })
     }
 
     /// Pages in memory the caller owns: pool `i` of `geometry` starts at `bases[i]`, page
@@ -208,7 +218,7 @@ mod tests {
             page_bytes: 4,
             num_pages: 3,
         }])?;
-        Ok(HostDevice::new(&geometry))
+        HostDevice::new(&geometry)
     }
 
     #[test]

@@ -105,11 +105,19 @@ pub struct StagingPool {
 
 impl StagingPool {
     /// A zeroed host-memory pool of the given shape.
-    pub(crate) fn new_host(geometry: StagingGeometry) -> Self {
-        Self {
+    ///
+    /// # Errors
+    /// [`GpuError::HostAllocFailed`] when the heap refuses the memory (never an abort).
+    pub(crate) fn new_host(geometry: StagingGeometry) -> Result<Self, GpuError> {
+        let bytes = geometry.total_bytes();
+        let memory = super::host_memory::try_zeroed(bytes).ok_or(GpuError::HostAllocFailed {
+            what: "staging pool",
+            bytes,
+        })?;
+        Ok(Self {
             geometry,
-            memory: StagingMemory::Host(vec![0; geometry.total_bytes()].into_boxed_slice()),
-        }
+            memory: StagingMemory::Host(memory),
+        })
     }
 
     /// A pool over pinned memory of `geometry.total_bytes()` bytes (CUDA backend).
@@ -241,9 +249,28 @@ mod tests {
         );
     }
 
+    /// A staging pool larger than the heap gives is an error naming it, never an abort.
+    #[test]
+    fn a_staging_pool_the_heap_refuses_is_an_error() -> Result<(), GpuError> {
+        let geometry = StagingGeometry::new(1 << 46, 2)?;
+        // `black_box`: an allocation nothing reads could be optimized away.
+        let refused = std::hint::black_box(StagingPool::new_host(geometry)).map(|pool| pool.len());
+        assert!(
+            matches!(
+                refused,
+                Err(GpuError::HostAllocFailed {
+                    what: "staging pool",
+                    bytes
+                }) if bytes == 1 << 47
+            ),
+            "{refused:?}"
+        );
+        Ok(())
+    }
+
     #[test]
     fn slots_are_disjoint_consecutive_ranges() -> Result<(), GpuError> {
-        let mut pool = StagingPool::new_host(StagingGeometry::new(4, 3)?);
+        let mut pool = StagingPool::new_host(StagingGeometry::new(4, 3)?)?;
         assert_eq!(pool.len(), 12);
         assert!(!pool.is_empty());
         pool.slot_mut(1)?.copy_from_slice(&[1, 2, 3, 4]);
@@ -260,7 +287,7 @@ mod tests {
 
     #[test]
     fn slot_out_of_range_is_an_error() -> Result<(), GpuError> {
-        let mut pool = StagingPool::new_host(StagingGeometry::new(4, 3)?);
+        let mut pool = StagingPool::new_host(StagingGeometry::new(4, 3)?)?;
         assert!(matches!(
             pool.slot(3),
             Err(GpuError::StagingSlotOutOfRange { slot: 3, slots: 3 })
@@ -271,7 +298,7 @@ mod tests {
 
     #[test]
     fn debug_prints_the_shape_not_the_bytes() -> Result<(), GpuError> {
-        let pool = StagingPool::new_host(StagingGeometry::new(2, 5)?);
+        let pool = StagingPool::new_host(StagingGeometry::new(2, 5)?)?;
         let text = format!("{pool:?}");
         assert_eq!(
             text,

@@ -11,6 +11,7 @@ use crate::core::ids::{PageIndex, RequestId, ReservationId};
 use crate::core::ledger::{LoadResult, LoadTicket, ReservedPage};
 use crate::core::planner::LookupPlan;
 use crate::stats::LoadStats;
+use crate::transfer::LoadGrant;
 
 /// Record the reservations whose pages the engine allocated in one step and start
 /// loading them (R23, R24).
@@ -51,6 +52,9 @@ pub struct StartLoad {
     pub hashes: Arc<[BlockHash]>,
     /// The engine's page for each planned block, in plan order (groups, then blocks).
     pub pages: Vec<u32>,
+    /// The pages the engine lends to the load; the handle takes them back on a release
+    /// (R29), the loaders of every rank write only what it still lends.
+    pub grant: Arc<LoadGrant>,
 }
 
 impl StartLoad {
@@ -83,10 +87,13 @@ impl StartLoad {
 ///
 /// - Sender: the engine's handle, through the courier (`crate::messages::courier`), so it
 ///   reaches the manager after every message the handle handed off before it.
-/// - Guarantee: completions for released pages are ignored (R26).
+/// - Guarantee: the ledger frees the released pages (a later reservation may hold them);
+///   a completion for a reservation released whole is ignored (R26). The loaders already
+///   skip the released pages: the handle took them back from the load's grant before
+///   sending this (R29).
 /// - Reply: none.
-/// - Receiver gone or full: the release is lost; the reservation's completion is then
-///   still reported and the engine ignores it as stale on its side.
+/// - Receiver gone or full: the release is lost to the ledger; the reservation's
+///   completion is then still reported and the engine ignores it as stale on its side.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct ReleaseReservation {

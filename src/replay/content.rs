@@ -13,16 +13,19 @@
 //! the page check ([`PageChecker`]) later refuses. A page a drafter wrote draft tokens into
 //! (past the prompt end, or the prompt's partial last block) holds [`DRAFT_BYTE`]
 //! everywhere ([`fill_draft`]) until its block is computed: a draft that might still be
-//! rejected is never what computing the block gives (R18).
+//! rejected is never what computing the block gives (R18). A page the engine took back from
+//! a load in flight and handed to another request holds [`FOREIGN_BYTE`] everywhere (the
+//! replay writes it for that request, `--release-during-loads`): a loader that writes it
+//! after the release leaves bytes the check refuses (R29).
 //!
 //! Invariants:
 //! - `content::C1`. Equal (group, shard, hash) give equal bytes, on every machine and run; any
 //!   difference in one of them gives different bytes (up to 64-bit seed collisions).
 //! - `content::C2`. A replicated group's page has the same bytes on every rank (its shard is
 //!   `replicated`); a per-rank group's pages differ between ranks.
-//! - `content::C3`. No filled page equals a stale or a draft page (a splitmix64 stream is never 8
-//!   equal bytes for a whole page of 64 bytes or more), and a stale page differs from a
-//!   draft page.
+//! - `content::C3`. No filled page equals a stale, a draft or a foreign page (a splitmix64
+//!   stream is never 8 equal bytes for a whole page of 64 bytes or more), and those three
+//!   differ from each other.
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -36,6 +39,10 @@ pub const STALE_BYTE: u8 = 0xA5;
 
 /// The byte a page holds while it carries draft tokens that are not verified (`content::C3`).
 pub const DRAFT_BYTE: u8 = 0x5D;
+
+/// The byte a page holds once the engine took it back from a load and another request
+/// wrote it (`content::C3`, R29).
+pub const FOREIGN_BYTE: u8 = 0x3C;
 
 /// Domain tag in every seed, so page content never collides with other xxh3 uses.
 const CONTENT_DOMAIN: &[u8; 8] = b"kvc-page";
@@ -199,6 +206,47 @@ impl PageChecker {
         page: u32,
     ) -> Result<(), GpuError> {
         self.write_uniform(devices, group, page, DRAFT_BYTE)
+    }
+
+    /// Writes the foreign pattern into `page` of `group` on every rank (another request
+    /// took the page over, R29).
+    ///
+    /// # Errors
+    ///
+    /// The device's [`GpuError`].
+    pub fn write_foreign(
+        &mut self,
+        devices: &[Device],
+        group: GroupId,
+        page: u32,
+    ) -> Result<(), GpuError> {
+        self.write_uniform(devices, group, page, FOREIGN_BYTE)
+    }
+
+    /// Reads `page` of `group` back from every rank and checks it still holds the foreign
+    /// pattern; counts one verified or mismatched page per rank.
+    ///
+    /// # Errors
+    ///
+    /// The device's [`GpuError`].
+    pub fn check_foreign(
+        &mut self,
+        devices: &[Device],
+        group: GroupId,
+        page: u32,
+    ) -> Result<CheckCounts, GpuError> {
+        let mut counts = CheckCounts::default();
+        for device in devices {
+            let page_bytes = device.page_pool(group)?.page_bytes;
+            self.actual.resize(page_bytes, 0);
+            device.read_page(group, page, &mut self.actual)?;
+            if self.actual.iter().all(|&byte| byte == FOREIGN_BYTE) {
+                counts.verified += 1;
+            } else {
+                counts.mismatched += 1;
+            }
+        }
+        Ok(counts)
     }
 
     /// Fills `page` of `group` with `byte` on every rank.

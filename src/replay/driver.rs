@@ -114,6 +114,9 @@ pub struct ReplayParams {
     /// tokens past each chunk end, drafts written and rewound, and decoding that advances
     /// `DrafterSetup::tokens_per_step` tokens per step.
     pub drafter: Option<DrafterSetup>,
+    /// Every engine takes back half of each load while it runs and hands those pages to
+    /// another request (off by default; `engine`'s docs, R29).
+    pub release_during_loads: bool,
 }
 
 /// The event loop's state.
@@ -243,7 +246,14 @@ fn run(
     }
     // The replay's own use of the configuration (`R`); each connector validates its copy.
     let rewind_tokens = params.config.validate()?.planner.rewind_tokens;
-    let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
+    // The real connector allocates staging pools on every rank (`setup::S2` counts them).
+    let with_connector = params.connector_name == "kvc";
+    let deployment = Deployment::build(
+        &params.layout,
+        &params.config,
+        &params.deployment,
+        with_connector,
+    )?;
     warn_if_pool_below_one_prompt(params, &deployment, workload);
     let engines = build_engines(
         params,
@@ -341,6 +351,7 @@ fn build_engines(
             local_prefix_cache: params.local_prefix_cache,
             drafter: params.drafter,
             lookup_wait: super::engine::LOOKUP_WAIT,
+            release_during_loads: params.release_during_loads,
         };
         engines.push(Engine::new(setup, connector)?);
     }

@@ -119,19 +119,41 @@ pub enum ReplayError {
         /// Bytes of one block of every group at full page size.
         block_bytes: u64,
     },
-    /// The simulated devices would not fit the host memory limit.
+    /// The replay's host memory (pages, their tables, staging) would not fit the limit.
     #[error(
-        "simulated kv pages need {needed_bytes} bytes of host memory, above the \
-         --host-memory-limit of {limit_bytes}; use --kv-bytes-scale {largest_scale} or \
-         fewer --kv-pages"
+        "the simulated kv pages, their tables and the connectors' staging pools need \
+         {needed_bytes} bytes of host memory, above the --host-memory-limit of \
+         {limit_bytes}; use --kv-bytes-scale {largest_scale} or fewer --kv-pages"
     )]
     DeviceMemoryTooLarge {
-        /// Bytes all instances' devices would allocate.
+        /// Bytes the replay would allocate for its instances.
         needed_bytes: u64,
         /// The limit.
         limit_bytes: u64,
         /// The largest scale that fits.
         largest_scale: f64,
+    },
+    /// What the replay allocates whatever the page size (staging pools, page overhead and
+    /// tables) is already above the host memory limit.
+    #[error(
+        "the replay needs {fixed_bytes} bytes of host memory before any page payload \
+         ({staging_bytes} of them staging pools of the connectors of {ranks} ranks), above \
+         the --host-memory-limit of {limit_bytes}; set smaller staging pools (e.g. --set \
+         loaders.staging_bytes_per_loader={fits_mib}MiB --set saver.staging_bytes={fits_mib}MiB), \
+         or fewer --kv-pages, --world or --instances, or raise --host-memory-limit",
+        fits_mib = staging_fits_bytes / crate::config::MIB
+    )]
+    HostMemoryTooSmall {
+        /// Bytes allocated whatever the page size.
+        fixed_bytes: u64,
+        /// The limit.
+        limit_bytes: u64,
+        /// Of those, the connectors' staging pools.
+        staging_bytes: u64,
+        /// Ranks over all instances.
+        ranks: u64,
+        /// A staging pool size that leaves half the limit to the rest.
+        staging_fits_bytes: u64,
     },
     /// `--connector kvc` before the real connector is wired into the replay.
     #[error(
@@ -213,6 +235,7 @@ impl ReplayError {
             Self::PromptTooLarge { .. } => "prompt_too_large",
             Self::KvMemoryBelowOneBlock { .. } => "kv_memory_below_one_block",
             Self::DeviceMemoryTooLarge { .. } => "device_memory_too_large",
+            Self::HostMemoryTooSmall { .. } => "host_memory_too_small",
             Self::ConnectorNotWired { .. } => "connector_not_wired",
             Self::Connector { .. } => "connector",
             Self::Stalled { .. } => "stalled",

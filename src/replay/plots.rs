@@ -19,6 +19,9 @@
 //!    - `throughput.png`: saver MiB/s stored (and saves dropped) over time above, loader
 //!      tokens/s filled (and loads failed) below.
 //!
+//! [`check_report_dir`] does step 1 before the replay starts and proves the directory
+//! takes a file, so a bad `DIR` fails at once, not after the run.
+//!
 //! Every caption repeats the report's figure for the quantity plotted, so a reader checks
 //! the picture against the table at a glance.
 
@@ -144,6 +147,26 @@ pub fn write_report_dir(
     draw(&paths[4], |area| draw_ttft(area, report, timeline))?;
     draw(&paths[5], |area| draw_throughput(area, report, timeline))?;
     Ok(paths)
+}
+
+/// Checks, before a replay, that `dir` can take the report: creates it (and its parents)
+/// if needed, then writes and removes a probe file.
+///
+/// # Errors
+///
+/// [`PlotError::Io`] naming the directory or the probe file.
+pub fn check_report_dir(dir: &Path) -> Result<(), PlotError> {
+    fs::create_dir_all(dir).map_err(|source| PlotError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let probe = dir.join(".kv-connector-write-check");
+    let io_error = |source| PlotError::Io {
+        path: probe.clone(),
+        source,
+    };
+    fs::write(&probe, b"").map_err(io_error)?;
+    fs::remove_file(&probe).map_err(io_error)
 }
 
 /// One pretty-printed JSON file.

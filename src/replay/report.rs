@@ -17,7 +17,10 @@
 //! `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`, `saves_skipped_present`,
 //! `saves_dropped`, `saves_enqueued`, `saves_done`, `saves_failed`, `loads_started`,
 //! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
-//! `unexpected_save_reports`, `offers_trimmed`, `held_at_end`, `published_past_chunk_end`
+//! `unexpected_save_reports`, `offers_trimmed`, `loads_released_in_flight`,
+//! `pages_released_in_flight` (`--release-during-loads`: loads the engines released half
+//! of while they ran, and the pages per rank they took back; each such page is checked in
+//! `verified_pages` / `mismatched_pages`, R29), `held_at_end`, `published_past_chunk_end`
 //! (pages handed to the pool past the chunk end of their step, R16, as the connectors
 //! counted them; must be 0), `published_uncomputed_pages` (objects the pool received whose
 //! payload is not their block's computed content, counted at the pool by the replay's
@@ -26,7 +29,8 @@
 //! `tokens_accepted`, `pages_written`, `pages_rewound`}), `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
-//! `wall_seconds`, `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
+//! `wall_seconds`, `stopped_by` (only in a partial report: `sigint` or `sigterm`),
+//! `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
 //! `window_fallback`, `window_first`, `save_queue_capacity_pages`, ...}; with `--faults`,
 //! also `faults_injected` {point name: times it fired}; with a baseline run, `baseline`
 //! {`with_connector`, `without_connector` (each {`ttft_p50_s`, `ttft_p99_s`,
@@ -35,8 +39,10 @@
 //!
 //! Accounting ([`ReplayReport::accounting_closed`]): `saves_enqueued =
 //! saves_done + saves_skipped_present + saves_dropped + saves_failed` and `loads_started =
-//! loads_done + loads_failed`, where `loads_*` and `saves_*` come from the connectors and
-//! `loads_failed` from the engines (they agree when every failed load reached its engine).
+//! loads_done + loads_failed`, every term from the connectors, which count each load once:
+//! a load cut off by a stop (SIGINT) is counted failed by its connector's shutdown though
+//! its engine never sees it reported, so a partial report closes too. `loads_filled` is
+//! the engines' count of reservations reported filled.
 //!
 //! Reuse has two sources that never overlap: `reused_tokens` came from the pool (filled
 //! loads), `local_hit_tokens` from the instance's own local prefix cache (only with
@@ -227,7 +233,8 @@ pub struct ReplayReport {
     pub loads_done: u64,
     /// Reservations reported filled.
     pub loads_filled: u64,
-    /// Reservations reported failed (R25).
+    /// Loads the connectors counted failed (R25): reported failed, stale (R26), or cut off
+    /// at shutdown; from the connectors, like `loads_started` and `loads_done`.
     pub loads_failed: u64,
     /// Load reports for unknown reservations (R26).
     pub stale_load_reports: u64,
@@ -235,6 +242,10 @@ pub struct ReplayReport {
     pub unexpected_save_reports: u64,
     /// Offers cut to whole blocks before the last prompt token.
     pub offers_trimmed: u64,
+    /// Loads the engines released half of while they ran (`--release-during-loads`, R29).
+    pub loads_released_in_flight: u64,
+    /// Pages per rank taken back from them and handed to another request.
+    pub pages_released_in_flight: u64,
     /// Requests whose pages were still held for saves at the end.
     pub held_at_end: u64,
     /// Pages handed to the pool past the chunk end of their step (R16), as the connectors
@@ -260,6 +271,11 @@ pub struct ReplayReport {
     pub wall_seconds: f64,
     /// How the replay was set up.
     pub setup: SetupSummary,
+    /// The signal that stopped the replay before every request completed (`sigint`,
+    /// `sigterm`); absent after a full run. The report is then partial, its accounting
+    /// closed all the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
     /// With `--faults`: how often each fault point fired.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults_injected: Option<std::collections::BTreeMap<String, u64>>,
@@ -468,6 +484,13 @@ impl ReplayReport {
             "  loads filled/failed {:>14} / {}",
             self.loads_filled, self.loads_failed
         )?;
+        if self.loads_released_in_flight > 0 {
+            writeln!(
+                out,
+                "  released in flight  {:>14} loads, {} pages taken back (checked)",
+                self.loads_released_in_flight, self.pages_released_in_flight
+            )?;
+        }
         writeln!(
             out,
             "  accounting          {:>14} (saves {} = {} done + {} skipped + {} dropped + {} failed; loads {} = {} done + {} failed)",

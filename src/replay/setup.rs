@@ -23,8 +23,11 @@
 //!
 //! Invariants:
 //! - `setup::S1`. Stored page bytes are `>= 64` and a multiple of 64 whenever `F < 1`.
-//! - `setup::S2`. All instances' device pages fit the host memory limit, or setup fails naming a
-//!   scale that fits.
+//! - `setup::S2`. Everything the replay allocates for its instances fits the host memory
+//!   limit, checked before anything is allocated: every rank's device pages (payload and
+//!   per-page overhead) and connector staging pools, and every instance's page tables; or
+//!   setup fails naming a scale, or a staging size, that fits. The embedded pool is bounded
+//!   by its own stored capacity (`pool.capacity_bytes x F`), allocated as it stores.
 //! - `setup::S3`. Every instance has a pool (`Deployment::pools[instance]`); [`Deployment::close`]
 //!   closes what the replay started, after the connectors have stopped.
 
@@ -41,6 +44,15 @@ use super::witness::PublishWitness;
 
 /// Smallest automatic scale: `2^-20`.
 const MIN_AUTO_SCALE_LOG2: i32 = 20;
+
+/// Host bytes a simulated device page takes beyond its payload: its lock and the heap
+/// block of its bytes (`gpu`'s host device keeps one per page), rounded up.
+pub const DEVICE_PAGE_OVERHEAD_BYTES: u64 = 64;
+
+/// Host bytes one page of one group of one instance costs in tables, whatever its size:
+/// the engine's KV cache (free list, holders, chain hash, eviction clock) and the
+/// connector's reservation ledger, rounded up.
+pub const PAGE_BOOKKEEPING_BYTES: u64 = 96;
 
 /// How many KV pages each group of an instance gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +91,7 @@ pub struct DeploymentParams {
     pub kv_pages: KvPages,
     /// Stored page size scale.
     pub kv_bytes_scale: KvBytesScale,
-    /// Most bytes all instances' simulated devices may allocate.
+    /// Most bytes the replay may allocate for its instances (`setup::S2`).
     pub host_memory_limit_bytes: u64,
     /// The Mooncake master to use with `pool.backend = "mooncake"`.
     pub pool_master: PoolMaster,
@@ -140,6 +152,7 @@ impl Deployment {
         layout: &Layout,
         config: &Config,
         params: &DeploymentParams,
+        with_connector: bool,
     ) -> Result<Self, ReplayError> {
         let full: Vec<(GroupId, u64)> = layout
             .groups
@@ -147,14 +160,26 @@ impl Deployment {
             .map(|group| Ok((group.id, layout.page_bytes(group)?)))
             .collect::<Result<_, ReplayError>>()?;
         let kv_pages = kv_pages(&full, params.kv_pages)?;
+        let memory = HostMemoryUse {
+            instances: u64::try_from(params.instances).unwrap_or(u64::MAX),
+            world: u64::from(layout.world_size),
+            pages: u64::from(kv_pages),
+            groups: u64::try_from(full.len()).unwrap_or(u64::MAX),
+            staging: if with_connector {
+                StagingUse::of(config)?
+            } else {
+                StagingUse::default()
+            },
+        };
+        if memory.fixed() > params.host_memory_limit_bytes {
+            return Err(memory.too_small(params.host_memory_limit_bytes));
+        }
         let needed = |scale: f64| -> u64 {
-            let per_rank: u64 = full
+            let payload_per_rank: u64 = full
                 .iter()
                 .map(|&(_, bytes)| u64::from(kv_pages) * stored_page_bytes(bytes, scale))
                 .sum();
-            per_rank
-                .saturating_mul(u64::from(layout.world_size))
-                .saturating_mul(u64::try_from(params.instances).unwrap_or(u64::MAX))
+            memory.with_payload(payload_per_rank)
         };
         let fits = |scale: f64| needed(scale) <= params.host_memory_limit_bytes;
         let largest_fitting = (0..=MIN_AUTO_SCALE_LOG2)
@@ -306,6 +331,81 @@ impl Deployment {
     }
 }
 
+/// What a replay allocates on the host besides the pool (`setup::S2`): per instance, every
+/// rank's device pages (payload and [`DEVICE_PAGE_OVERHEAD_BYTES`]) and staging pools,
+/// and the page tables ([`PAGE_BOOKKEEPING_BYTES`]).
+#[derive(Clone, Copy, Debug)]
+struct HostMemoryUse {
+    instances: u64,
+    world: u64,
+    /// Pages per group.
+    pages: u64,
+    groups: u64,
+    /// The connector's staging pools on one rank (none without a connector).
+    staging: StagingUse,
+}
+
+/// The staging pools of one rank's connector: its loaders' and its saver's.
+#[derive(Clone, Copy, Debug, Default)]
+struct StagingUse {
+    pools: u64,
+    bytes: u64,
+}
+
+impl StagingUse {
+    /// What the connector `config` configures allocates on each rank.
+    fn of(config: &Config) -> Result<Self, ReplayError> {
+        let runtime = config.validate()?;
+        let loaders = &runtime.loaders;
+        let threads = u64::try_from(loaders.load_threads.get()).unwrap_or(u64::MAX);
+        Ok(Self {
+            pools: threads.saturating_add(1),
+            bytes: threads
+                .saturating_mul(loaders.staging_bytes_per_loader.get())
+                .saturating_add(runtime.saver.staging_bytes.get()),
+        })
+    }
+}
+
+impl HostMemoryUse {
+    /// Bytes that do not depend on the page size: staging, page overhead and tables.
+    fn fixed(&self) -> u64 {
+        let pages = self.pages.saturating_mul(self.groups);
+        let per_instance = self
+            .world
+            .saturating_mul(
+                self.staging
+                    .bytes
+                    .saturating_add(pages.saturating_mul(DEVICE_PAGE_OVERHEAD_BYTES)),
+            )
+            .saturating_add(pages.saturating_mul(PAGE_BOOKKEEPING_BYTES));
+        per_instance.saturating_mul(self.instances)
+    }
+
+    /// Everything, with `payload_per_rank` bytes of page payload on each rank.
+    fn with_payload(&self, payload_per_rank: u64) -> u64 {
+        let payload = payload_per_rank
+            .saturating_mul(self.world)
+            .saturating_mul(self.instances);
+        self.fixed().saturating_add(payload)
+    }
+
+    /// The refusal when the fixed part alone passes `limit_bytes`.
+    fn too_small(&self, limit_bytes: u64) -> ReplayError {
+        let ranks = self.world.saturating_mul(self.instances);
+        let staging_bytes = self.staging.bytes.saturating_mul(ranks);
+        // A size for every staging pool that leaves half the limit to the rest.
+        let pools = ranks.saturating_mul(self.staging.pools).max(1);
+        ReplayError::HostMemoryTooSmall {
+            fixed_bytes: self.fixed(),
+            limit_bytes,
+            staging_bytes,
+            ranks,
+            staging_fits_bytes: (limit_bytes / 2 / pools / MIB).max(1) * MIB,
+        }
+    }
+}
+
 /// Pages per group (workflow 1).
 fn kv_pages(full: &[(GroupId, u64)], kv_pages: KvPages) -> Result<u32, ReplayError> {
     let pages = match kv_pages {
@@ -393,6 +493,7 @@ mod tests {
             &layout,
             &config,
             &params(KvPages::Fixed(1000), KvBytesScale::Auto, 1 << 30),
+            false,
         )?;
         assert!((deployment.kv_bytes_scale - 0.125).abs() < f64::EPSILON);
         assert_eq!(deployment.stored_page_bytes, vec![(GroupId(0), 512 << 10)]);
@@ -411,6 +512,7 @@ mod tests {
             &layout,
             &Config::default(),
             &params(KvPages::Fixed(1000), KvBytesScale::Fixed(1.0), 1 << 30),
+            false,
         );
         match result {
             Err(ReplayError::DeviceMemoryTooLarge { largest_scale, .. }) => {
@@ -423,6 +525,7 @@ mod tests {
                 &layout,
                 &Config::default(),
                 &params(KvPages::Fixed(10), KvBytesScale::Fixed(bad), 1 << 30),
+                false,
             );
             assert!(
                 matches!(result, Err(ReplayError::InvalidSetting { .. })),
@@ -440,6 +543,7 @@ mod tests {
             &layout,
             &Config::default(),
             &params(KvPages::Memory(8 << 20), KvBytesScale::Auto, 1 << 30),
+            false,
         )?;
         assert_eq!(deployment.kv_pages, 1024);
         assert!((deployment.kv_bytes_scale - 1.0).abs() < f64::EPSILON);
@@ -456,6 +560,7 @@ mod tests {
             &layout,
             &Config::default(),
             &params(KvPages::Fixed(16), KvBytesScale::Fixed(1.0), 1 << 30),
+            false,
         )?;
         assert_eq!(deployment.pools.len(), 2);
         assert!(Arc::ptr_eq(&deployment.pools[0], &deployment.pools[1]));
@@ -475,7 +580,7 @@ mod tests {
             KvBytesScale::Fixed(1.0 / 256.0),
             1 << 30,
         );
-        let deployment = Deployment::build(&layout, &config, &scaled)?;
+        let deployment = Deployment::build(&layout, &config, &scaled, false)?;
         // 8 GiB at 1/256 stores 32 MiB: two segments of 16 MiB mount, three of 11 do not.
         assert_eq!(deployment.mooncake_segment_bytes(2)?, 16 << 20);
         let Err(err) = deployment.mooncake_segment_bytes(3) else {
@@ -494,7 +599,7 @@ mod tests {
             "{err}"
         );
         config.pool.capacity_bytes = min_pool_capacity_bytes;
-        let deployment = Deployment::build(&layout, &config, &scaled)?;
+        let deployment = Deployment::build(&layout, &config, &scaled, false)?;
         assert!(deployment.mooncake_segment_bytes(3)? >= MOONCAKE_MIN_SEGMENT_BYTES);
         Ok(())
     }
@@ -509,6 +614,7 @@ mod tests {
             &layout,
             &config,
             &params(KvPages::Fixed(16), KvBytesScale::Fixed(1.0), 1 << 30),
+            false,
         );
         let Err(err) = result else {
             panic!("a build without the feature has no mooncake pool");

@@ -50,10 +50,11 @@ fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
     sum.bytes_loaded += other.bytes_loaded;
     sum.modeled_bytes_loaded += other.modeled_bytes_loaded;
     sum.loads_filled += other.loads_filled;
-    sum.loads_failed += other.loads_failed;
     sum.stale_load_reports += other.stale_load_reports;
     sum.unexpected_save_reports += other.unexpected_save_reports;
     sum.offers_trimmed += other.offers_trimmed;
+    sum.loads_released_in_flight += other.loads_released_in_flight;
+    sum.pages_released_in_flight += other.pages_released_in_flight;
     sum.computed_tokens += other.computed_tokens;
     sum.steps += other.steps;
     sum.window_loads += other.window_loads;
@@ -182,10 +183,12 @@ pub(super) fn summarize(
         loads_started: connector.loads_started,
         loads_done: connector.loads_done,
         loads_filled: counters.loads_filled,
-        loads_failed: counters.loads_failed,
+        loads_failed: connector.loads_failed,
         stale_load_reports: counters.stale_load_reports,
         unexpected_save_reports: counters.unexpected_save_reports,
         offers_trimmed: counters.offers_trimmed,
+        loads_released_in_flight: counters.loads_released_in_flight,
+        pages_released_in_flight: counters.pages_released_in_flight,
         held_at_end,
         published_past_chunk_end: connector.published_past_chunk_end,
         published_uncomputed_pages: deployment.witness.uncomputed_pages(),
@@ -217,6 +220,7 @@ pub(super) fn summarize(
             deployment,
             summaries.first().map_or("none", |summary| summary.device),
         ),
+        stopped_by: None,
         faults_injected: None,
         baseline: None,
     }

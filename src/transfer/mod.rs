@@ -9,9 +9,11 @@
 //! more): take the objects from the pool (lent without a copy where the pool can lend,
 //! `Pool::lend`, and then pipelined: the next batch is submitted before the previous one is
 //! waited for; else batch gets into the staging slots, a part of `staging.slots()` at a
-//! time), check every header against what was asked for (R5), scatter
-//! the payloads to their device pages with the device checksumming each page that landed
+//! time), check every header against what was asked for (R5), ask the engine's
+//! [`LoadGrant`] which pages are still lent (R29), scatter those payloads to their device
+//! pages with the device checksumming each page that landed
 //! (`CopyStream::scatter_checked`), wait, and compare those checksums with the headers'.
+//! A page the engine took back is never written once its release returned (`grant`).
 //! Any miss, pool error, corrupt object or failed copy fails the whole load (R25): the
 //! caller reports it failed and the engine computes the prefix itself; pages already
 //! written are not reported as computed.
@@ -34,14 +36,15 @@ use crate::core::hash::BlockHash;
 use crate::core::ids::PageIndex;
 use crate::core::keys::KeySpace;
 use crate::core::layout::GroupId;
-use crate::core::ledger::LoadFailure;
-use crate::core::object::{self, ObjectIdentity, HEADER_BYTES};
-use crate::gpu::host_memory::SharedSlot;
-use crate::gpu::{CheckedInFlight, CopyStream, PageCopy, StagingPool};
-use crate::pool::{Pool, PoolError};
+use crate::core::object::{ObjectIdentity, HEADER_BYTES};
+use crate::gpu::{PageCopy, StagingPool};
 
+mod grant;
+mod load;
 mod save;
 
+pub use grant::{CopyPermit, LoadGrant};
+pub use load::{load_pages, LoadMoved, LoadOrder};
 pub use save::save_pages;
 
 /// One page and its pool object: the object's key, what its header says, and the device
@@ -79,15 +82,6 @@ impl PageRef {
     }
 }
 
-/// What a successful load moved.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoadMoved {
-    /// Pages placed on the device.
-    pub pages: u64,
-    /// Payload bytes placed on the device.
-    pub bytes: u64,
-}
-
 /// How one save ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SaveResult {
@@ -99,170 +93,11 @@ pub enum SaveResult {
     Failed,
 }
 
-/// Loads `items` into device pages. Returns the staging pool in every case.
-///
-/// Batches of lent objects are pipelined: the next batch is lent, checked and submitted
-/// before the previous one is waited for, so the copy engine always has work queued. A
-/// failure waits for what is in flight before it returns (no copy outlives the call).
-///
-/// `deadline` (`loaders.load_timeout_ms` after the load started) is checked before each
-/// batch's pool call and before its device copy: a load past it fails as
-/// [`LoadFailure::Timeout`] (R25). A pool call already running is not interrupted; its
-/// own timeouts bound it.
-pub fn load_pages(
-    pool: &dyn Pool,
-    stream: &mut CopyStream,
-    mut staging: StagingPool,
-    items: &[PageRef],
-    deadline: Option<std::time::Instant>,
-) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
-    let expired = || deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline);
-    if let Some(too_big) = items
-        .iter()
-        .find(|item| object::object_len(item.payload_len) > staging.slot_bytes())
-    {
-        tracing::warn!(key = %too_big.key, slot_bytes = staging.slot_bytes(), "object larger than a staging slot");
-        return (staging, Err(LoadFailure::DeviceCopy));
-    }
-    let mut in_flight: Option<LentBatch<'_>> = None;
-    for batch in items.chunks(batch_len(&staging)) {
-        if expired() {
-            return fail_load(staging, in_flight, LoadFailure::Timeout);
-        }
-        let started;
-        (staging, started) = start_batch(pool, stream, staging, batch, &expired);
-        let next = match started {
-            Ok(next) => next,
-            Err(failure) => return fail_load(staging, in_flight, failure),
-        };
-        if let Some(previous) = std::mem::replace(&mut in_flight, next) {
-            if let Err(failure) = previous.finish() {
-                return fail_load(staging, in_flight, failure);
-            }
-        }
-    }
-    if let Some(last) = in_flight {
-        if let Err(failure) = last.finish() {
-            return (staging, Err(failure));
-        }
-    }
-    let moved = LoadMoved {
-        pages: items.len() as u64,
-        bytes: items.iter().map(|item| item.payload_len as u64).sum(),
-    };
-    (staging, Ok(moved))
-}
-
-/// Fails a load after waiting for the batch still in flight (its drop waits), so no copy
-/// outlives the call (R25).
-fn fail_load(
-    staging: StagingPool,
-    in_flight: Option<LentBatch<'_>>,
-    failure: LoadFailure,
-) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
-    drop(in_flight);
-    (staging, Err(failure))
-}
-
 /// Pages per batch of lent objects (and of fresh pool objects on saves): they stay in pool
 /// memory, so staging does not bound them, and one submission of this many 1 MiB pages
 /// keeps the copy engine busy for milliseconds against tens of microseconds of per-batch
 /// work (the kernel, the result copy, the event).
 pub const LENT_BATCH_PAGES: usize = 256;
-
-/// A batch of lent objects submitted and not yet waited for.
-struct LentBatch<'a> {
-    in_flight: CheckedInFlight<Vec<SharedSlot>>,
-    batch: &'a [PageRef],
-    stored: Vec<u64>,
-}
-
-impl LentBatch<'_> {
-    /// Waits for the batch and compares the device checksums with the headers' (R5).
-    fn finish(self) -> Result<(), LoadFailure> {
-        let (_objects, sums) = self.in_flight.wait();
-        let sums = sums.map_err(|_| LoadFailure::DeviceCopy)?;
-        compare_checksums(self.batch, &self.stored, &sums)
-    }
-}
-
-/// Starts one batch: lent objects are checked and submitted (returned in flight); without
-/// lending, the batch is got into staging, scattered and checked before returning.
-fn start_batch<'a>(
-    pool: &dyn Pool,
-    stream: &mut CopyStream,
-    mut staging: StagingPool,
-    batch: &'a [PageRef],
-    expired: &dyn Fn() -> bool,
-) -> (StagingPool, Result<Option<LentBatch<'a>>, LoadFailure>) {
-    let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
-    if let Some(lent) = pool.lend(&keys) {
-        let copies = load_copies(batch);
-        let started = take_lent(batch, lent).and_then(|(objects, stored)| {
-            if expired() {
-                return Err(LoadFailure::Timeout);
-            }
-            let in_flight = stream
-                .scatter_checked(objects, &copies)
-                .map_err(|_| LoadFailure::DeviceCopy)?;
-            Ok(Some(LentBatch {
-                in_flight,
-                batch,
-                stored,
-            }))
-        });
-        return (staging, started);
-    }
-    let slots = usize::try_from(staging.slots())
-        .unwrap_or(usize::MAX)
-        .max(1);
-    for part in batch.chunks(slots) {
-        let checked;
-        (staging, checked) = load_through_staging(pool, stream, staging, part, expired);
-        if let Err(failure) = checked {
-            return (staging, Err(failure));
-        }
-    }
-    (staging, Ok(None))
-}
-
-/// Without lending: gets at most `staging.slots()` objects into staging, checks their
-/// headers, scatters with device checksums and compares them.
-fn load_through_staging(
-    pool: &dyn Pool,
-    stream: &mut CopyStream,
-    mut staging: StagingPool,
-    batch: &[PageRef],
-    expired: &dyn Fn() -> bool,
-) -> (StagingPool, Result<(), LoadFailure>) {
-    let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
-    let copies = load_copies(batch);
-    let stored = match fetch_into_staging(pool, &mut staging, batch, &keys) {
-        Ok(stored) => stored,
-        Err(failure) => return (staging, Err(failure)),
-    };
-    if expired() {
-        return (staging, Err(LoadFailure::Timeout));
-    }
-    let (staging, sums) = match stream.scatter_checked(staging, &copies) {
-        Ok(in_flight) => in_flight.wait(),
-        Err(refused) => return (refused.memory, Err(LoadFailure::DeviceCopy)),
-    };
-    let checked = sums
-        .map_err(|_| LoadFailure::DeviceCopy)
-        .and_then(|sums| compare_checksums(batch, &stored, &sums));
-    (staging, checked)
-}
-
-/// The scatter copies of a batch: item `i`'s payload (after the header of slot or object
-/// `i`) to its page.
-fn load_copies(batch: &[PageRef]) -> Vec<PageCopy> {
-    page_copies(
-        batch
-            .iter()
-            .map(|item| (item.identity.group, item.page, item.payload_len)),
-    )
-}
 
 /// Pages per batch: at least [`LENT_BATCH_PAGES`], and at least the staging slots. A pool
 /// that does not lend is then served in parts of `staging.slots()`.
@@ -270,21 +105,6 @@ pub(super) fn batch_len(staging: &StagingPool) -> usize {
     usize::try_from(staging.slots())
         .unwrap_or(usize::MAX)
         .max(LENT_BATCH_PAGES)
-}
-
-/// Compares each page's device checksum with its header's (R5).
-fn compare_checksums(batch: &[PageRef], stored: &[u64], sums: &[u64]) -> Result<(), LoadFailure> {
-    for ((item, &stored), &computed) in batch.iter().zip(stored).zip(sums) {
-        if let Err(error) = object::check_checksum(stored, computed) {
-            tracing::warn!(key = %item.key, %error, "loaded page does not match its checksum");
-            return Err(LoadFailure::Corrupt);
-        }
-    }
-    if sums.len() == batch.len() {
-        Ok(())
-    } else {
-        Err(LoadFailure::DeviceCopy)
-    }
 }
 
 /// One copy per item: the payload after the header of slot or object `i` to its page.
@@ -299,77 +119,6 @@ pub(super) fn page_copies(items: impl Iterator<Item = (GroupId, u32, usize)>) ->
             len,
         })
         .collect()
-}
-
-/// The lent objects of a batch, each checked for length and header (R5); returns them
-/// with the stored checksums.
-fn take_lent(
-    batch: &[PageRef],
-    lent: Vec<Result<SharedSlot, PoolError>>,
-) -> Result<(Vec<SharedSlot>, Vec<u64>), LoadFailure> {
-    if lent.len() != batch.len() {
-        tracing::warn!(
-            keys = batch.len(),
-            answers = lent.len(),
-            "pool lent a batch with the wrong number of results; load failed"
-        );
-        return Err(LoadFailure::PoolError);
-    }
-    let mut objects = Vec::with_capacity(batch.len());
-    let mut stored = Vec::with_capacity(batch.len());
-    for (item, result) in batch.iter().zip(lent) {
-        let object = result.map_err(|error| match error {
-            PoolError::NotFound => LoadFailure::Evicted,
-            _ => LoadFailure::PoolError,
-        })?;
-        stored.push(open_checked_header(item, &object, object.len())?);
-        objects.push(object);
-    }
-    Ok((objects, stored))
-}
-
-/// Gets one batch into staging and checks every header; returns the stored checksums.
-fn fetch_into_staging(
-    pool: &dyn Pool,
-    staging: &mut StagingPool,
-    batch: &[PageRef],
-    keys: &[&str],
-) -> Result<Vec<u64>, LoadFailure> {
-    let mut buffers: Vec<&mut [u8]> = staging.slots_mut().take(batch.len()).collect();
-    let results = pool.get_into(keys, &mut buffers);
-    if results.len() != batch.len() {
-        tracing::warn!(
-            keys = batch.len(),
-            answers = results.len(),
-            "pool answered a batch get with the wrong number of results; load failed"
-        );
-        return Err(LoadFailure::PoolError);
-    }
-    let mut stored = Vec::with_capacity(batch.len());
-    for ((item, result), buffer) in batch.iter().zip(results).zip(buffers) {
-        let read = match result {
-            Ok(read) => read,
-            Err(PoolError::NotFound) => return Err(LoadFailure::Evicted),
-            Err(_) => return Err(LoadFailure::PoolError),
-        };
-        stored.push(open_checked_header(item, buffer, read)?);
-    }
-    Ok(stored)
-}
-
-/// Checks an object's byte count and header (R5) and returns its stored checksum.
-///
-/// A pool that reports another byte count than the object's (or more than the buffer
-/// holds) is answering wrongly: the object counts as corrupt, and the buffer is only read
-/// within its bounds.
-fn open_checked_header(item: &PageRef, buffer: &[u8], read: usize) -> Result<u64, LoadFailure> {
-    let expected = object::object_len(item.payload_len);
-    let Some(object_bytes) = buffer.get(..read).filter(|_| read == expected) else {
-        tracing::warn!(key = %item.key, expected, read, "pool answered a get with the wrong byte count");
-        return Err(LoadFailure::Corrupt);
-    };
-    object::open_header(&item.identity, object_bytes, item.payload_len)
-        .map_err(|_| LoadFailure::Corrupt)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
     reason = "test set-up: a failure is the test failing"
 )]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -281,6 +281,8 @@ impl Instance {
 pub struct TestPool {
     pub inner: Arc<MemoryPool>,
     pub hold_gets: AtomicBool,
+    /// Gets begun so far (counted before a held get waits).
+    pub gets_started: AtomicUsize,
     pub hold_puts: AtomicBool,
     pub gets_evicted: AtomicBool,
     /// Puts of keys containing this text fail (a shard that never saved).
@@ -296,6 +298,7 @@ impl TestPool {
         TestPool {
             inner,
             hold_gets: AtomicBool::new(false),
+            gets_started: AtomicUsize::new(0),
             hold_puts: AtomicBool::new(false),
             gets_evicted: AtomicBool::new(false),
             refuse_puts_containing: parking_lot::Mutex::new(None),
@@ -352,6 +355,7 @@ impl Pool for TestPool {
     }
 
     fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
+        self.gets_started.fetch_add(1, Ordering::SeqCst);
         if self.hold_gets.load(Ordering::SeqCst) {
             self.wait_for_release("a held get");
         }

@@ -9,9 +9,11 @@
 use kv_connector::core::hash::BlockHash;
 use kv_connector::core::keys::Shard;
 use kv_connector::core::layout::{GroupId, LayoutFingerprint};
+use kv_connector::core::ledger::LoadFailure;
 use kv_connector::core::object::ObjectIdentity;
-use kv_connector::gpu::PagePoolSpec;
-use kv_connector::transfer::PageRef;
+use kv_connector::gpu::{CopyStream, PagePoolSpec, StagingPool};
+use kv_connector::pool::Pool;
+use kv_connector::transfer::{load_pages, LoadGrant, LoadMoved, LoadOrder, PageRef};
 
 /// gpt-oss-120b: 18 layers x K,V x 8 heads x 64 x bf16 x 32 tokens per page.
 pub const GPT_OSS_PAGE: usize = 18 * 2 * 8 * 64 * 2 * 32;
@@ -42,4 +44,22 @@ pub fn page_ref(block: u32, page: u32) -> PageRef {
         page,
         payload_len: GPT_OSS_PAGE,
     }
+}
+
+/// `load_pages` with every page lent (item `i` holds block `i`).
+pub fn load_all(
+    pool: &dyn Pool,
+    stream: &mut CopyStream,
+    staging: StagingPool,
+    items: &[PageRef],
+    deadline: Option<std::time::Instant>,
+) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
+    let blocks: Vec<u64> = (0..items.len() as u64).collect();
+    let grant = LoadGrant::new(0..items.len() as u64, 1);
+    let order = LoadOrder {
+        items,
+        blocks: &blocks,
+        grant: &grant,
+    };
+    load_pages(pool, stream, staging, order, deadline)
 }

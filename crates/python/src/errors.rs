@@ -139,6 +139,7 @@ pub fn start(error: &StartError) -> PyErr {
         StartError::RegisterStaging { source, .. } => raise::<PoolError>(source.kind(), text),
         StartError::Config(inner) => raise::<ConfigError>(inner.kind(), text),
         StartError::StagingSlots { .. } => raise::<ConfigError>("staging_slots", text),
+        StartError::StagingAlloc { .. } => raise::<ConfigError>("staging_alloc", text),
         StartError::Thread => raise::<KvConnectorError>("thread", text),
     }
 }

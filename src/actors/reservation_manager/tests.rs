@@ -37,6 +37,7 @@ fn load(
     Ok(StartLoad {
         request: RequestId(request),
         reservation: ReservationId(reservation),
+        grant: Arc::new(LoadGrant::new(tokens.clone(), 16)),
         tokens,
         plan: Arc::new(plan),
         hashes: hashes.into(),

@@ -97,6 +97,7 @@ fn seed_memory_pool(
         connector_name: "kvc".to_owned(),
         local_prefix_cache: false,
         drafter: None,
+        release_during_loads: false,
     };
     // The factory keeps the pool and the stored page sizes the connector was built with.
     let mut seeded: Option<(Arc<dyn Pool>, Vec<usize>)> = None;

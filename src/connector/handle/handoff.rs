@@ -143,12 +143,13 @@ impl ConnectorHandle {
         let count = message.loads.len() as u64;
         self.loads_sent = self.loads_sent.saturating_sub(count);
         self.loads_in_flight = self.loads_in_flight.saturating_sub(count);
-        self.finished_loads
-            .extend(message.loads.iter().map(|load| FinishedLoad {
+        for load in &message.loads {
+            self.report_load(FinishedLoad {
                 reservation: load.reservation,
                 request: load.request,
                 filled: false,
-            }));
+            });
+        }
     }
 
     /// Refused save pages: counted dropped and settled at once (R22).

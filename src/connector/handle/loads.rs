@@ -13,19 +13,36 @@
 //!
 //! With `sync_load` every load is sent on its own and awaited before the next (R23).
 //!
+//! Released pages (R29): each load carries a [`LoadGrant`] of its reservation's tokens,
+//! shared with the loaders of every rank. The engine takes pages back on this thread, and
+//! the hook returns only once no loader can write them any more:
+//! - `release_prefix_reservation` takes back the tokens it names (a trim or the whole);
+//! - `reserve_prefix` under another id, and `on_step` with a new reservation of the same
+//!   request, take back the replaced reservation's pages;
+//! - `request_finished` takes back every page of the request's load;
+//! - a load reported (filled or failed, or refused) gives its grant back: the pages are
+//!   the engine's again.
+//!
+//! The engine may hand pages taken back to another request as soon as the hook returns.
+//! A trimmed load is reported filled when every page still reserved is filled.
+//!
 //! Invariants:
 //! 1. Every reservation handed to `plan_load` yields exactly one [`FinishedLoad`]: from the
 //!    manager, or from the handle when the load could not be sent.
 //! 2. `loads_asked - loads_sent` is the number of loads failed on the engine thread.
+//! 3. A request has at most one grant, that of its last reservation whose load was sent
+//!    and not yet reported.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::ConnectorHandle;
 use crate::connector::{FinishedLoad, ScheduledRequest};
-use crate::core::ids::ReservationId;
+use crate::core::ids::{RequestId, ReservationId};
 use crate::messages::courier::Outgoing;
 use crate::messages::reservation_manager::{StartLoad, StartLoads};
+use crate::transfer::LoadGrant;
 
 impl ConnectorHandle {
     /// Adds the load of a reservation whose pages the engine allocated this step to the
@@ -36,6 +53,7 @@ impl ConnectorHandle {
         reservation: ReservationId,
     ) {
         self.loads_asked += 1;
+        self.take_back_load(scheduled.request, Some(reservation));
         match self.load_message(scheduled, reservation) {
             Some(load) => self.step_loads.push(load),
             None => self.finished_loads.push(FinishedLoad {
@@ -79,14 +97,51 @@ impl ConnectorHandle {
             }
         }
         state.reused_until = plan.resume_tokens;
-        Some(StartLoad {
+        let tokens = scheduled.computed_before as u64..plan.resume_tokens as u64;
+        let grant = Arc::new(LoadGrant::new(tokens.clone(), self.tokens_per_block as u64));
+        let load = StartLoad {
             request: scheduled.request,
             reservation,
-            tokens: scheduled.computed_before as u64..plan.resume_tokens as u64,
+            tokens,
             plan: Arc::clone(plan),
             hashes: Arc::clone(hashes),
             pages,
-        })
+            grant: Arc::clone(&grant),
+        };
+        state.load = Some((reservation, grant));
+        Some(load)
+    }
+
+    /// The engine takes back tokens `tokens` of `reservation`: returns once no loader can
+    /// write their pages (module docs, R29).
+    pub(super) fn release_load_pages(
+        &mut self,
+        request: RequestId,
+        reservation: ReservationId,
+        tokens: Range<u64>,
+    ) {
+        let Some(state) = self.requests.get_mut(&request) else {
+            return;
+        };
+        let Some((_, grant)) = state.load.as_ref().filter(|(id, _)| *id == reservation) else {
+            return;
+        };
+        if grant.release(tokens) {
+            state.load = None;
+        }
+    }
+
+    /// Takes back every page of the request's load, unless it is `keep`'s (module docs,
+    /// R29); returns once no loader can write them.
+    pub(super) fn take_back_load(&mut self, request: RequestId, keep: Option<ReservationId>) {
+        let Some(state) = self.requests.get_mut(&request) else {
+            return;
+        };
+        if state.load.as_ref().is_some_and(|(id, _)| Some(*id) != keep) {
+            if let Some((_, grant)) = state.load.take() {
+                grant.revoke();
+            }
+        }
     }
 
     /// Sends the step's batch of loads in one message; a refused message fails all of its
@@ -138,6 +193,23 @@ impl ConnectorHandle {
     /// A load completion from the loaders: one fewer in flight.
     pub(super) fn accept_load(&mut self, finished: FinishedLoad) {
         self.loads_in_flight = self.loads_in_flight.saturating_sub(1);
+        self.report_load(finished);
+    }
+
+    /// Hands a finished (or refused) load to the engine; its pages are the engine's again
+    /// (the grant is given back, module docs).
+    pub(super) fn report_load(&mut self, finished: FinishedLoad) {
+        if let Some(state) = self.requests.get_mut(&finished.request) {
+            if state
+                .load
+                .as_ref()
+                .is_some_and(|(id, _)| *id == finished.reservation)
+            {
+                if let Some((_, grant)) = state.load.take() {
+                    grant.revoke();
+                }
+            }
+        }
         self.finished_loads.push(finished);
     }
 }

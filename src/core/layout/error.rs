@@ -73,8 +73,12 @@ pub enum LayoutError {
         /// Second group listing it.
         second: GroupId,
     },
-    /// KV heads that do not split evenly over the ranks.
-    #[error("group {group}: {kv_heads} KV heads do not split evenly over world_size {world_size}; use a world size that divides them")]
+    /// KV heads that neither split evenly over the ranks nor repeat evenly on them.
+    #[error(
+        "group {group}: {kv_heads} KV heads do not split evenly over world_size {world_size} \
+         nor repeat evenly on its ranks; use a world size that divides {kv_heads} or is a \
+         multiple of it, e.g. {fits}"
+    )]
     HeadsNotDivisible {
         /// Offending group.
         group: GroupId,
@@ -82,6 +86,21 @@ pub enum LayoutError {
         kv_heads: u32,
         /// World size.
         world_size: u32,
+        /// The largest world size below it that works for this group.
+        fits: u32,
+    },
+    /// More ranks than a layout takes.
+    #[error(
+        "world_size {world_size} is more than {max} tensor-parallel ranks; use at most {max}, \
+         e.g. {fits} (a world size that suits every group's KV heads)"
+    )]
+    WorldTooLarge {
+        /// World size.
+        world_size: u32,
+        /// [`MAX_WORLD_SIZE`](super::MAX_WORLD_SIZE).
+        max: u32,
+        /// The largest world size up to the maximum that every group's heads suit.
+        fits: u32,
     },
     /// R7: window layouts need reservations.
     #[error("layout {layout:?} has window group {group}, which needs prefix-aware scheduling: set reservations.prefix_aware_scheduling = true")]

@@ -12,7 +12,10 @@
 //! - `layout::I2`. every group's page is at least one byte;
 //! - `layout::I3`. a window group has `W >= 1` and `S < W`; a full group has no window fields;
 //! - `layout::I4`. no layer is listed twice within one model (target or draft);
-//! - `layout::I5`. KV heads split evenly over the ranks (or are replicated when fewer than ranks).
+//! - `layout::I5`. `world_size <= MAX_WORLD_SIZE`, and every group that is not replicated
+//!   has KV heads that split evenly over the ranks (`kv_heads % world == 0`) or repeat
+//!   evenly on them (`world % kv_heads == 0`: each head on `world / kv_heads` ranks, as
+//!   vLLM replicates KV heads when the tensor-parallel size exceeds them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -24,6 +27,10 @@ use super::keys::Shard;
 
 mod error;
 pub use error::LayoutError;
+
+/// Most tensor-parallel ranks a layout takes (`layout::I5`): eight 8-GPU nodes, beyond any
+/// tensor-parallel group serving engines run, and a bound on what the replay simulates.
+pub const MAX_WORLD_SIZE: u32 = 64;
 
 /// Identifier of a layer group (the `lg{group}` segment of a key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -200,6 +207,15 @@ impl LayerGroup {
         }
     }
 
+    /// Whether this group's KV heads can be laid out on `world_size` ranks (`layout::I5`):
+    /// replicated, split evenly, or each head repeated on the same number of ranks.
+    fn suits_world(&self, world_size: u32) -> bool {
+        self.replicated
+            || world_size == 0
+            || self.kv_heads % world_size == 0
+            || (self.kv_heads > 0 && world_size % self.kv_heads == 0)
+    }
+
     /// Whether this is a sliding-window group.
     pub fn is_window(&self) -> bool {
         self.kind == GroupKind::Window
@@ -313,6 +329,16 @@ impl Layout {
         if self.world_size == 0 {
             return Err(LayoutError::ZeroWorldSize);
         }
+        if self.world_size > MAX_WORLD_SIZE {
+            return Err(LayoutError::WorldTooLarge {
+                world_size: self.world_size,
+                max: MAX_WORLD_SIZE,
+                fits: (1..=MAX_WORLD_SIZE)
+                    .rev()
+                    .find(|&world| self.groups.iter().all(|group| group.suits_world(world)))
+                    .unwrap_or(1),
+            });
+        }
         let mut ids = BTreeSet::new();
         let mut layer_owner: BTreeMap<(ModelRole, u32), GroupId> = BTreeMap::new();
         for group in &self.groups {
@@ -371,13 +397,15 @@ impl Layout {
         if let Some((field, _)) = zero_field {
             return Err(LayoutError::ZeroPageBytes { group: id, field });
         }
-        let splits_evenly =
-            group.kv_heads < self.world_size || group.kv_heads % self.world_size == 0;
-        if !group.replicated && !splits_evenly {
+        if !group.suits_world(self.world_size) {
             return Err(LayoutError::HeadsNotDivisible {
                 group: id,
                 kv_heads: group.kv_heads,
                 world_size: self.world_size,
+                fits: (1..self.world_size)
+                    .rev()
+                    .find(|&world| group.suits_world(world))
+                    .unwrap_or(1),
             });
         }
         group.page_bytes(self.tokens_per_block, self.world_size)?;

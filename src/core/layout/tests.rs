@@ -286,3 +286,35 @@ fn layout_toml_refuses_unknown_keys() {
         .unwrap_or_default();
     assert!(source.contains("bogus"), "{source}");
 }
+
+/// `layout::I5`: a world size suits a group's KV heads when they split evenly over it or
+/// each repeats on the same number of ranks, up to `MAX_WORLD_SIZE`; a refusal names a
+/// world size that works, for presets and layout files alike.
+#[test]
+fn world_sizes_are_checked_against_the_kv_heads_i5() -> Result<(), LayoutError> {
+    let llama = Layout::preset("llama-3.1-8b")?;
+    for world in [1, 2, 4, 8, 16, 64] {
+        assert_eq!(llama.with_world_size(world)?.world_size, world);
+    }
+    let uneven = llama.with_world_size(12).expect_err("8 heads on 12 ranks");
+    assert!(
+        matches!(uneven, LayoutError::HeadsNotDivisible { fits: 8, .. }),
+        "{uneven:?}"
+    );
+    assert!(uneven.to_string().contains("e.g. 8"), "{uneven}");
+    let huge = llama.with_world_size(1000).expect_err("1000 ranks");
+    assert!(
+        matches!(huge, LayoutError::WorldTooLarge { fits: 64, .. }),
+        "{huge:?}"
+    );
+    let file = Layout::from_toml_str(
+        include_str!("../../../config/models/tiny-hybrid.toml"),
+        "custom.toml",
+    )?;
+    let custom = file.with_world_size(3).expect_err("2 heads on 3 ranks");
+    assert!(
+        matches!(custom, LayoutError::HeadsNotDivisible { fits: 2, .. }),
+        "{custom:?}"
+    );
+    Ok(())
+}

@@ -65,8 +65,10 @@ use parking_lot::Mutex;
 use crate::gpu::cuda::{Context, PinnedBuffer};
 use crate::gpu::error::GpuError;
 
+mod meminfo;
 mod slot;
 
+pub use meminfo::{host_memory, parse_meminfo, HostMemory};
 use slot::SlotOwner;
 pub use slot::{HostSlot, SharedSlot};
 
@@ -388,6 +390,23 @@ impl ArenaState {
         self.live_slots -= 1;
         self.free_slots += 1;
     }
+}
+
+/// A zeroed heap buffer of `len` bytes, or `None` when the allocator refuses it: unlike
+/// `vec![0; len]`, a refusal never aborts the process. Alignment 1 lets the allocator use
+/// `calloc`, whose big blocks are zeroed lazily (untouched pages cost no memory).
+pub(crate) fn try_zeroed(len: usize) -> Option<Box<[u8]>> {
+    if len == 0 {
+        return Some(Box::default());
+    }
+    let layout = Layout::array::<u8>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size (`len >= 1`).
+    let raw = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+    let slice = std::ptr::slice_from_raw_parts_mut(raw.as_ptr(), len);
+    // SAFETY: `raw` points to `len` zeroed (initialized) bytes from the global allocator
+    // with the layout of `[u8; len]`, which is the layout a `Box<[u8]>` of `len` bytes frees
+    // with; the box becomes its only owner.
+    Some(unsafe { Box::from_raw(slice) })
 }
 
 impl Chunk {

@@ -22,10 +22,15 @@
 //! - `mooncake::master::I1`. Every process this module spawns is killed and reaped by
 //!   [`MooncakeMaster::stop`], which `Drop` calls; nothing is stopped by name.
 //! - `mooncake::master::I2`. The master listens on loopback only.
+//! - `mooncake::master::I3`. A master dies with the process that started it, also one
+//!   killed with SIGKILL (a parent-death signal, set through `setpriv`). Linux sends it when
+//!   the thread that spawned the master ends: start a master from a thread that outlives it
+//!   (the replay starts it on its main thread).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{MooncakeError, MooncakeInstall, MooncakeSettings};
@@ -231,7 +236,7 @@ fn master_args(settings: &MasterSettings, ports: MasterPorts) -> Vec<String> {
 
 /// Spawns a master on `ports` and waits until every port listens.
 fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, MooncakeError> {
-    let stderr = match &settings.log_file {
+    let stderr = || match &settings.log_file {
         Some(path) => std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -240,19 +245,17 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
             .map_err(|source| MooncakeError::MasterLog {
                 path: path.clone(),
                 source,
-            })?,
-        None => Stdio::null(),
+            }),
+        None => Ok(Stdio::null()),
     };
-    let mut child = Command::new(&settings.binary)
-        .args(master_args(settings, ports))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .map_err(|source| MooncakeError::MasterSpawn {
-            binary: settings.binary.clone(),
-            source,
-        })?;
+    let spawn_error = |source| MooncakeError::MasterSpawn {
+        binary: settings.binary.clone(),
+        source,
+    };
+    // A missing binary is a spawn error, also when `setpriv` would run it.
+    std::fs::metadata(&settings.binary).map_err(spawn_error)?;
+    let mut child = spawn_master(&settings.binary, &master_args(settings, ports), &stderr)?
+        .map_err(spawn_error)?;
     match wait_ready(&mut child, settings, ports) {
         Ok(()) => Ok(child),
         Err(err) => {
@@ -261,6 +264,42 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
             Err(err)
         }
     }
+}
+
+/// Spawns `binary` with `args` so that it dies with this process (`mooncake::master::I3`):
+/// through util-linux's `setpriv --pdeathsig KILL`, which sets Linux's parent-death signal
+/// in the child and then executes the master (same PID), so a process killed with SIGKILL
+/// leaves no master behind. Without `setpriv` the master runs plain, and a warning says
+/// so once. `stderr` makes the master's stderr for each attempt.
+fn spawn_master(
+    binary: &Path,
+    args: &[String],
+    stderr: &dyn Fn() -> Result<Stdio, MooncakeError>,
+) -> Result<std::io::Result<Child>, MooncakeError> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let quiet = |command: &mut Command| {
+        command.stdin(Stdio::null()).stdout(Stdio::null());
+    };
+    let mut guarded = Command::new("setpriv");
+    guarded
+        .args(["--pdeathsig", "KILL", "--"])
+        .arg(binary)
+        .args(args);
+    quiet(&mut guarded);
+    match guarded.stderr(stderr()?).spawn() {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        spawned => return Ok(spawned),
+    }
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "setpriv (util-linux) not found: a mooncake_master this process starts outlives \
+             it if it is killed with SIGKILL"
+        );
+    }
+    let mut plain = Command::new(binary);
+    plain.args(args);
+    quiet(&mut plain);
+    Ok(plain.stderr(stderr()?).spawn())
 }
 
 /// Polls the three ports until they accept connections, the child exits, or time runs out.

@@ -34,7 +34,7 @@ impl Active {
     /// Prompt tokens the request still computes: after its load, if it is loading.
     fn tokens_left(&self) -> usize {
         let from = match self.phase {
-            Phase::Loading { end, .. } => end,
+            Phase::Loading { kept_end, .. } => kept_end,
             Phase::Ready { .. } => self.computed,
         };
         self.request.prompt_len.saturating_sub(from)
@@ -250,6 +250,7 @@ impl Engine {
                 reservation,
                 start: local,
                 end,
+                kept_end: end,
                 modeled_end_us,
             }
         };
@@ -261,6 +262,7 @@ impl Engine {
             phase,
             reused_tokens: 0,
             local_hit_tokens: local,
+            taken_back: Vec::new(),
         });
         Ok(())
     }
@@ -506,6 +508,7 @@ mod tests {
             local_prefix_cache,
             drafter: None,
             lookup_wait: Duration::ZERO,
+            release_during_loads: false,
         };
         Engine::new(setup, connector)
     }

@@ -199,6 +199,7 @@ fn engine(cap: SaveCap) -> Result<Engine, ReplayError> {
             acceptance: 0.5,
         }),
         lookup_wait: std::time::Duration::ZERO,
+        release_during_loads: false,
     };
     Engine::new(setup, Box::new(CopyingConnector::new(devices, cap)))
 }

@@ -121,6 +121,7 @@ fn loading_engine() -> Result<Engine, ReplayError> {
         local_prefix_cache: false,
         drafter: None,
         lookup_wait: std::time::Duration::ZERO,
+        release_during_loads: false,
     };
     let mut engine = Engine::new(setup, Box::new(connector))?;
     let tokens: Vec<i64> = (1_000..1_200).collect();

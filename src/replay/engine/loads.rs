@@ -46,17 +46,45 @@ impl Engine {
         Ok(changed)
     }
 
-    /// Checks every loaded page, then counts the range as computed (`engine::E2`).
+    /// Checks every loaded page, then counts the range as computed (`engine::E2`). Pages
+    /// the engine took back during the load are checked too and freed (`release`).
     fn load_filled(&mut self, index: usize, now: SimMicros) -> Result<(), ReplayError> {
         let Phase::Loading {
             start,
             end,
+            kept_end,
             modeled_end_us,
             ..
         } = self.active[index].phase
         else {
             return Ok(());
         };
+        self.check_loaded_pages(index, start, end)?;
+        self.settle_taken_back(index)?;
+        self.counters.loads_filled += 1;
+        if kept_end < end && self.cache.policies().any(|policy| !policy.is_full()) {
+            // The window of the trimmed end was not loaded (R15): compute from the start.
+            return self.compute_instead(index, now);
+        }
+        let active = &mut self.active[index];
+        let loaded = kept_end - start;
+        active.computed = kept_end;
+        active.reused_tokens += loaded;
+        active.phase = Phase::Ready {
+            at_us: now.max(modeled_end_us),
+        };
+        self.counters.reused_tokens += u64::try_from(loaded).unwrap_or(u64::MAX);
+        Ok(())
+    }
+
+    /// Reads back every page of the load the request still holds (the pages taken back
+    /// have none) and compares it with its block's content.
+    fn check_loaded_pages(
+        &mut self,
+        index: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<(), ReplayError> {
         let t = self.cache.tokens_per_block();
         let ranks = u64::try_from(self.devices.len()).unwrap_or(u64::MAX);
         let active = &self.active[index];
@@ -98,15 +126,6 @@ impl Engine {
             let max = &mut self.counters.window_bytes_per_load_max;
             *max = (*max).max(window_bytes);
         }
-        let active = &mut self.active[index];
-        let loaded = end - start;
-        active.computed = end;
-        active.reused_tokens += loaded;
-        active.phase = Phase::Ready {
-            at_us: now.max(modeled_end_us),
-        };
-        self.counters.loads_filled += 1;
-        self.counters.reused_tokens += u64::try_from(loaded).unwrap_or(u64::MAX);
         Ok(())
     }
 
@@ -124,7 +143,17 @@ impl Engine {
         self.connector
             .release_prefix_reservation(report.request, report.reservation, start, end);
         self.connector_time += started.stop();
-        self.counters.loads_failed += 1;
+        self.settle_taken_back(index)?;
+        self.compute_instead(index, now)
+    }
+
+    /// The request computes the reserved range itself: its pages get the stale pattern
+    /// again, the window pages the load added are dropped, and it resumes from where the
+    /// load started (its local match, whose pages it keeps).
+    fn compute_instead(&mut self, index: usize, now: SimMicros) -> Result<(), ReplayError> {
+        let Phase::Loading { start, end, .. } = self.active[index].phase else {
+            return Ok(());
+        };
         let t = self.cache.tokens_per_block();
         let active = &mut self.active[index];
         for (group, content) in self.groups.iter().enumerate() {

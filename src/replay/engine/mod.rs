@@ -54,6 +54,13 @@
 //! `on_step` has seen the step, the pages of rejected drafts are rewound. The connector
 //! must publish nothing past the chunk end (R16) and only prompt blocks (R18).
 //!
+//! ## Releases during loads (off by default)
+//!
+//! With [`EngineSetup::release_during_loads`] on (`kv-connector replay
+//! --release-during-loads`), the engine takes back half of every load while it runs and
+//! hands those pages to another request that writes them at once; the page check then
+//! covers R29 (`release`).
+//!
 //! Sync loads (`is_async = false`) park the request the same way; the difference is time:
 //! the step that starts a sync load lasts until the load's modeled end (the engine waits),
 //! and the connector is expected to report it at the next poll.
@@ -82,6 +89,7 @@ mod draft;
 mod load_check_tests;
 mod loads;
 mod prefill;
+mod release;
 mod types;
 
 pub use admit::LOOKUP_WAIT;
@@ -127,6 +135,9 @@ pub struct EngineSetup {
     /// How long admission waits in real time for a just-started lookup (`admit::A2`);
     /// [`LOOKUP_WAIT`] in replays, zero in tests that script `Pending` answers.
     pub lookup_wait: std::time::Duration,
+    /// Take back half of every load while it runs and hand those pages to another
+    /// request (`release`'s docs, R29).
+    pub release_during_loads: bool,
 }
 
 /// A request waiting for admission.
@@ -145,11 +156,13 @@ struct Waiting {
 /// Where an admitted request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    /// Parked while the connector fills tokens `[start, end)`.
+    /// Parked while the connector fills tokens `[start, end)`, of which the engine still
+    /// reserves `[start, kept_end)` (`release`).
     Loading {
         reservation: ReservationId,
         start: usize,
         end: usize,
+        kept_end: usize,
         modeled_end_us: SimMicros,
     },
     /// Computing from `at_us` on.
@@ -164,6 +177,9 @@ struct Active {
     phase: Phase,
     reused_tokens: usize,
     local_hit_tokens: usize,
+    /// `(group, page)` the engine took back from its load and a stand-in request holds
+    /// until the load is reported (`release`).
+    taken_back: Vec<(usize, u32)>,
 }
 
 /// The engine simulator of one instance (module docs).
@@ -193,6 +209,8 @@ pub struct Engine {
     /// The drafter, if one runs (module docs, "Drafter").
     drafter: Option<DrafterSetup>,
     lookup_wait: std::time::Duration,
+    /// Take back half of every load while it runs (`release`).
+    release_during_loads: bool,
     /// The head of the queue did not fit in the cache at the last admission.
     admission_blocked: bool,
     counters: EngineCounters,
@@ -259,6 +277,7 @@ impl Engine {
             local_prefix_cache: setup.local_prefix_cache,
             drafter: setup.drafter,
             lookup_wait: setup.lookup_wait,
+            release_during_loads: setup.release_during_loads,
             admission_blocked: false,
             counters: EngineCounters::default(),
             connector_time: HookTime::default(),
@@ -363,6 +382,7 @@ impl Engine {
         );
         let duration_us = compute_us + admitted.sync_wait_us;
         self.call_on_step(&chunks, &admitted.reservations);
+        self.release_during_loads(&admitted.reservations)?;
         let done = self.after_step(&chunks, now + duration_us);
         self.busy_until_us = now + duration_us;
         self.counters.steps += 1;
@@ -513,6 +533,7 @@ mod tests {
             local_prefix_cache: false,
             drafter: None,
             lookup_wait: std::time::Duration::ZERO,
+            release_during_loads: false,
         };
         Engine::new(setup, Box::new(NoConnector))
     }

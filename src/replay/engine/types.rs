@@ -72,14 +72,16 @@ pub struct EngineCounters {
     pub modeled_bytes_loaded: u64,
     /// Reservations reported filled.
     pub loads_filled: u64,
-    /// Reservations reported failed (R25).
-    pub loads_failed: u64,
     /// Load reports for reservations the engine does not know (R26: ignored).
     pub stale_load_reports: u64,
     /// Save reports for requests whose pages were not held.
     pub unexpected_save_reports: u64,
     /// Offers cut to whole blocks before the last prompt token.
     pub offers_trimmed: u64,
+    /// Loads the engine released half of while they ran (`--release-during-loads`, R29).
+    pub loads_released_in_flight: u64,
+    /// Pages (per rank) it took back from them and handed to another request.
+    pub pages_released_in_flight: u64,
     /// Prompt tokens the engine computed itself.
     pub computed_tokens: u64,
     /// Steps that called `on_step`.

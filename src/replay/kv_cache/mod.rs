@@ -57,7 +57,8 @@
 //!   never runs out of pages (free plus evictable pages always cover every outstanding
 //!   quota, because each held page is held by at least one request).
 //! - `kv_cache::K3`. Full-attention groups hold a page for every block of the prompt from admission
-//!   to release.
+//!   to release, except blocks whose pages the engine took back from a load in flight
+//!   (`taken`), which get a fresh page when computed.
 //! - `kv_cache::K4`. A page with a holder is never evicted, freed or handed to another allocation.
 //! - `kv_cache::K5`. A request shares cached pages only below its local match, where neither the
 //!   engine nor the connector writes ([`KvCache::ensure_writable`] guards the engine).
@@ -65,6 +66,7 @@
 mod draft;
 mod group_pool;
 mod prefix;
+mod taken;
 #[cfg(test)]
 mod testkit;
 

@@ -100,7 +100,7 @@ fn many_pages_round_trip_through_lending_and_staging_pools_r24() {
             vec![SaveResult::Stored; MANY as usize],
             "lending {lending}"
         );
-        let (_, loaded) = load_pages(pool, &mut stream, staging, &many_loads(), None);
+        let (_, loaded) = load_all(pool, &mut stream, staging, &many_loads(), None);
         assert_eq!(loaded.map(|moved| moved.pages), Ok(u64::from(MANY)));
         for block in [0, 255, 256, MANY - 1] {
             assert_eq!(
@@ -127,7 +127,7 @@ fn a_corrupt_object_in_a_later_lent_batch_fails_the_load_r5() {
         .for_each(|r| r.unwrap());
     let (staging, saved) = save_pages(&pool, &mut stream, staging, &many_saves());
     assert_eq!(saved[290], SaveResult::SkippedPresent);
-    let (_, loaded) = load_pages(&pool, &mut stream, staging, &many_loads(), None);
+    let (_, loaded) = load_all(&pool, &mut stream, staging, &many_loads(), None);
     assert_eq!(loaded, Err(LoadFailure::Corrupt));
 }
 
@@ -186,7 +186,7 @@ fn mixed_page_sizes_in_one_batch_round_trip_r19_r24() {
             payload_len: save.payload_len,
         })
         .collect();
-    let (_, loaded) = load_pages(&pool, &mut stream, staging, &loads, None);
+    let (_, loaded) = load_all(&pool, &mut stream, staging, &loads, None);
     assert_eq!(loaded.map(|moved| moved.pages), Ok(12));
     for block in 0..6_u32 {
         for group in [0, 1] {
@@ -194,6 +194,75 @@ fn mixed_page_sizes_in_one_batch_round_trip_r19_r24() {
             assert_eq!(
                 device.read_page_to_vec(GroupId(group), block + 8).unwrap(),
                 many_bytes(block * 2 + group)[..len]
+            );
+        }
+    }
+}
+
+/// R29: pages whose blocks the engine took back before the copy keep the engine's bytes;
+/// the pages still lent are filled and counted, from a lending pool and through staging
+/// (several staging parts); a grant taken back whole writes nothing.
+#[test]
+fn pages_taken_back_are_never_written_and_the_rest_are_filled_r29() {
+    for lending in [true, false] {
+        let (device, mut stream, staging) = many_device();
+        let memory = rig(1).pool;
+        let no_lend = NoLend(&memory);
+        let pool: &dyn Pool = if lending { &memory } else { &no_lend };
+        let (staging, saved) = save_pages(pool, &mut stream, staging, &many_saves());
+        assert!(saved.iter().all(|result| *result == SaveResult::Stored));
+        let engine_bytes = vec![0x5A; PAGE];
+        for block in 0..MANY {
+            device
+                .write_page(GroupId(0), MANY + block, &engine_bytes)
+                .unwrap();
+        }
+        let loads = many_loads();
+        let blocks: Vec<u64> = (0..u64::from(MANY)).collect();
+        // Two tokens per block; the release cuts block 200 in half: it stays lent.
+        let grant = LoadGrant::new(0..2 * u64::from(MANY), 2);
+        assert!(!grant.release(401..2 * 300));
+        let order = LoadOrder {
+            items: &loads,
+            blocks: &blocks,
+            grant: &grant,
+        };
+        let (staging, loaded) = load_pages(pool, &mut stream, staging, order, None);
+        assert_eq!(
+            loaded.map(|moved| moved.pages),
+            Ok(u64::from(MANY) - 99),
+            "lending {lending}"
+        );
+        for block in 0..MANY {
+            let expected = if (201..300).contains(&block) {
+                engine_bytes.clone()
+            } else {
+                many_bytes(block)
+            };
+            assert_eq!(
+                device.read_page_to_vec(GroupId(0), MANY + block).unwrap(),
+                expected,
+                "lending {lending}, block {block}"
+            );
+        }
+        grant.revoke();
+        for block in 0..MANY {
+            device
+                .write_page(GroupId(0), MANY + block, &engine_bytes)
+                .unwrap();
+        }
+        let order = LoadOrder {
+            items: &loads,
+            blocks: &blocks,
+            grant: &grant,
+        };
+        let (_, loaded) = load_pages(pool, &mut stream, staging, order, None);
+        assert_eq!(loaded.map(|moved| moved.pages), Ok(0), "lending {lending}");
+        for block in [0, 255, MANY - 1] {
+            assert_eq!(
+                device.read_page_to_vec(GroupId(0), MANY + block).unwrap(),
+                engine_bytes,
+                "lending {lending}, block {block}"
             );
         }
     }

@@ -7,8 +7,12 @@ use crate::core::eviction::EvictionPolicy;
 use crate::core::hash::BlockHash;
 use crate::core::keys::Shard;
 use crate::core::layout::{GroupId, LayoutFingerprint};
+use crate::core::ledger::LoadFailure;
+use crate::core::object;
+use crate::gpu::CopyStream;
 use crate::gpu::{Device, PagePoolSpec};
 use crate::pool::{MemoryPool, SystemClock};
+use crate::pool::{Pool, PoolError};
 
 const PAGE: usize = 256;
 
@@ -70,6 +74,24 @@ fn page_ref(block: u8, page: u32) -> PageRef {
     }
 }
 
+/// Loads `items` with every page lent (item `i` holds block `i`).
+fn load_all(
+    pool: &dyn Pool,
+    stream: &mut CopyStream,
+    staging: StagingPool,
+    items: &[PageRef],
+    deadline: Option<std::time::Instant>,
+) -> (StagingPool, Result<LoadMoved, LoadFailure>) {
+    let blocks: Vec<u64> = (0..items.len() as u64).collect();
+    let grant = LoadGrant::new(0..items.len() as u64, 1);
+    let order = LoadOrder {
+        items,
+        blocks: &blocks,
+        grant: &grant,
+    };
+    load_pages(pool, stream, staging, order, deadline)
+}
+
 impl Rig {
     fn save(&mut self, items: &[PageRef]) -> Vec<SaveResult> {
         let staging = self.staging.take().unwrap();
@@ -80,7 +102,7 @@ impl Rig {
 
     fn load(&mut self, items: &[PageRef]) -> Result<LoadMoved, LoadFailure> {
         let staging = self.staging.take().unwrap();
-        let (staging, result) = load_pages(&self.pool, &mut self.stream, staging, items, None);
+        let (staging, result) = load_all(&self.pool, &mut self.stream, staging, items, None);
         self.staging = Some(staging);
         result
     }
@@ -206,7 +228,7 @@ fn a_load_past_its_deadline_times_out_r25() {
     rig.save(&[page_ref(1, 0)]);
     let staging = rig.staging.take().unwrap();
     let past = std::time::Instant::now();
-    let (staging, result) = load_pages(
+    let (staging, result) = load_all(
         &rig.pool,
         &mut rig.stream,
         staging,
@@ -296,7 +318,7 @@ fn a_pool_answer_of_the_wrong_length_fails_the_load_r5_r25() {
             no_answers,
         };
         let staging = rig.staging.take().unwrap();
-        let (_, result) = load_pages(&pool, &mut rig.stream, staging, &[page_ref(1, 5)], None);
+        let (_, result) = load_all(&pool, &mut rig.stream, staging, &[page_ref(1, 5)], None);
         assert_eq!(
             result,
             Err(failure),
