@@ -59,7 +59,7 @@ impl Engine {
         else {
             return Ok(());
         };
-        self.check_loaded_pages(index, start, end)?;
+        self.check_loaded_pages(index, start, end, kept_end)?;
         self.settle_taken_back(index)?;
         self.counters.loads_filled += 1;
         if kept_end < end && self.cache.policies().any(|policy| !policy.is_full()) {
@@ -77,13 +77,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Reads back every page of the load the request still holds (the pages taken back
-    /// have none) and compares it with its block's content.
+    /// Reads back every page of the load the request still holds and compares it with its
+    /// block's content. The blocks from `kept_end` on were taken back while the load ran
+    /// (`--release-during-loads`): they have no page here, and their pages are checked
+    /// where they went (`settle_taken_back`).
     fn check_loaded_pages(
         &mut self,
         index: usize,
         start: usize,
         end: usize,
+        kept_end: usize,
     ) -> Result<(), ReplayError> {
         let t = self.cache.tokens_per_block();
         let ranks = u64::try_from(self.devices.len()).unwrap_or(u64::MAX);
@@ -96,7 +99,7 @@ impl Engine {
         let mut window_bytes = 0;
         for (group, content) in self.groups.iter().enumerate() {
             for block in self.cache.load_blocks(group, end) {
-                if block < start / t {
+                if block < start / t || block >= kept_end / t {
                     continue;
                 }
                 let (Some(page), Some(hash)) = (
