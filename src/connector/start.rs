@@ -25,7 +25,7 @@ use crate::core::ledger::Ledger;
 use crate::core::object::HEADER_BYTES;
 use crate::gpu::{Device, StagingPool};
 use crate::messages::EngineInbox;
-use crate::pool::{ActorFaults, Pool, PoolError};
+use crate::pool::{ActorFaults, GuardSettings, GuardedPool, HealthView, Pool, PoolError};
 
 /// What a connector is started with.
 pub struct ConnectorParams {
@@ -241,6 +241,21 @@ pub(super) fn start_actors(
         &params.model_key,
         &payload_lens,
     )?);
+    // Every pool call of this connector goes through the guard: deadlines and the pool's
+    // health (R30).
+    let instance = match params.config.stats.instance.as_str() {
+        "" => "0",
+        named => named,
+    };
+    let guarded = GuardedPool::new(
+        params.pool,
+        GuardSettings::new(&runtime.pool_calls, instance),
+    );
+    let health = guarded.health();
+    let params = ConnectorParams {
+        pool: Arc::new(guarded),
+        ..params
+    };
     let (sender, receiver) = std::sync::mpsc::sync_channel(1);
     let thread_keys = Arc::clone(&keys);
     let thread = std::thread::Builder::new()
@@ -248,7 +263,12 @@ pub(super) fn start_actors(
         .spawn(move || {
             let system = System::new();
             let started = system.block_on(async move {
-                spawn_all(params, &runtime, inbox, thread_keys, ledger, &payload_lens).await
+                let shared = Shared {
+                    inbox,
+                    keys: thread_keys,
+                    health,
+                };
+                spawn_all(params, &runtime, shared, ledger, &payload_lens).await
             });
             let ok = started.is_ok();
             let _ = sender.send(started);
@@ -261,14 +281,26 @@ pub(super) fn start_actors(
     Ok((Started { keys, ..started }, thread))
 }
 
+/// What every actor of one connector shares.
+struct Shared {
+    inbox: EngineInbox,
+    keys: Arc<KeySpace>,
+    /// The guarded pool's health, for the stats reporter.
+    health: HealthView,
+}
+
 async fn spawn_all(
     params: ConnectorParams,
     runtime: &RuntimeConfig,
-    inbox: EngineInbox,
-    keys: Arc<KeySpace>,
+    shared: Shared,
     ledger: Ledger,
     payload_lens: &[usize],
 ) -> Result<Started, StartError> {
+    let Shared {
+        inbox,
+        keys,
+        health,
+    } = shared;
     let settings = PlannerSettings::new(&runtime.planner, &params.layout, params.seed);
     let planner = LookupPlanner::new(
         Arc::clone(&params.pool),
@@ -313,6 +345,7 @@ async fn spawn_all(
         runtime.stats.interval,
         faults,
         params.config.stats.instance.clone(),
+        health,
     )
     .start();
     Ok(Started {

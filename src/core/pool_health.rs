@@ -175,8 +175,7 @@ impl HealthMachine {
     /// `pool_health::H3`).
     pub fn record(&mut self, now: Instant, outcome: CallOutcome) -> Option<Transition> {
         match (self.state, outcome) {
-            (PoolHealth::Unreachable, _) => None,
-            (PoolHealth::Healthy, CallOutcome::Answered) => None,
+            (PoolHealth::Unreachable, _) | (PoolHealth::Healthy, CallOutcome::Answered) => None,
             (PoolHealth::Degraded, CallOutcome::Answered) => {
                 self.failures = 0;
                 self.state = PoolHealth::Healthy;

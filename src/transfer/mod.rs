@@ -97,6 +97,9 @@ pub enum SaveResult {
     SkippedPresent,
     /// Could not be stored (pool error, no space, failed copy).
     Failed,
+    /// Not stored because the pool was unreachable or missed a deadline (R30): dropped
+    /// and counted as an outage loss.
+    Outage,
 }
 
 /// Loads `items` into device pages. Returns the staging pool in every case.
