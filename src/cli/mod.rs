@@ -110,7 +110,10 @@ impl CliError {
     /// by a signal (130 for SIGINT, 143 for SIGTERM), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Replay(replay::ReplayCliError::Interrupted { signal, .. }) => signal.exit_code(),
+            Self::Replay(
+                replay::ReplayCliError::Interrupted { signal, .. }
+                | replay::ReplayCliError::StoppedWhileStarting { signal },
+            ) => signal.exit_code(),
             _ => 1,
         }
     }

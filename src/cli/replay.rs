@@ -334,6 +334,13 @@ pub enum ReplayCliError {
         /// Requests in the workload.
         requests: u64,
     },
+    /// A signal arrived while the pool was starting (a Mooncake master that does not
+    /// answer): the start was abandoned and nothing was replayed.
+    #[error("replay stopped by {} while its pool was starting; nothing was replayed", signal.as_str())]
+    StoppedWhileStarting {
+        /// The signal.
+        signal: Signal,
+    },
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Metrics(#[from] MetricsError),
@@ -359,6 +366,7 @@ impl ReplayCliError {
             #[cfg(feature = "faults")]
             Self::FaultSpec(_) => "fault_spec",
             Self::Interrupted { .. } => "interrupted",
+            Self::StoppedWhileStarting { .. } => "stopped_while_starting",
             Self::Metrics(err) => err.kind(),
             Self::ReportDir(err) => err.kind(),
         }
@@ -444,14 +452,16 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         ConnectorKind::Kvc => &mut kvc,
         ConnectorKind::None => &mut no_connector,
     };
+    let stopped = |err| stopped_or(err, stop);
     let (mut report, timeline) = match &args.report_dir {
         Some(_) => {
             let (report, timeline) =
-                run_replay_with_timeline(&params, &workload, factory, &mut progress)?;
+                run_replay_with_timeline(&params, &workload, factory, &mut progress)
+                    .map_err(stopped)?;
             (report, Some(timeline))
         }
         None => (
-            run_replay(&params, &workload, factory, &mut progress)?,
+            run_replay(&params, &workload, factory, &mut progress).map_err(stopped)?,
             None,
         ),
     };
@@ -492,6 +502,17 @@ pub fn run_until_stopped<S: std::hash::BuildHasher>(
         }
     }
     Ok(())
+}
+
+/// A replay error after a stop signal: a pool start the signal cut short is a stop, not a
+/// failure.
+fn stopped_or(err: ReplayError, stop: &StopSignal) -> ReplayCliError {
+    match stop.received() {
+        Some(signal) if err.kind() == "interrupted" => {
+            ReplayCliError::StoppedWhileStarting { signal }
+        }
+        _ => err.into(),
+    }
 }
 
 /// Whether the run also replays the workload without a connector: asked for, or the

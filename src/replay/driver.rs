@@ -246,7 +246,12 @@ fn run(
     let runtime = params.config.validate()?;
     let rewind_tokens = runtime.planner.rewind_tokens;
     let lookup_wait = super::engine::lookup_wait(&runtime);
-    let deployment = Deployment::build(&params.layout, &params.config, &params.deployment)?;
+    let deployment = Deployment::build_until(
+        &params.layout,
+        &params.config,
+        &params.deployment,
+        &mut || progress.stop_requested(),
+    )?;
     warn_if_pool_below_one_prompt(params, &deployment, workload);
     let engines = build_engines(
         params,

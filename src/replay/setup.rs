@@ -135,6 +135,21 @@ impl Deployment {
         config: &Config,
         params: &DeploymentParams,
     ) -> Result<Self, ReplayError> {
+        Self::build_until(layout, config, params, &mut || false)
+    }
+
+    /// [`build`](Self::build), abandoned when `stopped()` says so while a pool client
+    /// starts (a Mooncake master that does not answer).
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), and `ReplayError::Mooncake` with an interrupted start.
+    pub fn build_until(
+        layout: &Layout,
+        config: &Config,
+        params: &DeploymentParams,
+        stopped: &mut dyn FnMut() -> bool,
+    ) -> Result<Self, ReplayError> {
         let full: Vec<(GroupId, u64)> = layout
             .groups
             .iter()
@@ -194,7 +209,7 @@ impl Deployment {
         };
         match config.pool.backend {
             PoolBackend::Memory => deployment.build_memory_pool(config, params.instances)?,
-            PoolBackend::Mooncake => deployment.build_mooncake_pool(config, params)?,
+            PoolBackend::Mooncake => deployment.build_mooncake_pool(config, params, stopped)?,
         }
         Ok(deployment)
     }
@@ -217,6 +232,7 @@ impl Deployment {
         &mut self,
         config: &Config,
         params: &DeploymentParams,
+        stopped: &mut dyn FnMut() -> bool,
     ) -> Result<(), ReplayError> {
         let segment_bytes = self.mooncake_segment_bytes(params.instances)?;
         #[cfg(feature = "mooncake")]
@@ -226,6 +242,7 @@ impl Deployment {
                 segment_bytes,
                 params.instances,
                 params.pool_master,
+                stopped,
             )?;
             self.pools = mooncake.pools();
             self.pool_backend = "mooncake";
@@ -235,7 +252,7 @@ impl Deployment {
         }
         #[cfg(not(feature = "mooncake"))]
         {
-            let _ = (config, segment_bytes);
+            let _ = (config, segment_bytes, stopped);
             Err(ReplayError::UnsupportedPool {
                 backend: "mooncake",
                 feature: "mooncake",

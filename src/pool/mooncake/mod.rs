@@ -53,6 +53,7 @@ mod contract;
 mod counters;
 pub mod error;
 mod glog;
+mod lifecycle;
 mod master;
 mod pool;
 mod python;
