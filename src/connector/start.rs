@@ -109,17 +109,26 @@ impl StagingRegistrations {
     }
 
     /// Unregisters every staging pool (idempotent). Called once the pools' owners have
-    /// stopped; a refusal is logged, since nothing is left to retry it.
+    /// stopped; a refusal is logged, since nothing is left to retry it: at DEBUG while the
+    /// pool is unreachable (the outage was logged once already, R30; the backend drops the
+    /// registrations when its client closes), else at WARN.
     pub(super) fn release(&mut self) {
         for start in self.starts.drain(..) {
-            if let Err(err) = self.pool.unregister_staging(start) {
-                tracing::warn!(
+            match self.pool.unregister_staging(start) {
+                Ok(()) => {}
+                Err(err @ PoolError::Unreachable { .. }) => tracing::debug!(
+                    pool = self.pool.name(),
+                    addr = start,
+                    error = %err,
+                    "staging pool left registered: the pool is unreachable"
+                ),
+                Err(err) => tracing::warn!(
                     pool = self.pool.name(),
                     addr = start,
                     error = %err,
                     kind = err.kind(),
                     "could not unregister a staging pool"
-                );
+                ),
             }
         }
     }
