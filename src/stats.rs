@@ -344,6 +344,11 @@ impl Default for PoolHealthStats {
 }
 
 impl PoolHealthStats {
+    /// Whether the pool is marked unreachable now.
+    pub fn is_unreachable(&self) -> bool {
+        self.state == "unreachable"
+    }
+
     /// Adds another connector's counts; the state becomes the worse of the two.
     pub fn merge(&mut self, other: &PoolHealthStats) {
         let rank = |state: &str| match state {

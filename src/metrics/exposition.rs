@@ -226,7 +226,7 @@ pub const GAUGES: &[GaugeFamily] = &[
     GaugeFamily {
         name: "pool_unreachable",
         help: "1 while the pool is marked unreachable (R30), else 0.",
-        value: |s| u64::from(s.pool.state == "unreachable"),
+        value: |s| u64::from(s.pool.is_unreachable()),
     },
 ];
 

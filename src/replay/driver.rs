@@ -295,7 +295,7 @@ fn run(
         now,
         started.elapsed(),
     );
-    deployment.close();
+    deployment.close(!report.pool_health.is_unreachable());
     Ok((report, timeline))
 }
 

@@ -121,16 +121,28 @@ impl MooncakeDeployment {
         self.segment_bytes.saturating_mul(clients)
     }
 
-    /// Closes every client concurrently, each waited for at most `mooncake.close_timeout_ms`,
-    /// then stops the master if this process started it (module workflow 3,
-    /// `replay::mooncake::M1`). Failures are logged: the replay's results stand.
-    pub fn close(mut self) {
+    /// Closes every client concurrently, each waited for at most `mooncake.close_timeout_ms`
+    /// (not at all when the connectors last found the pool unreachable: `reachable` false;
+    /// the close then goes on in the background), then stops the master if this process
+    /// started it (module workflow 3, `replay::mooncake::M1`). Failures are logged: the
+    /// replay's results stand.
+    pub fn close(mut self, reachable: bool) {
         std::thread::scope(|scope| {
             for client in &self.clients {
                 scope.spawn(move || {
-                    let timeout = Duration::from_millis(client.settings().close_timeout_ms);
-                    if let Err(err) = client.close_within(timeout) {
-                        tracing::warn!(error = %err, kind = err.kind(), "closing a mooncake client failed");
+                    let timeout = if reachable {
+                        Duration::from_millis(client.settings().close_timeout_ms)
+                    } else {
+                        Duration::ZERO
+                    };
+                    match client.close_within(timeout) {
+                        Ok(()) => {}
+                        Err(err @ MooncakeError::CloseTimeout { .. }) if !reachable => {
+                            tracing::debug!(error = %err, "mooncake client closing in the background: the pool is unreachable");
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, kind = err.kind(), "closing a mooncake client failed");
+                        }
                     }
                 });
             }

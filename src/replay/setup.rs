@@ -279,10 +279,16 @@ impl Deployment {
 
     /// Closes what the replay started for its pool (`setup::S3`): Mooncake's clients, then its
     /// master. Call it after every connector has stopped; the memory pool needs nothing.
-    pub fn close(self) {
+    /// `reachable`: whether the connectors last saw the pool reachable; if not, the clients'
+    /// close is not waited for (it cannot reach the master either).
+    #[cfg_attr(
+        not(feature = "mooncake"),
+        expect(unused_variables, reason = "only Mooncake clients are closed")
+    )]
+    pub fn close(self, reachable: bool) {
         #[cfg(feature = "mooncake")]
         if let Some(mooncake) = self.mooncake {
-            mooncake.close();
+            mooncake.close(reachable);
         }
     }
 
@@ -466,7 +472,7 @@ mod tests {
         assert_eq!(deployment.pools.len(), 2);
         assert!(Arc::ptr_eq(&deployment.pools[0], &deployment.pools[1]));
         assert_eq!(deployment.pool_backend, "memory");
-        deployment.close();
+        deployment.close(true);
         Ok(())
     }
 
