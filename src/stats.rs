@@ -12,7 +12,8 @@
 //! is in flight (after `settle_saves`, with no load pending) is closed:
 //!
 //! - `stats::A1`. `saves_enqueued = saves_done + saves_skipped_present + saves_dropped +
-//!   saves_failed` (pages a full saver mailbox refused count as enqueued and dropped);
+//!   saves_failed` (pages a full saver mailbox refused count as enqueued and dropped, and so
+//!   do pages lost to a pool outage, also counted in `saves_outage`, R30);
 //! - `stats::A2`. `loads_started = loads_done + loads_failed + stale_completions` (loads the handle
 //!   failed at once count as started and failed; a stale completion, R26, is a load whose
 //!   reservation the engine released first, and is 0 when the engine waits for every load).
