@@ -10,6 +10,7 @@ use actix::prelude::*;
 use kv_connector::actors::lookup_planner::{LookupPlanner, PlannerSettings};
 use kv_connector::actors::reservation_manager::ReservationManager;
 use kv_connector::actors::stats_reporter::StatsReporter;
+use kv_connector::config::Config;
 use kv_connector::core::hash::{hash_blocks, scope_seed, Scope};
 use kv_connector::core::ids::RequestId;
 use kv_connector::core::keys::KeySpace;
@@ -19,7 +20,6 @@ use kv_connector::core::planner::{LookupOutcome, PlannerGroup};
 use kv_connector::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use kv_connector::messages::stats_reporter::CollectNow;
 use kv_connector::messages::EngineInbox;
-use kv_connector::config::Config;
 use kv_connector::pool::{ActorFaults, GuardSettings, GuardedPool, ManualClock, MemoryPool, Pool};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -49,7 +49,10 @@ fn install() -> Option<MooncakeInstall> {
     }
 }
 
-fn master(install: &MooncakeInstall, test: &str) -> Result<MooncakeMaster, Box<dyn std::error::Error>> {
+fn master(
+    install: &MooncakeInstall,
+    test: &str,
+) -> Result<MooncakeMaster, Box<dyn std::error::Error>> {
     let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("mooncake-outage-master-{test}.log"));
     let _ = std::fs::remove_file(&log);
@@ -113,11 +116,7 @@ fn spawn_replay(master: &MooncakeMaster) -> Result<Child, Box<dyn std::error::Er
 }
 
 /// Reads the replay's stderr into `seen` until a line contains `wanted`.
-fn read_until(
-    stderr: &mut BufReader<ChildStderr>,
-    seen: &mut String,
-    wanted: &str,
-) -> TestResult {
+fn read_until(stderr: &mut BufReader<ChildStderr>, seen: &mut String, wanted: &str) -> TestResult {
     loop {
         let mut line = String::new();
         if stderr.read_line(&mut line)? == 0 {
@@ -171,8 +170,15 @@ fn field(report: &serde_json::Value, path: &[&str]) -> Result<u64, String> {
 /// accounting, the outage named with what it cost, one WARN per outage and at most one
 /// INFO per recovery.
 fn assert_outage_survived(report: &serde_json::Value, stderr: &str) -> TestResult {
-    assert_eq!(field(report, &["completed"])?, field(report, &["requests"])?);
-    assert_eq!(field(report, &["mismatched_pages"])?, 0, "a wrong page reached the engine");
+    assert_eq!(
+        field(report, &["completed"])?,
+        field(report, &["requests"])?
+    );
+    assert_eq!(
+        field(report, &["mismatched_pages"])?,
+        0,
+        "a wrong page reached the engine"
+    );
     let settled = field(report, &["saves_done"])?
         + field(report, &["saves_skipped_present"])?
         + field(report, &["saves_dropped"])?
@@ -183,9 +189,18 @@ fn assert_outage_survived(report: &serde_json::Value, stderr: &str) -> TestResul
         field(report, &["loads_done"])? + field(report, &["loads_failed"])?,
         "stats::A2"
     );
-    assert!(field(report, &["pool_health", "outages"])? >= 1, "the outage is named");
-    assert!(field(report, &["lookups", "outage"])? > 0, "lookups lost to it are counted");
-    assert!(field(report, &["saves_outage"])? > 0, "saves lost to it are counted");
+    assert!(
+        field(report, &["pool_health", "outages"])? >= 1,
+        "the outage is named"
+    );
+    assert!(
+        field(report, &["lookups", "outage"])? > 0,
+        "lookups lost to it are counted"
+    );
+    assert!(
+        field(report, &["saves_outage"])? > 0,
+        "saves lost to it are counted"
+    );
     assert!(field(report, &["saves_dropped"])? >= field(report, &["saves_outage"])?);
     let warns = stderr.matches("pool unreachable").count();
     let infos = stderr.matches("pool reachable again").count();
@@ -320,7 +335,10 @@ fn a_start_against_a_master_that_never_answers_fails_at_its_deadline() -> TestRe
     };
     let err = MooncakePool::connect(settings).expect_err("nothing answers there");
     assert_eq!(err.kind(), "connect_timeout", "{err}");
-    assert!(err.to_string().contains("mooncake.connect_timeout_ms"), "{err}");
+    assert!(
+        err.to_string().contains("mooncake.connect_timeout_ms"),
+        "{err}"
+    );
     Ok(())
 }
 

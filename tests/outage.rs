@@ -93,7 +93,11 @@ fn a_hung_pool_is_marked_unreachable_refuses_calls_at_once_and_is_found_again() 
         assert!(matches!(gets[..], [Err(PoolError::Unreachable { .. })]));
         let puts = guard.put(&["b"], &[&[1u8; 8][..]]);
         assert!(matches!(puts[..], [Err(PoolError::Unreachable { .. })]));
-        assert!(guard.calls_running() <= 4, "{} calls running", guard.calls_running());
+        assert!(
+            guard.calls_running() <= 4,
+            "{} calls running",
+            guard.calls_running()
+        );
     }
     assert_eq!(health.snapshot().calls_refused, 300);
     injector.end_outage();
@@ -125,7 +129,10 @@ fn a_pool_that_is_gone_is_marked_unreachable_after_three_failed_calls() {
         vec![Err(PoolError::Unavailable)]
     );
     assert_eq!(guard.health().snapshot().state, "degraded");
-    assert_eq!(guard.put(&["a"], &[&[1u8; 8][..]]), vec![Err(PoolError::Unavailable)]);
+    assert_eq!(
+        guard.put(&["a"], &[&[1u8; 8][..]]),
+        vec![Err(PoolError::Unavailable)]
+    );
     assert_eq!(guard.health().snapshot().state, "unreachable");
     assert_eq!(injector.outage_calls(), 3);
     for _ in 0..10 {
@@ -141,7 +148,9 @@ fn a_pool_that_is_gone_is_marked_unreachable_after_three_failed_calls() {
 /// without a load).
 fn offered(instance: &mut common::Instance, request: u64, tokens: &Arc<[i64]>) -> usize {
     let (request, reservation) = (RequestId(request), ReservationId(request));
-    instance.handle.lookup_prefix(request, Arc::clone(tokens), 0);
+    instance
+        .handle
+        .lookup_prefix(request, Arc::clone(tokens), 0);
     let offered = match reserve(&mut instance.handle, request, reservation) {
         ReserveAnswer::Offer { extra_tokens, .. } => extra_tokens,
         ReserveAnswer::Pending => usize::MAX,
@@ -165,13 +174,19 @@ fn the_connector_keeps_answering_during_an_outage_and_counts_what_it_lost() -> T
     config.pool.retry_initial_ms = 5;
     config.pool.retry_max_ms = 40;
     let mut instance = start(pool, &layout, config);
-    assert!(load_once(&mut instance, &layout, &tokens, 2)?, "reuse before the outage");
+    assert!(
+        load_once(&mut instance, &layout, &tokens, 2)?,
+        "reuse before the outage"
+    );
     injector.begin_outage(HANG);
     for request in 3..13 {
         assert_eq!(offered(&mut instance, request, &tokens), 0);
     }
     let stats = instance.handle.stats();
-    assert_eq!(stats.lookups.outage, 10, "every lookup in the outage was lost to it");
+    assert_eq!(
+        stats.lookups.outage, 10,
+        "every lookup in the outage was lost to it"
+    );
     assert_eq!(stats.lookups.full_miss, 0, "never counted as an empty pool");
     assert_eq!(stats.pool.state, "unreachable");
     assert_eq!(stats.pool.outages, 1);
@@ -185,7 +200,10 @@ fn the_connector_keeps_answering_during_an_outage_and_counts_what_it_lost() -> T
         "the pages of a save lost to the outage go back to the engine (R22)"
     );
     let during = instance.handle.stats();
-    assert_eq!(during.saves.saves_outage, 4, "four blocks lost to the outage");
+    assert_eq!(
+        during.saves.saves_outage, 4,
+        "four blocks lost to the outage"
+    );
     assert!(during.saves.saves_dropped >= during.saves.saves_outage);
     during.check_accounting()?;
     injector.end_outage();

@@ -396,9 +396,11 @@ fn probe_round(
 fn present_flags(pool: &dyn Pool, keys: &[&str]) -> (Vec<bool>, bool) {
     let answers = pool.exists(keys);
     let pool_gone = !answers.is_empty()
-        && answers
-            .iter()
-            .all(|answer| answer.as_ref().is_err_and(crate::pool::PoolError::is_outage));
+        && answers.iter().all(|answer| {
+            answer
+                .as_ref()
+                .is_err_and(crate::pool::PoolError::is_outage)
+        });
     let mut flags: Vec<bool> = answers
         .into_iter()
         .map(|answer| matches!(answer, Ok(true)))

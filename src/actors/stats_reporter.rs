@@ -204,8 +204,7 @@ impl Actor for StatsReporter {
                         let pool = actor.totals.pool;
                         if let Err(panicked) = catch(|| {
                             log_interval(&interval, &pool, actor.interval, &actor.instance);
-                        })
-                        {
+                        }) {
                             tracing::error!(
                                 panic = panicked.message(),
                                 "stats reporter panicked logging an interval"

@@ -277,12 +277,7 @@ pub static KEYS: &[KeySpec] = &[
         Integer,
         "ms",
     ),
-    key(
-        "pool.retry_max_ms",
-        "KVC_POOL_RETRY_MAX_MS",
-        Integer,
-        "ms",
-    ),
+    key("pool.retry_max_ms", "KVC_POOL_RETRY_MAX_MS", Integer, "ms"),
     key(
         "mooncake.local_hostname",
         "KVC_MOONCAKE_LOCAL_HOSTNAME",

@@ -203,8 +203,7 @@ impl PoolCalls {
             "3",
         )?;
         // At most MAX_UNREACHABLE_AFTER_FAILURES, so it fits.
-        let unreachable_after =
-            NonZeroU32::try_from(unreachable_after).unwrap_or(NonZeroU32::MAX);
+        let unreachable_after = NonZeroU32::try_from(unreachable_after).unwrap_or(NonZeroU32::MAX);
         Ok(Self {
             probe_timeout: millis(bounded(
                 pool.probe_timeout_ms,

@@ -195,7 +195,11 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
     )?;
     for (value, key, example) in [
         (mooncake.rpc_timeout_ms, "mooncake.rpc_timeout_ms", "2000"),
-        (mooncake.connect_timeout_ms, "mooncake.connect_timeout_ms", "10000"),
+        (
+            mooncake.connect_timeout_ms,
+            "mooncake.connect_timeout_ms",
+            "10000",
+        ),
     ] {
         bounded(value, key, MAX_TIMEOUT_MS, example)?;
     }
@@ -492,14 +496,24 @@ mod tests {
     fn pool_call_deadlines_and_health_keys_are_checked() {
         type Case = (&'static str, fn(&mut Config), &'static str, &'static str);
         let cases: [Case; 11] = [
-            ("pool.probe_timeout_ms", |c| c.pool.probe_timeout_ms = 0, "0", "250"),
+            (
+                "pool.probe_timeout_ms",
+                |c| c.pool.probe_timeout_ms = 0,
+                "0",
+                "250",
+            ),
             (
                 "pool.probe_timeout_ms",
                 |c| c.pool.probe_timeout_ms = u64::MAX,
                 "18446744073709551615",
                 "at most 86400000",
             ),
-            ("pool.calls_in_flight", |c| c.pool.calls_in_flight = 0, "0", "16"),
+            (
+                "pool.calls_in_flight",
+                |c| c.pool.calls_in_flight = 0,
+                "0",
+                "16",
+            ),
             (
                 "pool.calls_in_flight",
                 |c| c.pool.calls_in_flight = 5000,
@@ -512,7 +526,12 @@ mod tests {
                 "0",
                 "3",
             ),
-            ("pool.retry_initial_ms", |c| c.pool.retry_initial_ms = 0, "0", "250"),
+            (
+                "pool.retry_initial_ms",
+                |c| c.pool.retry_initial_ms = 0,
+                "0",
+                "250",
+            ),
             (
                 "pool.retry_max_ms",
                 |c| c.pool.retry_max_ms = 100,
@@ -550,7 +569,9 @@ mod tests {
         let mut config = Config::default();
         config.pool.retry_max_ms = config.pool.retry_initial_ms;
         config.mooncake.close_timeout_ms = 0;
-        let runtime = config.validate().expect("equal waits and no close wait are fine");
+        let runtime = config
+            .validate()
+            .expect("equal waits and no close wait are fine");
         assert_eq!(
             runtime.pool_calls.health.retry_max,
             runtime.pool_calls.health.retry_initial

@@ -255,10 +255,7 @@ impl HealthMachine {
             }
             CallOutcome::Failed => {
                 self.failed_probes = self.failed_probes.saturating_add(1);
-                self.backoff = self
-                    .backoff
-                    .saturating_mul(2)
-                    .min(self.policy.retry_max);
+                self.backoff = self.backoff.saturating_mul(2).min(self.policy.retry_max);
                 self.next_probe = Some(now + self.backoff);
                 None
             }

@@ -208,7 +208,11 @@ mod tests {
         };
         let mut sum = one;
         sum.add(&one);
-        assert_eq!(sum.lookups.total(), 34, "lookups lost to an outage count as lookups");
+        assert_eq!(
+            sum.lookups.total(),
+            34,
+            "lookups lost to an outage count as lookups"
+        );
         assert_eq!((sum.lookups.outage, sum.saves_outage), (4, 6));
         assert_eq!(sum.lookups.window_miss, 8);
         assert_eq!(sum.pages_saved, 12);

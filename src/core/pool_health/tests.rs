@@ -86,7 +86,11 @@ fn late_answers_of_calls_made_before_the_outage_do_not_end_it() {
     health.record(start, CallOutcome::Failed);
     assert_eq!(health.record(start + ms(5), CallOutcome::Answered), None);
     assert_eq!(health.state(), PoolHealth::Unreachable);
-    assert_eq!(health.record_probe(start, CallOutcome::Answered), None, "no probe ran");
+    assert_eq!(
+        health.record_probe(start, CallOutcome::Answered),
+        None,
+        "no probe ran"
+    );
     assert_eq!(health.state(), PoolHealth::Unreachable);
 }
 

@@ -525,13 +525,20 @@ mod tests {
         let pool = faulty(FaultSpec::default())?;
         assert_eq!(pool.put(&["a"], &[b"12"]), vec![Ok(())]);
         pool.injector().begin_outage(Outage::Down);
-        assert_eq!(pool.exists(&["a", "b"]), PoolError::Unavailable.for_every_key(2));
-        assert_eq!(pool.put(&["c"], &[b"34"]), vec![Err(PoolError::Unavailable)]);
+        assert_eq!(
+            pool.exists(&["a", "b"]),
+            PoolError::Unavailable.for_every_key(2)
+        );
+        assert_eq!(
+            pool.put(&["c"], &[b"34"]),
+            vec![Err(PoolError::Unavailable)]
+        );
         let mut buffer = [0u8; 4];
         let got = pool.get_into(&["a"], &mut [&mut buffer[..]]);
         assert_eq!(got, vec![Err(PoolError::Unavailable)]);
         let backend_timeout = Duration::from_millis(10);
-        pool.injector().begin_outage(Outage::Hang { backend_timeout });
+        pool.injector()
+            .begin_outage(Outage::Hang { backend_timeout });
         assert_eq!(
             pool.touch(&["a"]),
             vec![Err(PoolError::Timeout { after_ms: 10 })],
@@ -539,7 +546,11 @@ mod tests {
         );
         assert_eq!(pool.injector().outage_calls(), 4);
         pool.injector().end_outage();
-        assert_eq!(pool.exists(&["a", "c"]), vec![Ok(true), Ok(false)], "F2: nothing stored");
+        assert_eq!(
+            pool.exists(&["a", "c"]),
+            vec![Ok(true), Ok(false)],
+            "F2: nothing stored"
+        );
         assert_eq!(pool.injector().outage_calls(), 4);
         let injector = Arc::clone(pool.injector());
         injector.begin_outage(Outage::Hang {
@@ -553,7 +564,11 @@ mod tests {
         }
         injector.end_outage();
         let answer = waiting.join().map_err(|_| "the hung call panicked")?;
-        assert_eq!(answer, vec![Ok(true)], "the end of the outage let the call through");
+        assert_eq!(
+            answer,
+            vec![Ok(true)],
+            "the end of the outage let the call through"
+        );
         Ok(())
     }
 

@@ -162,11 +162,7 @@ impl GuardedPool {
 
     /// A probe: gated, off the caller's thread with the probe deadline when the backend
     /// may block (`guard::G2`), its outcome recorded.
-    fn probe(
-        &self,
-        keys: &[&str],
-        call: ProbeCall,
-    ) -> Vec<Result<bool, PoolError>> {
+    fn probe(&self, keys: &[&str], call: ProbeCall) -> Vec<Result<bool, PoolError>> {
         if keys.is_empty() {
             return Vec::new();
         }

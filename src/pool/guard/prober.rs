@@ -13,9 +13,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::runner::CallRunner;
 use super::{outcome_of, probe_off_thread};
-use crate::core::pool_health::{
-    CallOutcome, Gate, HealthMachine, HealthPolicy, Transition,
-};
+use crate::core::pool_health::{CallOutcome, Gate, HealthMachine, HealthPolicy, Transition};
 use crate::pool::Pool;
 use crate::stats::PoolHealthStats;
 

@@ -46,8 +46,7 @@ impl Slots {
     fn take(self: &Arc<Self>, deadline: Instant) -> Option<Slot> {
         let mut running = self.running.lock();
         while *running >= self.limit {
-            if self.freed.wait_until(&mut running, deadline).timed_out() && *running >= self.limit
-            {
+            if self.freed.wait_until(&mut running, deadline).timed_out() && *running >= self.limit {
                 return None;
             }
         }
@@ -143,7 +142,11 @@ mod tests {
         while runner.running() > 0 && Instant::now() < deadline {
             std::thread::yield_now();
         }
-        assert_eq!(runner.running(), 0, "the slot came back when the call returned");
+        assert_eq!(
+            runner.running(),
+            0,
+            "the slot came back when the call returned"
+        );
     }
 
     #[test]

@@ -125,8 +125,7 @@ fn a_hung_probe_answers_timeout_per_key_while_the_pool_still_hangs_g2() {
 }
 
 #[test]
-fn three_failed_calls_make_it_unreachable_then_calls_are_refused_without_reaching_the_pool_g3(
-) {
+fn three_failed_calls_make_it_unreachable_then_calls_are_refused_without_reaching_the_pool_g3() {
     let inner = Scripted::new();
     let guard = guarded(&inner, 4);
     inner.set(Mode::Down);
@@ -212,7 +211,11 @@ fn hung_probes_hold_at_most_calls_in_flight_threads() {
     // No slot left: the third probe fails at its deadline without a thread.
     let made = inner.calls.load(Ordering::SeqCst);
     guard.exists(&["k"]);
-    assert_eq!(inner.calls.load(Ordering::SeqCst), made, "a third thread started");
+    assert_eq!(
+        inner.calls.load(Ordering::SeqCst),
+        made,
+        "a third thread started"
+    );
     assert_eq!(guard.shared.state(), PoolHealth::Unreachable);
     inner.set(Mode::Up);
 }

@@ -109,7 +109,6 @@ impl MooncakePool {
                 waited_ms: millis(timeout),
             }))
     }
-
 }
 
 fn millis(duration: Duration) -> u64 {

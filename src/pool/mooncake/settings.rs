@@ -188,8 +188,16 @@ mod tests {
             ..MooncakeSettings::default()
         };
         assert_eq!(settings(10_000, 2000).setup_retries(), 2);
-        assert_eq!(settings(1000, 2000).setup_retries(), 1, "at least one attempt");
-        assert_eq!(settings(3_600_000, 100).setup_retries(), 20, "never more than Mooncake's");
+        assert_eq!(
+            settings(1000, 2000).setup_retries(),
+            1,
+            "at least one attempt"
+        );
+        assert_eq!(
+            settings(3_600_000, 100).setup_retries(),
+            20,
+            "never more than Mooncake's"
+        );
     }
 
     #[test]
