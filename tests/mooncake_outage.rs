@@ -1,10 +1,12 @@
 //! Pool outages on a real Mooncake master (R30); nothing is mocked.
 //!
 //! - A master killed (SIGKILL) mid-replay, then restarted on the same ports, and a master
-//!   frozen (SIGSTOP) mid-replay, then thawed (SIGCONT): the replay completes every
-//!   request with 0 mismatched pages and closed accounting, the report names the outage
-//!   (lookups and saves lost to it, never as `full_miss`), the WARN and INFO lines come
-//!   once per connector, and the pool is found again.
+//!   frozen (SIGSTOP) mid-replay, then thawed (SIGCONT) once the pool was marked unreachable
+//!   and the replay went on without it: the replay completes every request with 0
+//!   mismatched pages and closed accounting, the report names the outage (lookups and
+//!   saves lost to it, under names of their own), one WARN per outage and at most one INFO
+//!   per recovery are logged, and the thawed master is found again (a restarted one, which
+//!   Mooncake's client takes seconds to reconnect to, by a guarded client on its own).
 //! - A master that accepts connections and never answers: a client start fails within
 //!   `mooncake.connect_timeout_ms` naming the key, and SIGINT stops a replay stuck in it.
 //!
@@ -129,8 +131,18 @@ fn read_until(stderr: &mut BufReader<ChildStderr>, seen: &mut String, wanted: &s
     }
 }
 
-/// Runs the replay and calls `fault` after 100 completions and `heal` after 250; returns
-/// the JSON report and everything the replay logged.
+/// The last `completed=N` progress count in `seen` (0 before the first).
+fn last_completed(seen: &str) -> u64 {
+    seen.rsplit("completed=")
+        .next()
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs the replay, calls `fault` after 100 completions and `heal` 30 completions after
+/// the pool was marked unreachable (so most of the replay is left to find it again);
+/// returns the JSON report and everything the replay logged.
 fn replay_through_an_outage(
     master: &mut MooncakeMaster,
     fault: &dyn Fn(&mut MooncakeMaster) -> TestResult,
@@ -142,7 +154,8 @@ fn replay_through_an_outage(
     read_until(&mut stderr, &mut seen, "completed=100 ")?;
     fault(master)?;
     read_until(&mut stderr, &mut seen, "pool unreachable")?;
-    read_until(&mut stderr, &mut seen, "completed=250 ")?;
+    let heal_at = format!("completed={} ", last_completed(&seen) + 30);
+    read_until(&mut stderr, &mut seen, &heal_at)?;
     heal(master)?;
     stderr.read_to_string(&mut seen)?;
     let mut stdout = String::new();

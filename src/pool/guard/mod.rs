@@ -39,10 +39,10 @@
 //!
 //! # Invariants
 //!
-//! - `guard::G1`. Every call answers one result per key, in key order (the [`Pool`]
+//! - `guard::C1`. Every call answers one result per key, in key order (the [`Pool`]
 //!   contract), whether it was made, refused or missed its deadline.
-//! - `guard::G2`. A probe of a blocking backend answers within `pool.probe_timeout_ms`.
-//! - `guard::G3`. No call is made while the pool is unreachable, except the prober's.
+//! - `guard::C2`. A probe of a blocking backend answers within `pool.probe_timeout_ms`.
+//! - `guard::C3`. No call is made while the pool is unreachable, except the prober's.
 
 mod prober;
 mod runner;
@@ -132,7 +132,7 @@ impl GuardedPool {
         self.runner.running()
     }
 
-    /// `Some(refusals)` when the pool is unreachable (`guard::G3`), counted.
+    /// `Some(refusals)` when the pool is unreachable (`guard::C3`), counted.
     fn refuse<T>(&self, keys: usize) -> Option<Vec<Result<T, PoolError>>> {
         match self.shared.gate(Instant::now()) {
             Gate::Call => None,
@@ -161,7 +161,7 @@ impl GuardedPool {
     }
 
     /// A probe: gated, off the caller's thread with the probe deadline when the backend
-    /// may block (`guard::G2`), its outcome recorded.
+    /// may block (`guard::C2`), its outcome recorded.
     fn probe(&self, keys: &[&str], call: ProbeCall) -> Vec<Result<bool, PoolError>> {
         if keys.is_empty() {
             return Vec::new();
@@ -206,7 +206,7 @@ fn probe_off_thread(
     });
     match answered {
         Ok(mut results) => {
-            // `guard::G1` even for a backend that answered the wrong number of results.
+            // `guard::C1` even for a backend that answered the wrong number of results.
             results.resize_with(keys.len(), || Err(PoolError::Unavailable));
             Ok(results)
         }

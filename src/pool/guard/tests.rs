@@ -107,7 +107,7 @@ fn wait_for(guard: &GuardedPool, state: PoolHealth) -> bool {
 }
 
 #[test]
-fn a_hung_probe_answers_timeout_per_key_while_the_pool_still_hangs_g2() {
+fn a_hung_probe_answers_timeout_per_key_while_the_pool_still_hangs_c2() {
     let inner = Scripted::new();
     let guard = guarded(&inner, 4);
     inner.set(Mode::Hang);
@@ -125,7 +125,7 @@ fn a_hung_probe_answers_timeout_per_key_while_the_pool_still_hangs_g2() {
 }
 
 #[test]
-fn three_failed_calls_make_it_unreachable_then_calls_are_refused_without_reaching_the_pool_g3() {
+fn three_failed_calls_make_it_unreachable_then_calls_are_refused_without_reaching_the_pool_c3() {
     let inner = Scripted::new();
     let guard = guarded(&inner, 4);
     inner.set(Mode::Down);
