@@ -11,8 +11,8 @@
 //!
 //! | module | what it holds |
 //! | --- | --- |
-//! | [`core`] | pure, synchronous logic: hash chain (R1, R2), pool keys (R3, R4), layout (R6, R7), object header (R5), pool eviction model |
-//! | [`pool`] | the pool trait (exists / put / get / touch, batched, per-key results) and the embedded memory pool |
+//! | [`core`] | pure, synchronous logic: hash chain (R1, R2), pool keys (R3, R4), layout (R6, R7), object header (R5), pool eviction model, pool health (R30) |
+//! | [`pool`] | the pool trait (exists / put / get / touch, batched, per-key results), the embedded memory pool, and the guarded pool that gives every call its deadline and the pool its health state (R30) |
 //! | [`gpu`] | device page pools, staging pools, copy streams and events; the host-memory backend (the only module allowed `unsafe`) |
 //! | [`transfer`] | the synchronous load and save procedures (pool <-> staging or lent objects <-> device pages) that loaders and savers run |
 //! | [`config`] | the typed configuration tree: defaults < TOML < environment < command line |

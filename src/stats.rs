@@ -12,7 +12,8 @@
 //! is in flight (after `settle_saves`, with no load pending) is closed:
 //!
 //! - `stats::A1`. `saves_enqueued = saves_done + saves_skipped_present + saves_dropped +
-//!   saves_failed` (pages a full saver mailbox refused count as enqueued and dropped);
+//!   saves_failed` (pages a full saver mailbox refused count as enqueued and dropped, and so
+//!   do pages lost to a pool outage, also counted in `saves_outage`, R30);
 //! - `stats::A2`. `loads_started = loads_done + loads_failed + stale_completions` (loads the handle
 //!   failed at once count as started and failed; a stale completion, R26, is a load whose
 //!   reservation the engine released first, and is 0 when the engine waits for every load).
@@ -127,6 +128,10 @@ pub struct LookupStats {
     pub full_miss: u64,
     /// Lookups that failed (pool error, bad request): counted as offering nothing.
     pub failed: u64,
+    /// Lookups lost to a pool outage (R30): a probe found the pool unreachable or missed
+    /// its deadline, or the lookup missed its own, so it offered nothing. Never counted as
+    /// `full_miss`.
+    pub outage: u64,
     /// Lookups a full planner mailbox deferred to a later step (counted by the handle).
     pub deferred: u64,
     /// Tokens offered to the engine.
@@ -146,6 +151,7 @@ impl LookupStats {
         self.window_miss += other.window_miss;
         self.full_miss += other.full_miss;
         self.failed += other.failed;
+        self.outage += other.outage;
         self.deferred += other.deferred;
         self.tokens_offered += other.tokens_offered;
         self.keys_probed += other.keys_probed;
@@ -206,8 +212,12 @@ pub struct SaveStats {
     pub saves_done: u64,
     /// Pages skipped because the key was present (R19).
     pub saves_skipped_present: u64,
-    /// Pages shed by the bounded queue or refused by a full mailbox (R22).
+    /// Pages shed by the bounded queue or refused by a full mailbox (R22), and pages lost to
+    /// a pool outage (`saves_outage`).
     pub saves_dropped: u64,
+    /// Pages dropped because the pool was unreachable or missed a deadline (R30); also
+    /// counted in `saves_dropped`.
+    pub saves_outage: u64,
     /// Re-saved pages found present and refreshed (R20); also counted as skipped.
     pub saves_refreshed: u64,
     /// Pages that could not be stored.
@@ -229,6 +239,7 @@ impl SaveStats {
         self.saves_done += other.saves_done;
         self.saves_skipped_present += other.saves_skipped_present;
         self.saves_dropped += other.saves_dropped;
+        self.saves_outage += other.saves_outage;
         self.saves_refreshed += other.saves_refreshed;
         self.saves_failed += other.saves_failed;
         self.bytes_saved += other.bytes_saved;
@@ -305,6 +316,57 @@ impl LoadStats {
     }
 }
 
+/// The pool's health as the connector saw it (R30): totals since start, read from the
+/// connector's guarded pool (`pool::guard`) at each collection rather than per interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PoolHealthStats {
+    /// The state now: `healthy`, `degraded` or `unreachable`.
+    pub state: &'static str,
+    /// Times the pool became unreachable.
+    pub outages: u64,
+    /// Milliseconds it was unreachable, the current outage included.
+    pub unreachable_ms: u64,
+    /// Calls refused at once because the pool was unreachable.
+    pub calls_refused: u64,
+    /// Probe calls that missed their deadline (`pool.probe_timeout_ms`).
+    pub calls_timed_out: u64,
+}
+
+impl Default for PoolHealthStats {
+    fn default() -> Self {
+        Self {
+            state: "healthy",
+            outages: 0,
+            unreachable_ms: 0,
+            calls_refused: 0,
+            calls_timed_out: 0,
+        }
+    }
+}
+
+impl PoolHealthStats {
+    /// Whether the pool is marked unreachable now.
+    pub fn is_unreachable(&self) -> bool {
+        self.state == "unreachable"
+    }
+
+    /// Adds another connector's counts; the state becomes the worse of the two.
+    pub fn merge(&mut self, other: &PoolHealthStats) {
+        let rank = |state: &str| match state {
+            "unreachable" => 2,
+            "degraded" => 1,
+            _ => 0,
+        };
+        if rank(other.state) > rank(self.state) {
+            self.state = other.state;
+        }
+        self.outages += other.outages;
+        self.unreachable_ms += other.unreachable_ms;
+        self.calls_refused += other.calls_refused;
+        self.calls_timed_out += other.calls_timed_out;
+    }
+}
+
 /// Everything the connector counted, merged over actors and ranks.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectorStats {
@@ -314,6 +376,8 @@ pub struct ConnectorStats {
     pub loads: LoadStats,
     /// Saves (all ranks).
     pub saves: SaveStats,
+    /// The pool's health (R30).
+    pub pool: PoolHealthStats,
 }
 
 impl ConnectorStats {
@@ -322,6 +386,7 @@ impl ConnectorStats {
         self.lookups.merge(&other.lookups);
         self.loads.merge(&other.loads);
         self.saves.merge(&other.saves);
+        self.pool.merge(&other.pool);
     }
 
     /// Checks `stats::A1` and `stats::A2` (module docs); call it when nothing is in flight.

@@ -10,6 +10,7 @@ use actix::prelude::*;
 use kv_connector::actors::lookup_planner::{LookupPlanner, PlannerSettings};
 use kv_connector::actors::reservation_manager::ReservationManager;
 use kv_connector::actors::stats_reporter::StatsReporter;
+use kv_connector::config::Config;
 use kv_connector::core::hash::{hash_blocks, scope_seed, Scope};
 use kv_connector::core::ids::RequestId;
 use kv_connector::core::keys::KeySpace;
@@ -19,7 +20,7 @@ use kv_connector::core::planner::{LookupOutcome, PlannerGroup};
 use kv_connector::messages::lookup_planner::{CollectLookupStats, LookupPrefix, LookupPrefixes};
 use kv_connector::messages::stats_reporter::CollectNow;
 use kv_connector::messages::EngineInbox;
-use kv_connector::pool::{ActorFaults, ManualClock, MemoryPool, Pool};
+use kv_connector::pool::{ActorFaults, GuardSettings, GuardedPool, ManualClock, MemoryPool, Pool};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -55,6 +56,7 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
         window_fallback: true,
         probe_chunk_keys: NonZeroUsize::new(4).ok_or("a chunk of 4 keys")?,
         seed: scope_seed(&Scope::default()),
+        lookup_timeout: Duration::from_secs(1),
     };
     let pool_dyn: Arc<dyn Pool> = Arc::clone(&pool) as Arc<dyn Pool>;
     let planner = LookupPlanner::new(
@@ -173,6 +175,11 @@ async fn a_batch_of_lookups_is_answered_once_per_lookup() -> TestResult {
 async fn the_reporter_collects_every_interval_r27() -> TestResult {
     tokio::time::pause();
     let rig = rig()?;
+    let calls = Config::default().validate()?.pool_calls;
+    let guarded = GuardedPool::new(
+        Arc::clone(&rig.pool) as Arc<dyn Pool>,
+        GuardSettings::new(&calls, "0"),
+    );
     let reporter = StatsReporter::new(
         rig.planner.clone(),
         rig.manager.clone(),
@@ -180,6 +187,7 @@ async fn the_reporter_collects_every_interval_r27() -> TestResult {
         Duration::from_secs(30),
         ActorFaults::default(),
         String::new(),
+        guarded.health(),
     )
     .start();
     rig.lookup(1).await?;

@@ -8,6 +8,15 @@
 //! courier (`try_send`), and a full mailbox defers the lookups to the handle's next flush
 //! point.
 //!
+//! # Outages (R30)
+//!
+//! A lookup has a deadline (`planner.lookup_timeout_ms` from when its work starts), checked
+//! before each probe round, and each probe has its own (`pool.probe_timeout_ms`, kept by
+//! the connector's guarded pool). A probe call whose every key answered that the pool is
+//! unreachable or late, or a lookup past its deadline, ends the lookup with nothing
+//! offered, counted `outage` (never `full_miss`): while the pool is marked unreachable the
+//! guard refuses every probe at once, so such lookups answer at once.
+//!
 //! # Supervision: restart in place
 //!
 //! The planner's only state is its settings and its interval counters, which a panic cannot
@@ -50,6 +59,8 @@ pub struct PlannerSettings {
     pub probe_chunk_keys: NonZeroUsize,
     /// Scope seed of the chain (R1).
     pub seed: BlockHash,
+    /// Deadline of one lookup from when its work starts (R30).
+    pub lookup_timeout: std::time::Duration,
 }
 
 impl PlannerSettings {
@@ -66,6 +77,7 @@ impl PlannerSettings {
             window_fallback: planner.window_fallback,
             probe_chunk_keys: planner.probe_chunk,
             seed,
+            lookup_timeout: planner.lookup_timeout,
         }
     }
 }
@@ -103,6 +115,7 @@ impl LookupPlanner {
         self.stats.keys_probed += result.keys_probed;
         self.stats.probe_time.record(result.probe_time);
         match &result.plan {
+            None if result.lost_to_outage => self.stats.outage += 1,
             None => self.stats.failed += 1,
             Some(plan) => {
                 self.stats.tokens_offered += plan.offered_tokens as u64;
@@ -220,6 +233,9 @@ pub struct LookupResult {
     pub keys_probed: u64,
     /// Time spent probing.
     pub probe_time: std::time::Duration,
+    /// The lookup offered nothing because the pool was unreachable or a deadline passed
+    /// (R30).
+    pub lost_to_outage: bool,
 }
 
 impl LookupResult {
@@ -229,6 +245,7 @@ impl LookupResult {
             hashes: Arc::from(Vec::new()),
             keys_probed: 0,
             probe_time: std::time::Duration::ZERO,
+            lost_to_outage: false,
         }
     }
 }
@@ -270,22 +287,30 @@ pub fn run_lookup(
     };
     let started = Instant::now();
     let mut keys_probed = 0;
+    let ended = |keys_probed, lost_to_outage| LookupResult {
+        hashes: Arc::clone(&hashes),
+        keys_probed,
+        probe_time: started.elapsed(),
+        plan: None,
+        lost_to_outage,
+    };
     while let Some(round) = lookup.next_round() {
-        let (present, probed) = probe_round(
+        if started.elapsed() >= settings.lookup_timeout {
+            return ended(keys_probed, true);
+        }
+        let probed = probe_round(
             pool,
             keys,
             &hashes,
             round.items(),
             settings.probe_chunk_keys,
         );
-        keys_probed += probed;
-        if lookup.record(&round, &present).is_err() {
-            return LookupResult {
-                hashes,
-                keys_probed,
-                probe_time: started.elapsed(),
-                plan: None,
-            };
+        keys_probed += probed.keys;
+        if probed.pool_gone {
+            return ended(keys_probed, true);
+        }
+        if lookup.record(&round, &probed.present).is_err() {
+            return ended(keys_probed, false);
         }
     }
     LookupResult {
@@ -293,7 +318,18 @@ pub fn run_lookup(
         hashes,
         keys_probed,
         probe_time: started.elapsed(),
+        lost_to_outage: false,
     }
+}
+
+/// What one probe round found.
+struct Probed {
+    /// Per item: every shard key present.
+    present: Vec<bool>,
+    /// Keys probed.
+    keys: u64,
+    /// Some probe call found the pool unreachable or late for every key (R30).
+    pool_gone: bool,
 }
 
 /// Probes every shard key of every item, in concurrent chunks of `chunk_keys` keys (R10);
@@ -304,7 +340,7 @@ fn probe_round(
     hashes: &[BlockHash],
     items: &[crate::core::planner::ProbeItem],
     chunk_keys: NonZeroUsize,
-) -> (Vec<bool>, u64) {
+) -> Probed {
     let mut all_keys: Vec<String> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     let mut present = vec![true; items.len()];
@@ -324,7 +360,7 @@ fn probe_round(
     }
     let refs: Vec<&str> = all_keys.iter().map(String::as_str).collect();
     let chunk_keys = chunk_keys.get();
-    let answers: Vec<bool> = if refs.len() <= chunk_keys {
+    let (answers, pool_gone): (Vec<bool>, bool) = if refs.len() <= chunk_keys {
         present_flags(pool, &refs)
     } else {
         std::thread::scope(|scope| {
@@ -333,10 +369,14 @@ fn probe_round(
                 .map(|chunk| (chunk.len(), scope.spawn(move || present_flags(pool, chunk))))
                 .collect();
             // A probe thread that panicked counts its keys as absent: a miss, never KV.
-            workers
-                .into_iter()
-                .flat_map(|(len, worker)| worker.join().unwrap_or_else(|_| vec![false; len]))
-                .collect()
+            let mut answers = Vec::with_capacity(refs.len());
+            let mut pool_gone = false;
+            for (len, worker) in workers {
+                let (flags, gone) = worker.join().unwrap_or_else(|_| (vec![false; len], false));
+                answers.extend(flags);
+                pool_gone |= gone;
+            }
+            (answers, pool_gone)
         })
     };
     for (position, index) in owner.iter().enumerate() {
@@ -344,16 +384,27 @@ fn probe_round(
             present[*index] = false;
         }
     }
-    (present, refs.len() as u64)
+    Probed {
+        present,
+        keys: refs.len() as u64,
+        pool_gone,
+    }
 }
 
-/// One `exists` batch as exactly one flag per key (a short answer counts as absent).
-fn present_flags(pool: &dyn Pool, keys: &[&str]) -> Vec<bool> {
-    let mut flags: Vec<bool> = pool
-        .exists(keys)
+/// One `exists` batch as exactly one flag per key (a short answer counts as absent), and
+/// whether every key answered that the pool is unreachable or late (R30).
+fn present_flags(pool: &dyn Pool, keys: &[&str]) -> (Vec<bool>, bool) {
+    let answers = pool.exists(keys);
+    let pool_gone = !answers.is_empty()
+        && answers.iter().all(|answer| {
+            answer
+                .as_ref()
+                .is_err_and(crate::pool::PoolError::is_outage)
+        });
+    let mut flags: Vec<bool> = answers
         .into_iter()
         .map(|answer| matches!(answer, Ok(true)))
         .collect();
     flags.resize(keys.len(), false);
-    flags
+    (flags, pool_gone)
 }

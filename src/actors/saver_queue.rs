@@ -10,7 +10,8 @@
 //! # Accounting
 //!
 //! - `saver_queue::A1`. Every enqueued page ends in exactly one of `saves_done`,
-//!   `saves_skipped_present`, `saves_dropped` or `saves_failed`, and is settled to the engine once
+//!   `saves_skipped_present`, `saves_dropped` or `saves_failed` (pages lost to a pool outage,
+//!   R30, are dropped and also counted in `saves_outage`), and is settled to the engine once
 //!   (so its pages can go): `saves_enqueued = done + skipped_present + dropped + failed` once the
 //!   queue is drained and no batch is in flight.
 //!
@@ -255,6 +256,10 @@ impl SaverQueue {
                     self.stats.saves_refreshed += 1;
                 }
                 Some(SaveResult::SkippedPresent) => self.stats.saves_skipped_present += 1,
+                Some(SaveResult::Outage) => {
+                    self.stats.saves_dropped += 1;
+                    self.stats.saves_outage += 1;
+                }
                 Some(SaveResult::Failed) | None => self.stats.saves_failed += 1,
             }
         }

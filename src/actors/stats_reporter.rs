@@ -27,8 +27,8 @@ use crate::messages::lookup_planner::CollectLookupStats;
 use crate::messages::reservation_manager::CollectLoadStats;
 use crate::messages::saver_queue::CollectSaveStats;
 use crate::messages::stats_reporter::CollectNow;
-use crate::pool::{ActorFault, ActorFaults};
-use crate::stats::ConnectorStats;
+use crate::pool::{ActorFault, ActorFaults, HealthView};
+use crate::stats::{ConnectorStats, PoolHealthStats};
 
 /// The stats reporter.
 pub struct StatsReporter {
@@ -40,6 +40,8 @@ pub struct StatsReporter {
     faults: ActorFaults,
     /// `stats.instance`: names this connector in its log lines.
     instance: String,
+    /// The health of the connector's pool (R30), read at each collection.
+    health: HealthView,
 }
 
 impl StatsReporter {
@@ -51,6 +53,7 @@ impl StatsReporter {
         interval: Duration,
         faults: ActorFaults,
         instance: String,
+        health: HealthView,
     ) -> Self {
         StatsReporter {
             planner,
@@ -64,6 +67,7 @@ impl StatsReporter {
             } else {
                 instance
             },
+            health,
         }
     }
 
@@ -86,6 +90,8 @@ impl StatsReporter {
     }
 
     /// Merges one interval into the totals; a panic loses that interval (module docs).
+    /// The pool's health is not merged: the totals take the health view's snapshot, which
+    /// is itself a total since start.
     fn absorb(&mut self, interval: &ConnectorStats) {
         let mut totals = self.totals.clone();
         match catch(|| totals.merge(interval)) {
@@ -95,6 +101,7 @@ impl StatsReporter {
                 "stats reporter panicked merging an interval; interval lost, restarted"
             ),
         }
+        self.totals.pool = self.health.snapshot();
     }
 
     /// Collects one interval from every actor (actors that are gone contribute nothing).
@@ -127,8 +134,14 @@ impl StatsReporter {
     }
 }
 
-/// Logs one interval at INFO, readable and parseable (key=value fields).
-fn log_interval(stats: &ConnectorStats, interval: Duration, instance: &str) {
+/// Logs one interval at INFO, readable and parseable (key=value fields), with the pool's
+/// health since start.
+fn log_interval(
+    stats: &ConnectorStats,
+    pool: &PoolHealthStats,
+    interval: Duration,
+    instance: &str,
+) {
     let seconds = interval.as_secs_f64().max(f64::EPSILON);
     #[expect(clippy::cast_precision_loss, reason = "a rate for a log line")]
     let rate = |value: u64| value as f64 / seconds;
@@ -141,6 +154,7 @@ fn log_interval(stats: &ConnectorStats, interval: Duration, instance: &str) {
         recovered = lookups.recovered,
         window_miss = lookups.window_miss,
         full_miss = lookups.full_miss,
+        outage = lookups.outage,
         tokens_offered = lookups.tokens_offered,
         probe_p50_us = probe.p50,
         probe_p99_us = probe.p99,
@@ -161,6 +175,7 @@ fn log_interval(stats: &ConnectorStats, interval: Duration, instance: &str) {
         saves_done = saves.saves_done,
         saves_skipped = saves.saves_skipped_present,
         saves_dropped = saves.saves_dropped,
+        saves_outage = saves.saves_outage,
         saves_failed = saves.saves_failed,
         bytes_saved = saves.bytes_saved,
         save_gbps = rate(saves.bytes_saved) / 1e9,
@@ -168,6 +183,9 @@ fn log_interval(stats: &ConnectorStats, interval: Duration, instance: &str) {
         queue_depth_max = saves.max_queue_depth,
         queue_p50_us = queue.p50,
         queue_p99_us = queue.p99,
+        pool = pool.state,
+        pool_outages = pool.outages,
+        pool_unreachable_ms = pool.unreachable_ms,
         "transfers"
     );
 }
@@ -183,9 +201,10 @@ impl Actor for StatsReporter {
                     .into_actor(actor)
                     .map(|interval, actor, _| {
                         actor.absorb(&interval);
-                        if let Err(panicked) =
-                            catch(|| log_interval(&interval, actor.interval, &actor.instance))
-                        {
+                        let pool = actor.totals.pool;
+                        if let Err(panicked) = catch(|| {
+                            log_interval(&interval, &pool, actor.interval, &actor.instance);
+                        }) {
                             tracing::error!(
                                 panic = panicked.message(),
                                 "stats reporter panicked logging an interval"

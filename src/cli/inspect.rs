@@ -182,7 +182,8 @@ impl InspectError {
 /// The lookup as it would return, for the output.
 #[derive(Debug, Serialize)]
 pub struct LookupSummary {
-    /// `full`, `rewound`, `recovered`, `window_miss`, `full_miss`, or `failed`.
+    /// `full`, `rewound`, `recovered`, `window_miss`, `full_miss`, `outage` (the pool did not
+    /// answer in time, R30) or `failed`.
     pub outcome: &'static str,
     /// `e`: the first token the engine would compute.
     pub resume_tokens: usize,
@@ -336,7 +337,11 @@ fn inspect(
             keys_probed: result.keys_probed,
         },
         None => LookupSummary {
-            outcome: "failed",
+            outcome: if result.lost_to_outage {
+                "outage"
+            } else {
+                "failed"
+            },
             resume_tokens: args.local_match,
             full_hit_tokens: 0,
             offered_tokens: 0,

@@ -114,7 +114,10 @@ impl CliError {
     /// 1 otherwise (`replay --help` lists them).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Replay(replay::ReplayCliError::Interrupted { signal, .. }) => signal.exit_code(),
+            Self::Replay(
+                replay::ReplayCliError::Interrupted { signal, .. }
+                | replay::ReplayCliError::StoppedWhileStarting { signal },
+            ) => signal.exit_code(),
             Self::Replay(replay::ReplayCliError::ChecksFailed(_)) => 3,
             _ => 1,
         }

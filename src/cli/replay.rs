@@ -362,6 +362,13 @@ pub enum ReplayCliError {
         /// Requests in the workload.
         requests: u64,
     },
+    /// A signal arrived while the pool was starting (a Mooncake master that does not
+    /// answer): the start was abandoned and nothing was replayed.
+    #[error("replay stopped by {} while its pool was starting; nothing was replayed", signal.as_str())]
+    StoppedWhileStarting {
+        /// The signal.
+        signal: Signal,
+    },
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Metrics(#[from] MetricsError),
@@ -391,6 +398,7 @@ impl ReplayCliError {
             #[cfg(feature = "faults")]
             Self::FaultSpec(_) => "fault_spec",
             Self::Interrupted { .. } => "interrupted",
+            Self::StoppedWhileStarting { .. } => "stopped_while_starting",
             Self::Metrics(err) => err.kind(),
             Self::ReportDir(err) => err.kind(),
             Self::ChecksFailed(_) => "checks_failed",
@@ -500,14 +508,16 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
         (None, ConnectorKind::Kvc) => &mut kvc,
         (None, ConnectorKind::None) => &mut no_connector,
     };
+    let stopped = |err| stopped_or(err, stop);
     let (mut report, timeline) = match &args.report_dir {
         Some(_) => {
             let (report, timeline) =
-                run_replay_with_timeline(&params, &workload, factory, &mut progress)?;
+                run_replay_with_timeline(&params, &workload, factory, &mut progress)
+                    .map_err(stopped)?;
             (report, Some(timeline))
         }
         None => (
-            run_replay(&params, &workload, factory, &mut progress)?,
+            run_replay(&params, &workload, factory, &mut progress).map_err(stopped)?,
             None,
         ),
     };
@@ -547,6 +557,17 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
             requests: report.requests,
         }),
         None => Ok(check(&report)?),
+    }
+}
+
+/// A replay error after a stop signal: a pool start the signal cut short is a stop, not a
+/// failure.
+fn stopped_or(err: ReplayError, stop: &StopSignal) -> ReplayCliError {
+    match stop.received() {
+        Some(signal) if err.kind() == "interrupted" => {
+            ReplayCliError::StoppedWhileStarting { signal }
+        }
+        _ => err.into(),
     }
 }
 

@@ -26,6 +26,10 @@ pub struct PlannerConfig {
     /// Bounded mailbox of the planner actor: lookups beyond it are refused as
     /// overloaded instead of queueing without limit.
     pub mailbox_capacity: usize,
+    /// Deadline of one lookup, all its probe rounds together, from when the planner starts
+    /// it: past it the lookup offers nothing and counts as lost to the outage (R30), so the
+    /// engine's admission never waits longer than this plus one `pool.probe_timeout_ms`.
+    pub lookup_timeout_ms: u64,
 }
 
 impl Default for PlannerConfig {
@@ -35,6 +39,7 @@ impl Default for PlannerConfig {
             window_fallback: true,
             swa_endpoint_rewind_tokens: 2048,
             mailbox_capacity: 256,
+            lookup_timeout_ms: 1000,
         }
     }
 }

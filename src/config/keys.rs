@@ -254,6 +254,31 @@ pub static KEYS: &[KeySpec] = &[
         "ms",
     ),
     key(
+        "pool.probe_timeout_ms",
+        "KVC_POOL_PROBE_TIMEOUT_MS",
+        Integer,
+        "ms",
+    ),
+    key(
+        "pool.calls_in_flight",
+        "KVC_POOL_CALLS_IN_FLIGHT",
+        Integer,
+        "calls",
+    ),
+    key(
+        "pool.unreachable_after_failures",
+        "KVC_POOL_UNREACHABLE_AFTER_FAILURES",
+        Integer,
+        "calls",
+    ),
+    key(
+        "pool.retry_initial_ms",
+        "KVC_POOL_RETRY_INITIAL_MS",
+        Integer,
+        "ms",
+    ),
+    key("pool.retry_max_ms", "KVC_POOL_RETRY_MAX_MS", Integer, "ms"),
+    key(
         "mooncake.local_hostname",
         "KVC_MOONCAKE_LOCAL_HOSTNAME",
         Text,
@@ -298,6 +323,24 @@ pub static KEYS: &[KeySpec] = &[
         "",
     ),
     key("mooncake.log_level", "KVC_MOONCAKE_LOG_LEVEL", Text, ""),
+    key(
+        "mooncake.rpc_timeout_ms",
+        "KVC_MOONCAKE_RPC_TIMEOUT_MS",
+        Integer,
+        "ms",
+    ),
+    key(
+        "mooncake.connect_timeout_ms",
+        "KVC_MOONCAKE_CONNECT_TIMEOUT_MS",
+        Integer,
+        "ms",
+    ),
+    key(
+        "mooncake.close_timeout_ms",
+        "KVC_MOONCAKE_CLOSE_TIMEOUT_MS",
+        Integer,
+        "ms",
+    ),
     aliased(
         "planner.probe_chunk",
         "KVC_PLANNER_PROBE_CHUNK",
@@ -323,6 +366,12 @@ pub static KEYS: &[KeySpec] = &[
         "KVC_PLANNER_MAILBOX_CAPACITY",
         Integer,
         "messages",
+    ),
+    key(
+        "planner.lookup_timeout_ms",
+        "KVC_PLANNER_LOOKUP_TIMEOUT_MS",
+        Integer,
+        "ms",
     ),
     key(
         "reservations.mailbox_capacity",

@@ -14,22 +14,27 @@
 //! Each section's check runs its keys in field order with the refusals of `validate.rs`
 //! (key, env variable, value and a working value in every message).
 
-use std::num::{NonZeroU64, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::time::Duration;
+
+use crate::core::pool_health::HealthPolicy;
 
 use super::error::ConfigError;
 use super::validate::{
-    at_most, bounded, bounded_count, millis, nonzero, tokens, MAX_LOAD_THREADS,
-    MAX_PARK_AFTER_IDLE_MS, MAX_POLL_INTERVAL_US, MAX_STAGING_BYTES, MAX_TIMEOUT_MS,
+    at_most, bounded, bounded_count, millis, nonzero, refusal, tokens, MAX_CALLS_IN_FLIGHT,
+    MAX_LOAD_THREADS, MAX_PARK_AFTER_IDLE_MS, MAX_POLL_INTERVAL_US, MAX_STAGING_BYTES,
+    MAX_TIMEOUT_MS, MAX_UNREACHABLE_AFTER_FAILURES,
 };
 use super::{
-    Config, HandoffConfig, LoadersConfig, PlannerConfig, ReservationsConfig, SaverConfig,
-    StatsConfig,
+    Config, HandoffConfig, LoadersConfig, PlannerConfig, PoolConfig, ReservationsConfig,
+    SaverConfig, StatsConfig,
 };
 
-/// The validated actor sections of one [`Config`].
+/// The validated actor sections of one [`Config`], and the pool calls' deadlines.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeConfig {
+    /// The deadlines and health policy of pool calls (`[pool]`, R30).
+    pub pool_calls: PoolCalls,
     /// `[planner]`.
     pub planner: Planner,
     /// `[reservations]`.
@@ -55,6 +60,20 @@ pub struct Planner {
     pub rewind_tokens: usize,
     /// `mailbox_capacity`.
     pub mailbox_capacity: NonZeroUsize,
+    /// `lookup_timeout_ms`: 1 ms to one day (R30).
+    pub lookup_timeout: Duration,
+}
+
+/// The pool-call keys of `[pool]`, validated (R30).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolCalls {
+    /// `probe_timeout_ms`: 1 ms to one day.
+    pub probe_timeout: Duration,
+    /// `calls_in_flight`: at most [`MAX_CALLS_IN_FLIGHT`].
+    pub calls_in_flight: NonZeroUsize,
+    /// `unreachable_after_failures`, `retry_initial_ms` and `retry_max_ms` (at least
+    /// `retry_initial_ms`, at most one day).
+    pub health: HealthPolicy,
 }
 
 /// `[reservations]`, validated.
@@ -121,6 +140,7 @@ impl RuntimeConfig {
     /// returned).
     pub(super) fn check(config: &Config) -> Result<Self, ConfigError> {
         Ok(Self {
+            pool_calls: PoolCalls::check(&config.pool)?,
             planner: Planner::check(&config.planner)?,
             reservations: Reservations::check(&config.reservations)?,
             loaders: Loaders::check(&config.loaders)?,
@@ -142,6 +162,66 @@ impl Planner {
                 "2048",
             )?,
             window_fallback: planner.window_fallback,
+            lookup_timeout: millis(bounded(
+                planner.lookup_timeout_ms,
+                "planner.lookup_timeout_ms",
+                MAX_TIMEOUT_MS,
+                "1000",
+            )?),
+        })
+    }
+}
+
+impl PoolCalls {
+    fn check(pool: &PoolConfig) -> Result<Self, ConfigError> {
+        let retry_initial = bounded(
+            pool.retry_initial_ms,
+            "pool.retry_initial_ms",
+            MAX_TIMEOUT_MS,
+            "250",
+        )?;
+        let retry_max = bounded(
+            pool.retry_max_ms,
+            "pool.retry_max_ms",
+            MAX_TIMEOUT_MS,
+            "5000",
+        )?;
+        if retry_max < retry_initial {
+            return Err(refusal(
+                "pool.retry_max_ms",
+                &retry_max,
+                &format!(
+                    "must be at least pool.retry_initial_ms ({retry_initial}), e.g. {}",
+                    retry_initial.get().max(5000)
+                ),
+            ));
+        }
+        let unreachable_after = bounded(
+            pool.unreachable_after_failures,
+            "pool.unreachable_after_failures",
+            MAX_UNREACHABLE_AFTER_FAILURES,
+            "3",
+        )?;
+        // At most MAX_UNREACHABLE_AFTER_FAILURES, so it fits.
+        let unreachable_after = NonZeroU32::try_from(unreachable_after).unwrap_or(NonZeroU32::MAX);
+        Ok(Self {
+            probe_timeout: millis(bounded(
+                pool.probe_timeout_ms,
+                "pool.probe_timeout_ms",
+                MAX_TIMEOUT_MS,
+                "250",
+            )?),
+            calls_in_flight: bounded_count(
+                pool.calls_in_flight,
+                "pool.calls_in_flight",
+                MAX_CALLS_IN_FLIGHT,
+                "16",
+            )?,
+            health: HealthPolicy {
+                unreachable_after,
+                retry_initial: millis(retry_initial),
+                retry_max: millis(retry_max),
+            },
         })
     }
 }

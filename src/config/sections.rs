@@ -119,6 +119,26 @@ pub struct PoolConfig {
     /// A probe or get leases the object for this long so it is not evicted between the
     /// lookup and the load (R14). Mooncake's default is 5000 ms.
     pub kv_lease_ttl_ms: u64,
+    /// Deadline of each existence probe (a lookup's probes, the saver's skip-present check,
+    /// the background health probes): a lookup waits for its probes, so a pool that does
+    /// not answer must cost it a fraction of a second, not the backend's own timeout. A
+    /// probe past it fails as a timeout (R30).
+    pub probe_timeout_ms: u64,
+    /// Most probe calls running at once off their callers' threads, counting calls past
+    /// their deadline that the backend has not returned from yet (a call inside the
+    /// Mooncake client cannot be cancelled). A probe beyond it fails at once as a missed
+    /// deadline instead of starting another thread, so a hung pool cannot pile up threads.
+    pub calls_in_flight: usize,
+    /// Failed calls in a row (unreachable, or past their deadline) that mark the pool
+    /// unreachable: from then on calls fail at once instead of each waiting out a timeout,
+    /// until a background probe is answered (R30).
+    pub unreachable_after_failures: u64,
+    /// Wait before the first background probe of an outage; it doubles after each probe
+    /// that fails, up to `retry_max_ms`.
+    pub retry_initial_ms: u64,
+    /// Longest wait between two background probes of an outage: how long a recovered pool
+    /// may go unused at most.
+    pub retry_max_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -129,6 +149,11 @@ impl Default for PoolConfig {
             eviction_high_watermark_ratio: 0.95,
             eviction_ratio: 0.05,
             kv_lease_ttl_ms: 5000,
+            probe_timeout_ms: 250,
+            calls_in_flight: 16,
+            unreachable_after_failures: 3,
+            retry_initial_ms: 250,
+            retry_max_ms: 5000,
         }
     }
 }
@@ -179,6 +204,22 @@ pub struct MooncakeConfig {
     /// Exported as `MC_LOG_LEVEL` before the client starts (`INFO`, `WARNING`, `ERROR`).
     /// Empty keeps the process environment's value.
     pub log_level: String,
+    /// Exported as `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS` before the client
+    /// starts: how long the client waits for the master on every call (Mooncake's own
+    /// default is 30 s). It bounds puts and gets, which run on the loaders' and savers'
+    /// threads with the caller's memory and so cannot be abandoned, against a master that
+    /// accepts but does not answer (R30).
+    pub rpc_timeout_ms: u64,
+    /// Longest time starting the client may take (the reachability check, then `setup`
+    /// with its retries, which Mooncake otherwise repeats 20 times): past it the start
+    /// fails naming this key. `MC_STORE_CLIENT_SETUP_RETRIES` is set so that the retries'
+    /// RPC deadlines fit in it.
+    pub connect_timeout_ms: u64,
+    /// Longest wait for the client to close at shutdown (unmounting its segment, which
+    /// Mooncake retries for about 15 s against a dead master); a close still running then
+    /// is left to finish in the background and logged. A healthy close takes about two
+    /// seconds, and the clients of one process close one after the other.
+    pub close_timeout_ms: u64,
 }
 
 impl Default for MooncakeConfig {
@@ -194,6 +235,9 @@ impl Default for MooncakeConfig {
             venv_dir: PathBuf::from(".venv"),
             tcp_bind_address: "127.0.0.1".to_owned(),
             log_level: "WARNING".to_owned(),
+            rpc_timeout_ms: 2000,
+            connect_timeout_ms: 10_000,
+            close_timeout_ms: 5000,
         }
     }
 }

@@ -14,7 +14,7 @@ use super::sections::{PoolBackend, MOONCAKE_MIN_SEGMENT_BYTES};
 use super::{Config, MooncakeConfig};
 
 /// The refusal of `value` for `key`, with `hint` saying what works.
-fn refusal(key: &'static str, value: &dyn Display, hint: &str) -> ConfigError {
+pub(super) fn refusal(key: &'static str, value: &dyn Display, hint: &str) -> ConfigError {
     ConfigError::OutOfRange {
         key,
         env: env_of(key),
@@ -124,6 +124,10 @@ pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
 /// Most `handoff.poll_interval_us`: 10 ms; longer would add more to every lookup and
 /// load than it saves.
 pub const MAX_POLL_INTERVAL_US: u64 = 10_000;
+/// Most `pool.calls_in_flight`: each may hold a thread while the backend answers.
+pub const MAX_CALLS_IN_FLIGHT: usize = 1024;
+/// Most `pool.unreachable_after_failures`.
+pub const MAX_UNREACHABLE_AFTER_FAILURES: u64 = 1000;
 /// Most `handoff.park_after_idle_ms`: one minute.
 pub const MAX_PARK_AFTER_IDLE_MS: u64 = 60_000;
 
@@ -188,6 +192,22 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
             "must be 0 (store nothing here) or at least {MOONCAKE_MIN_SEGMENT_BYTES} (16MiB), \
              the smallest segment Mooncake mounts, e.g. 1073741824 (1GiB)"
         ),
+    )?;
+    for (value, key, example) in [
+        (mooncake.rpc_timeout_ms, "mooncake.rpc_timeout_ms", "2000"),
+        (
+            mooncake.connect_timeout_ms,
+            "mooncake.connect_timeout_ms",
+            "10000",
+        ),
+    ] {
+        bounded(value, key, MAX_TIMEOUT_MS, example)?;
+    }
+    at_most(
+        mooncake.close_timeout_ms,
+        "mooncake.close_timeout_ms",
+        MAX_TIMEOUT_MS,
+        &format!("must be at most {MAX_TIMEOUT_MS} (one day), e.g. 5000"),
     )?;
     // The transfer engine knows these levels; anything else (FATAL included) silently
     // raises its logging to INFO.
@@ -509,6 +529,96 @@ mod tests {
             config.validate().is_ok(),
             "the limits themselves and 0 ms work"
         );
+    }
+
+    /// The deadlines and health keys of pool calls (R30): zero and oversized values are
+    /// refused naming the key and a working value, and the probe backoff cannot shrink.
+    #[test]
+    fn pool_call_deadlines_and_health_keys_are_checked() {
+        type Case = (&'static str, fn(&mut Config), &'static str, &'static str);
+        let cases: [Case; 11] = [
+            (
+                "pool.probe_timeout_ms",
+                |c| c.pool.probe_timeout_ms = 0,
+                "0",
+                "250",
+            ),
+            (
+                "pool.probe_timeout_ms",
+                |c| c.pool.probe_timeout_ms = u64::MAX,
+                "18446744073709551615",
+                "at most 86400000",
+            ),
+            (
+                "pool.calls_in_flight",
+                |c| c.pool.calls_in_flight = 0,
+                "0",
+                "16",
+            ),
+            (
+                "pool.calls_in_flight",
+                |c| c.pool.calls_in_flight = 5000,
+                "5000",
+                "at most 1024",
+            ),
+            (
+                "pool.unreachable_after_failures",
+                |c| c.pool.unreachable_after_failures = 0,
+                "0",
+                "3",
+            ),
+            (
+                "pool.retry_initial_ms",
+                |c| c.pool.retry_initial_ms = 0,
+                "0",
+                "250",
+            ),
+            (
+                "pool.retry_max_ms",
+                |c| c.pool.retry_max_ms = 100,
+                "100",
+                "at least pool.retry_initial_ms (250)",
+            ),
+            (
+                "planner.lookup_timeout_ms",
+                |c| c.planner.lookup_timeout_ms = 0,
+                "0",
+                "1000",
+            ),
+            (
+                "mooncake.rpc_timeout_ms",
+                |c| c.mooncake.rpc_timeout_ms = 0,
+                "0",
+                "2000",
+            ),
+            (
+                "mooncake.connect_timeout_ms",
+                |c| c.mooncake.connect_timeout_ms = u64::MAX,
+                "18446744073709551615",
+                "10000",
+            ),
+            (
+                "mooncake.close_timeout_ms",
+                |c| c.mooncake.close_timeout_ms = u64::MAX,
+                "18446744073709551615",
+                "5000",
+            ),
+        ];
+        for (key, change, value, hint) in cases {
+            assert_out_of_range(&refusal(change), key, value, hint);
+        }
+        let mut config = Config::default();
+        config.pool.retry_max_ms = config.pool.retry_initial_ms;
+        config.mooncake.close_timeout_ms = 0;
+        let runtime = config
+            .validate()
+            .expect("equal waits and no close wait are fine");
+        assert_eq!(
+            runtime.pool_calls.health.retry_max,
+            runtime.pool_calls.health.retry_initial
+        );
+        assert_eq!(runtime.pool_calls.probe_timeout, Duration::from_millis(250));
+        assert_eq!(runtime.planner.lookup_timeout, Duration::from_secs(1));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::core::object::HEADER_BYTES;
 use crate::gpu::host_memory::host_memory;
 use crate::gpu::{Device, GpuError, StagingPool};
 use crate::messages::EngineInbox;
-use crate::pool::{ActorFaults, Pool, PoolError};
+use crate::pool::{ActorFaults, GuardSettings, GuardedPool, HealthView, Pool, PoolError};
 
 /// What a connector is started with.
 pub struct ConnectorParams {
@@ -118,17 +118,26 @@ impl StagingRegistrations {
     }
 
     /// Unregisters every staging pool (idempotent). Called once the pools' owners have
-    /// stopped; a refusal is logged, since nothing is left to retry it.
+    /// stopped; a refusal is logged, since nothing is left to retry it: at DEBUG while the
+    /// pool is unreachable (the outage was logged once already, R30; the backend drops the
+    /// registrations when its client closes), else at WARN.
     pub(super) fn release(&mut self) {
         for start in self.starts.drain(..) {
-            if let Err(err) = self.pool.unregister_staging(start) {
-                tracing::warn!(
+            match self.pool.unregister_staging(start) {
+                Ok(()) => {}
+                Err(err @ PoolError::Unreachable { .. }) => tracing::debug!(
+                    pool = self.pool.name(),
+                    addr = start,
+                    error = %err,
+                    "staging pool left registered: the pool is unreachable"
+                ),
+                Err(err) => tracing::warn!(
                     pool = self.pool.name(),
                     addr = start,
                     error = %err,
                     kind = err.kind(),
                     "could not unregister a staging pool"
-                );
+                ),
             }
         }
     }
@@ -266,6 +275,21 @@ pub(super) fn start_actors(
         &params.model_key,
         &payload_lens,
     )?);
+    // Every pool call of this connector goes through the guard: deadlines and the pool's
+    // health (R30).
+    let instance = match params.config.stats.instance.as_str() {
+        "" => "0",
+        named => named,
+    };
+    let guarded = GuardedPool::new(
+        params.pool,
+        GuardSettings::new(&runtime.pool_calls, instance),
+    );
+    let health = guarded.health();
+    let params = ConnectorParams {
+        pool: Arc::new(guarded),
+        ..params
+    };
     let (sender, receiver) = std::sync::mpsc::sync_channel(1);
     let thread_keys = Arc::clone(&keys);
     let thread = std::thread::Builder::new()
@@ -273,7 +297,12 @@ pub(super) fn start_actors(
         .spawn(move || {
             let system = System::new();
             let started = system.block_on(async move {
-                spawn_all(params, &runtime, inbox, thread_keys, ledger, &payload_lens).await
+                let shared = Shared {
+                    inbox,
+                    keys: thread_keys,
+                    health,
+                };
+                spawn_all(params, &runtime, shared, ledger, &payload_lens).await
             });
             let ok = started.is_ok();
             let _ = sender.send(started);
@@ -286,14 +315,26 @@ pub(super) fn start_actors(
     Ok((Started { keys, ..started }, thread))
 }
 
+/// What every actor of one connector shares.
+struct Shared {
+    inbox: EngineInbox,
+    keys: Arc<KeySpace>,
+    /// The guarded pool's health, for the stats reporter.
+    health: HealthView,
+}
+
 async fn spawn_all(
     params: ConnectorParams,
     runtime: &RuntimeConfig,
-    inbox: EngineInbox,
-    keys: Arc<KeySpace>,
+    shared: Shared,
     ledger: Ledger,
     payload_lens: &[usize],
 ) -> Result<Started, StartError> {
+    let Shared {
+        inbox,
+        keys,
+        health,
+    } = shared;
     let settings = PlannerSettings::new(&runtime.planner, &params.layout, params.seed);
     let planner = LookupPlanner::new(
         Arc::clone(&params.pool),
@@ -338,6 +379,7 @@ async fn spawn_all(
         runtime.stats.interval,
         faults,
         params.config.stats.instance.clone(),
+        health,
     )
     .start();
     Ok(Started {

@@ -14,4 +14,5 @@ pub mod layout;
 pub mod ledger;
 pub mod object;
 pub mod planner;
+pub mod pool_health;
 pub mod save_order;

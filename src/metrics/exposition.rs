@@ -1,9 +1,9 @@
 //! Encodes connector totals as `OpenMetrics` text (which Prometheus scrapes) with
 //! `prometheus-client`.
 //!
-//! The metric set is three tables: labelled counter families ([`COUNTERS`]), one gauge, and
-//! latency histograms ([`HISTOGRAMS`]) whose buckets are read from the stats' HDR
-//! histograms ([`crate::stats::Latency`]) at [`BUCKET_BOUNDS_MICROS`]. Every name is
+//! The metric set is three tables: labelled counter families ([`COUNTERS`]), gauges
+//! ([`GAUGES`]), and latency histograms ([`HISTOGRAMS`]) whose buckets are read from the
+//! stats' HDR histograms ([`crate::stats::Latency`]) at [`BUCKET_BOUNDS_MICROS`]. Every name is
 //! `kv_connector_` + the table's name, plus the unit and the type's suffix that the encoder
 //! appends (`_total` for counters, `_bytes` / `_seconds` for units). Each family is
 //! written once, with one series per connector (`connector="<label>"`).
@@ -72,6 +72,13 @@ pub const COUNTERS: &[CounterFamily] = &[
             ("window_miss", |s| s.lookups.window_miss),
             ("full_miss", |s| s.lookups.full_miss),
         ],
+    },
+    CounterFamily {
+        name: "lookup_outage",
+        help: "Lookups lost to a pool outage (R30): the pool was unreachable or did not answer before the deadline, so nothing was offered. Never counted as full_miss.",
+        unit: None,
+        label: None,
+        series: &[("", |s| s.lookups.outage)],
     },
     CounterFamily {
         name: "lookup_failed",
@@ -160,6 +167,13 @@ pub const COUNTERS: &[CounterFamily] = &[
         ],
     },
     CounterFamily {
+        name: "save_outage_pages",
+        help: "Pages dropped because the pool was unreachable or missed a deadline (R30); also counted as dropped.",
+        unit: None,
+        label: None,
+        series: &[("", |s| s.saves.saves_outage)],
+    },
+    CounterFamily {
         name: "save_refreshed_pages",
         help: "Re-saved pages found present and refreshed (R20); also counted as skipped.",
         unit: None,
@@ -173,10 +187,48 @@ pub const COUNTERS: &[CounterFamily] = &[
         label: None,
         series: &[("", |s| s.saves.bytes_saved)],
     },
+    CounterFamily {
+        name: "pool_outages",
+        help: "Times the pool became unreachable (R30).",
+        unit: None,
+        label: None,
+        series: &[("", |s| s.pool.outages)],
+    },
+    CounterFamily {
+        name: "pool_calls_lost",
+        help: "Pool calls that got no answer (R30): refused at once while the pool was unreachable, or probes past their deadline.",
+        unit: None,
+        label: Some("reason"),
+        series: &[
+            ("refused", |s| s.pool.calls_refused),
+            ("timed_out", |s| s.pool.calls_timed_out),
+        ],
+    },
 ];
 
-/// The gauge: the largest saver queue depth seen since start.
-const QUEUE_DEPTH_GAUGE: &str = "save_queue_depth_max_pages";
+/// A gauge family: one series per connector.
+pub struct GaugeFamily {
+    /// Name after the prefix.
+    pub name: &'static str,
+    /// Help text.
+    pub help: &'static str,
+    /// Reads the value out of a connector's totals.
+    pub value: Count,
+}
+
+/// Every gauge.
+pub const GAUGES: &[GaugeFamily] = &[
+    GaugeFamily {
+        name: "save_queue_depth_max_pages",
+        help: "Largest saver queue depth (pages) seen since start (R22).",
+        value: |s| s.saves.max_queue_depth,
+    },
+    GaugeFamily {
+        name: "pool_unreachable",
+        help: "1 while the pool is marked unreachable (R30), else 0.",
+        value: |s| u64::from(s.pool.is_unreachable()),
+    },
+];
 
 /// A latency histogram family (unit: seconds).
 pub struct HistogramFamily {
@@ -214,7 +266,9 @@ pub fn exposed_names() -> Vec<String> {
         Some(unit) => format!("{PREFIX}_{}_{}_total", family.name, unit.as_str()),
         None => format!("{PREFIX}_{}_total", family.name),
     });
-    let gauge = std::iter::once(format!("{PREFIX}_{QUEUE_DEPTH_GAUGE}"));
+    let gauge = GAUGES
+        .iter()
+        .map(|family| format!("{PREFIX}_{}", family.name));
     let histograms = HISTOGRAMS
         .iter()
         .map(|family| format!("{PREFIX}_{}_seconds", family.name));
@@ -249,17 +303,15 @@ impl Snapshot {
         Ok(())
     }
 
-    fn encode_gauge(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut metric = encoder.encode_descriptor(
-            QUEUE_DEPTH_GAUGE,
-            "Largest saver queue depth (pages) seen since start (R22).",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (connector, stats) in &self.0 {
-            metric
-                .encode_family(&vec![("connector", connector.as_str())])?
-                .encode_gauge(&stats.saves.max_queue_depth)?;
+    fn encode_gauges(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for family in GAUGES {
+            let mut metric =
+                encoder.encode_descriptor(family.name, family.help, None, MetricType::Gauge)?;
+            for (connector, stats) in &self.0 {
+                metric
+                    .encode_family(&vec![("connector", connector.as_str())])?
+                    .encode_gauge(&(family.value)(stats))?;
+            }
         }
         Ok(())
     }
@@ -286,7 +338,7 @@ impl Snapshot {
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         self.encode_counters(&mut encoder)?;
-        self.encode_gauge(&mut encoder)?;
+        self.encode_gauges(&mut encoder)?;
         self.encode_histograms(&mut encoder)
     }
 }

@@ -478,6 +478,11 @@ impl Pool for MemoryPool {
     fn name(&self) -> &'static str {
         "memory"
     }
+
+    /// Every call answers from this process's memory under one lock: nothing to wait for.
+    fn calls_may_block(&self) -> bool {
+        false
+    }
 }
 
 /// Test aid (feature `faults`): corrupting stored objects, so a test can show that a load

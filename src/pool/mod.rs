@@ -47,11 +47,13 @@
 pub mod clock;
 #[cfg(feature = "faults")]
 pub mod faults;
+pub mod guard;
 pub mod memory;
 #[cfg(feature = "mooncake")]
 pub mod mooncake;
 
 pub use clock::{ManualClock, PoolClock, SystemClock};
+pub use guard::{GuardSettings, GuardedPool, HealthView};
 pub use memory::MemoryPool;
 
 use crate::core::eviction::{EvictionError, EvictionPolicyError};
@@ -119,6 +121,14 @@ pub trait Pool: Send + Sync {
     /// Resets each present object's eviction age (and grants a lease); returns whether it
     /// was present. Re-save's refresh (R20).
     fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>>;
+
+    /// Whether a call may block on something outside this process (a remote master, a
+    /// network): such calls get their deadline by running off the caller's thread
+    /// ([`guard::GuardedPool`]). A pool that answers from memory says `false` and is called
+    /// in place. Default: `true`.
+    fn calls_may_block(&self) -> bool {
+        true
+    }
 
     /// A snapshot of the pool's counters.
     fn counters(&self) -> PoolCounters;
@@ -312,11 +322,19 @@ pub enum PoolError {
     /// The remote backend cannot be reached (no master, lost connection).
     #[error("pool backend is unavailable")]
     Unavailable,
-    /// The remote backend did not answer in time.
+    /// The remote backend did not answer in time: its own timeout, or the call's deadline
+    /// (`pool.probe_timeout_ms`) passed first.
     #[error("pool backend did not answer within {after_ms} ms")]
     Timeout {
         /// How long the call waited.
         after_ms: u64,
+    },
+    /// The pool is marked unreachable after calls in a row failed (R30): the call was not
+    /// made. A background probe finds the pool again.
+    #[error("pool is unreachable; the call was not made (next probe in {retry_in_ms} ms)")]
+    Unreachable {
+        /// Time until the next background probe.
+        retry_in_ms: u64,
     },
     /// The embedded pool could not get host memory for an object (its arena's chunk
     /// allocation failed); nothing was stored.
@@ -364,10 +382,22 @@ impl PoolError {
             Self::Backend { .. } => "backend",
             Self::Unavailable => "unavailable",
             Self::Timeout { .. } => "timeout",
+            Self::Unreachable { .. } => "unreachable",
             Self::HostMemory { .. } => "host_memory",
             Self::Reserve { .. } => "reserve",
             Self::InvalidPolicy { .. } => "invalid_policy",
         }
+    }
+
+    /// Whether this error says the pool could not be reached or did not answer in time
+    /// ([`Self::Unavailable`], [`Self::Timeout`], [`Self::Unreachable`]), rather than
+    /// answering something about the key: what counts toward the pool's health and as an
+    /// outage loss (R30).
+    pub fn is_outage(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable | Self::Timeout { .. } | Self::Unreachable { .. }
+        )
     }
 
     /// This error once per key: how a whole-batch failure is reported.
@@ -431,6 +461,7 @@ mod tests {
             PoolError::Backend { code: -1 },
             PoolError::Unavailable,
             PoolError::Timeout { after_ms: 5 },
+            PoolError::Unreachable { retry_in_ms: 5 },
             PoolError::HostMemory {
                 len: 64,
                 cause: "arena_alloc_failed",

@@ -25,6 +25,7 @@ use crate::connector::{EngineConnector, NoConnector};
 use crate::core::layout::{GroupId, Layout};
 use crate::gpu::Device;
 use crate::pool::{ManualClock, Pool};
+use crate::stats::PoolHealthStats;
 
 use super::error::ReplayError;
 
@@ -41,6 +42,9 @@ pub struct LookupOutcomes {
     pub window_miss: u64,
     /// No block present (`H = 0`).
     pub full_miss: u64,
+    /// Lost to a pool outage: the pool was unreachable or did not answer before the
+    /// lookup's deadline, so nothing was offered (R30). Not an outcome of R11-R13.
+    pub outage: u64,
 }
 
 impl LookupOutcomes {
@@ -51,11 +55,12 @@ impl LookupOutcomes {
         self.recovered += other.recovered;
         self.window_miss += other.window_miss;
         self.full_miss += other.full_miss;
+        self.outage += other.outage;
     }
 
-    /// All lookups.
+    /// All lookups, those lost to an outage included.
     pub fn total(&self) -> u64 {
-        self.full + self.rewound + self.recovered + self.window_miss + self.full_miss
+        self.full + self.rewound + self.recovered + self.window_miss + self.full_miss + self.outage
     }
 }
 
@@ -70,8 +75,11 @@ pub struct ConnectorReport {
     pub bytes_saved: u64,
     /// Saves skipped because the key was present (R19).
     pub saves_skipped_present: u64,
-    /// Saves shed by the bounded save queue (R22).
+    /// Saves shed by the bounded save queue (R22), and those lost to a pool outage.
     pub saves_dropped: u64,
+    /// Saves dropped because the pool was unreachable or missed a deadline (R30); also
+    /// counted in `saves_dropped`.
+    pub saves_outage: u64,
     /// Save pages enqueued; accounting: `saves_enqueued = pages_saved +
     /// saves_skipped_present + saves_dropped + saves_failed`.
     pub saves_enqueued: u64,
@@ -85,6 +93,8 @@ pub struct ConnectorReport {
     pub loads_failed: u64,
     /// Pages handed to the pool past the chunk end of their step (R16; must be 0).
     pub published_past_chunk_end: u64,
+    /// The pool's health as the connector saw it (R30).
+    pub pool_health: PoolHealthStats,
 }
 
 impl ConnectorReport {
@@ -95,12 +105,14 @@ impl ConnectorReport {
         self.bytes_saved += other.bytes_saved;
         self.saves_skipped_present += other.saves_skipped_present;
         self.saves_dropped += other.saves_dropped;
+        self.saves_outage += other.saves_outage;
         self.saves_enqueued += other.saves_enqueued;
         self.saves_failed += other.saves_failed;
         self.loads_started += other.loads_started;
         self.loads_done += other.loads_done;
         self.loads_failed += other.loads_failed;
         self.published_past_chunk_end += other.published_past_chunk_end;
+        self.pool_health.merge(&other.pool_health);
     }
 }
 
@@ -184,17 +196,24 @@ mod tests {
                 recovered: 3,
                 window_miss: 4,
                 full_miss: 5,
+                outage: 2,
             },
             pages_saved: 6,
             bytes_saved: 7,
             saves_skipped_present: 8,
             saves_dropped: 9,
             published_past_chunk_end: 10,
+            saves_outage: 3,
             ..ConnectorReport::default()
         };
         let mut sum = one;
         sum.add(&one);
-        assert_eq!(sum.lookups.total(), 30);
+        assert_eq!(
+            sum.lookups.total(),
+            34,
+            "lookups lost to an outage count as lookups"
+        );
+        assert_eq!((sum.lookups.outage, sum.saves_outage), (4, 6));
         assert_eq!(sum.lookups.window_miss, 8);
         assert_eq!(sum.pages_saved, 12);
         assert_eq!(sum.saves_dropped, 18);

@@ -244,20 +244,24 @@ fn run(
             });
         }
     }
-    // The replay's own use of the configuration (`R`); each connector validates its copy.
-    let rewind_tokens = params.config.validate()?.planner.rewind_tokens;
+    // The replay's own use of the configuration (`R`, how long admission waits for a
+    // lookup); each connector validates its copy.
+    let runtime = params.config.validate()?;
+    let rewind_tokens = runtime.planner.rewind_tokens;
+    let lookup_wait = super::engine::lookup_wait(&runtime);
     // The real connector allocates staging pools on every rank (`setup::S2` counts them).
     let with_connector = params.connector_name == "kvc";
-    let deployment = Deployment::build(
+    let deployment = Deployment::build_until(
         &params.layout,
         &params.config,
         &params.deployment,
         with_connector,
+        &mut || progress.stop_requested(),
     )?;
     warn_if_pool_below_one_prompt(params, &deployment, workload);
     let engines = build_engines(
         params,
-        rewind_tokens,
+        (rewind_tokens, lookup_wait),
         &deployment,
         factory,
         timeline.as_mut(),
@@ -297,7 +301,7 @@ fn run(
         now,
         started.elapsed(),
     );
-    deployment.close();
+    deployment.close(!report.pool_health.is_unreachable());
     Ok((report, timeline))
 }
 
@@ -312,10 +316,11 @@ fn oracle_for(params: &ReplayParams, rewind_tokens: usize) -> Oracle {
     }
 }
 
-/// One engine per instance, each with its devices and connector.
+/// One engine per instance, each with its devices and connector; `rewind_tokens` and
+/// `lookup_wait` come from the validated configuration.
 fn build_engines(
     params: &ReplayParams,
-    rewind_tokens: usize,
+    (rewind_tokens, lookup_wait): (usize, std::time::Duration),
     deployment: &Deployment,
     factory: &mut ConnectorFactory<'_>,
     mut timeline: Option<&mut TimelineHooks>,
@@ -350,7 +355,7 @@ fn build_engines(
             cost: params.cost.clone(),
             local_prefix_cache: params.local_prefix_cache,
             drafter: params.drafter,
-            lookup_wait: super::engine::LOOKUP_WAIT,
+            lookup_wait,
             release_during_loads: params.release_during_loads,
         };
         engines.push(Engine::new(setup, connector)?);

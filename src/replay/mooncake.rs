@@ -11,8 +11,12 @@
 //!    equal share of the pool's stored capacity as its segment (so the segments add up to
 //!    the capacity the memory pool would have), the rest of each client from `[mooncake]`;
 //! 3. [`MooncakeDeployment::close`] at the end, after every connector has stopped: the
-//!    clients close (concurrently; each blocks about two seconds), then the master this
-//!    process started is stopped by its PID.
+//!    clients close (concurrently; each blocks about two seconds, one after the other,
+//!    waited for at most `mooncake.close_timeout_ms`), then the master this process
+//!    started is stopped by its PID.
+//!
+//! Each client starts within `mooncake.connect_timeout_ms`, and a stop asked for meanwhile
+//! (SIGINT, SIGTERM) abandons the start (`MooncakePool::connect_until`, R30).
 //!
 //! Time: the master's leases and eviction run on real time, not on the replay's simulated
 //! clock (the memory pool's `ManualClock` does not apply). A lease of `pool.kv_lease_ttl_ms`
@@ -29,6 +33,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::Config;
 use crate::pool::mooncake::{
@@ -55,17 +60,19 @@ pub struct MooncakeDeployment {
 
 impl MooncakeDeployment {
     /// Starts (or finds) the master and connects one client of `segment_bytes` per instance
-    /// (module workflow 1-2).
+    /// (module workflow 1-2); `stopped()` is asked while a client starts.
     ///
     /// # Errors
     ///
     /// [`ReplayError::Mooncake`] when the wheel is missing, the master does not start, or a
-    /// client cannot connect (the message names the address and the setting).
+    /// client cannot connect in time (the message names the address and the setting), or
+    /// with [`MooncakeError::Interrupted`] when `stopped()` said so.
     pub fn start(
         config: &Config,
         segment_bytes: u64,
         instances: usize,
         master: PoolMaster,
+        stopped: &mut dyn FnMut() -> bool,
     ) -> Result<Self, ReplayError> {
         let base = MooncakeSettings {
             global_segment_size_bytes: segment_bytes,
@@ -89,7 +96,8 @@ impl MooncakeDeployment {
         );
         let mut clients = Vec::with_capacity(instances);
         for _ in 0..instances {
-            let client = MooncakePool::connect(settings.clone()).map_err(mooncake_error)?;
+            let client =
+                MooncakePool::connect_until(settings.clone(), stopped).map_err(mooncake_error)?;
             clients.push(Arc::new(client));
         }
         Ok(Self {
@@ -113,14 +121,28 @@ impl MooncakeDeployment {
         self.segment_bytes.saturating_mul(clients)
     }
 
-    /// Closes every client concurrently, then stops the master if this process started it (module
-    /// workflow 3, `replay::mooncake::M1`). Failures are logged: the replay's results stand.
-    pub fn close(mut self) {
+    /// Closes every client concurrently, each waited for at most `mooncake.close_timeout_ms`
+    /// (not at all when the connectors last found the pool unreachable: `reachable` false;
+    /// the close then goes on in the background), then stops the master if this process
+    /// started it (module workflow 3, `replay::mooncake::M1`). Failures are logged: the
+    /// replay's results stand.
+    pub fn close(mut self, reachable: bool) {
         std::thread::scope(|scope| {
             for client in &self.clients {
                 scope.spawn(move || {
-                    if let Err(err) = client.close() {
-                        tracing::warn!(error = %err, kind = err.kind(), "closing a mooncake client failed");
+                    let timeout = if reachable {
+                        Duration::from_millis(client.settings().close_timeout_ms)
+                    } else {
+                        Duration::ZERO
+                    };
+                    match client.close_within(timeout) {
+                        Ok(()) => {}
+                        Err(err @ MooncakeError::CloseTimeout { .. }) if !reachable => {
+                            tracing::debug!(error = %err, "mooncake client closing in the background: the pool is unreachable");
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, kind = err.kind(), "closing a mooncake client failed");
+                        }
                     }
                 });
             }

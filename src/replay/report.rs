@@ -13,9 +13,11 @@
 //! `reused_share_of_window_oracle`, `window_bytes_per_load` {`loads`, `max`, `mean`,
 //! `bound`}, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
 //! `mismatched_pages`, `lookups` {`full`,
-//! `rewound`, `recovered`, `window_miss`, `full_miss`}, `pages_loaded`, `bytes_loaded`,
-//! `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`, `saves_skipped_present`,
-//! `saves_dropped`, `saves_enqueued`, `saves_done`, `saves_failed`, `loads_started`,
+//! `rewound`, `recovered`, `window_miss`, `full_miss`, `outage`}, `pages_loaded`,
+//! `bytes_loaded`, `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`,
+//! `saves_skipped_present`, `saves_dropped`, `saves_outage` (dropped because the pool was
+//! unreachable or late, R30; part of `saves_dropped`), `pool_health` {`state`, `outages`,
+//! `unreachable_ms`, `calls_refused`, `calls_timed_out`}, `saves_enqueued`, `saves_done`, `saves_failed`, `loads_started`,
 //! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `loads_released_in_flight`,
 //! `pages_released_in_flight` (`--release-during-loads`: loads the engines released half
@@ -219,8 +221,13 @@ pub struct ReplayReport {
     pub bytes_saved: u64,
     /// Saves skipped as already present (R19).
     pub saves_skipped_present: u64,
-    /// Saves shed by the save queue (R22).
+    /// Saves shed by the save queue (R22), and those lost to a pool outage.
     pub saves_dropped: u64,
+    /// Saves dropped because the pool was unreachable or missed a deadline (R30); part of
+    /// `saves_dropped`.
+    pub saves_outage: u64,
+    /// The pool's health over the replay, summed over instances (R30).
+    pub pool_health: crate::stats::PoolHealthStats,
     /// Save pages enqueued (accounting, module docs).
     pub saves_enqueued: u64,
     /// Save pages stored (the same count as `pages_saved`).
@@ -438,19 +445,41 @@ impl ReplayReport {
         Ok(())
     }
 
+    /// The pool outages line (R30), when the pool was ever unreachable or late.
+    fn write_outage(&self, out: &mut dyn Write) -> io::Result<()> {
+        let health = &self.pool_health;
+        if health.outages == 0 && health.calls_timed_out == 0 {
+            return Ok(());
+        }
+        #[expect(clippy::cast_precision_loss, reason = "seconds for a table")]
+        let unreachable_s = health.unreachable_ms as f64 / 1000.0;
+        writeln!(
+            out,
+            "  pool outages        {:>14} (unreachable {unreachable_s:.1} s in all, {} calls refused, {} probes past their deadline; lost: {} lookups, {} save pages; pool {} at the end)",
+            health.outages,
+            health.calls_refused,
+            health.calls_timed_out,
+            self.lookups.outage,
+            self.saves_outage,
+            health.state
+        )
+    }
+
     /// The connector section: lookups, loads, saves.
     fn write_connector(&self, out: &mut dyn Write) -> io::Result<()> {
         let lookups = &self.lookups;
         writeln!(out, "connector")?;
         writeln!(
             out,
-            "  lookups             full {}, rewound {}, recovered {}, window_miss {}, full_miss {}",
+            "  lookups             full {}, rewound {}, recovered {}, window_miss {}, full_miss {}, outage {}",
             lookups.full,
             lookups.rewound,
             lookups.recovered,
             lookups.window_miss,
-            lookups.full_miss
+            lookups.full_miss,
+            lookups.outage
         )?;
+        self.write_outage(out)?;
         writeln!(
             out,
             "  loaded              {:>14} pages, {} ({} modeled)",

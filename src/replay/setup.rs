@@ -154,6 +154,22 @@ impl Deployment {
         params: &DeploymentParams,
         with_connector: bool,
     ) -> Result<Self, ReplayError> {
+        Self::build_until(layout, config, params, with_connector, &mut || false)
+    }
+
+    /// [`build`](Self::build), abandoned when `stopped()` says so while a pool client
+    /// starts (a Mooncake master that does not answer).
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), and `ReplayError::Mooncake` with an interrupted start.
+    pub fn build_until(
+        layout: &Layout,
+        config: &Config,
+        params: &DeploymentParams,
+        with_connector: bool,
+        stopped: &mut dyn FnMut() -> bool,
+    ) -> Result<Self, ReplayError> {
         let full: Vec<(GroupId, u64)> = layout
             .groups
             .iter()
@@ -226,7 +242,7 @@ impl Deployment {
         };
         match config.pool.backend {
             PoolBackend::Memory => deployment.build_memory_pool(config, params.instances)?,
-            PoolBackend::Mooncake => deployment.build_mooncake_pool(config, params)?,
+            PoolBackend::Mooncake => deployment.build_mooncake_pool(config, params, stopped)?,
         }
         Ok(deployment)
     }
@@ -249,6 +265,7 @@ impl Deployment {
         &mut self,
         config: &Config,
         params: &DeploymentParams,
+        stopped: &mut dyn FnMut() -> bool,
     ) -> Result<(), ReplayError> {
         let segment_bytes = self.mooncake_segment_bytes(params.instances)?;
         #[cfg(feature = "mooncake")]
@@ -258,6 +275,7 @@ impl Deployment {
                 segment_bytes,
                 params.instances,
                 params.pool_master,
+                stopped,
             )?;
             self.pools = mooncake
                 .pools()
@@ -271,7 +289,7 @@ impl Deployment {
         }
         #[cfg(not(feature = "mooncake"))]
         {
-            let _ = (config, segment_bytes);
+            let _ = (config, segment_bytes, stopped);
             Err(ReplayError::UnsupportedPool {
                 backend: "mooncake",
                 feature: "mooncake",
@@ -298,10 +316,16 @@ impl Deployment {
 
     /// Closes what the replay started for its pool (`setup::S3`): Mooncake's clients, then its
     /// master. Call it after every connector has stopped; the memory pool needs nothing.
-    pub fn close(self) {
+    /// `reachable`: whether the connectors last saw the pool reachable; if not, the clients'
+    /// close is not waited for (it cannot reach the master either).
+    #[cfg_attr(
+        not(feature = "mooncake"),
+        expect(unused_variables, reason = "only Mooncake clients are closed")
+    )]
+    pub fn close(self, reachable: bool) {
         #[cfg(feature = "mooncake")]
         if let Some(mooncake) = self.mooncake {
-            mooncake.close();
+            mooncake.close(reachable);
         }
     }
 
@@ -565,7 +589,7 @@ mod tests {
         assert_eq!(deployment.pools.len(), 2);
         assert!(Arc::ptr_eq(&deployment.pools[0], &deployment.pools[1]));
         assert_eq!(deployment.pool_backend, "memory");
-        deployment.close();
+        deployment.close(true);
         Ok(())
     }
 

@@ -177,6 +177,8 @@ pub(super) fn summarize(
         bytes_saved: connector.bytes_saved,
         saves_skipped_present: connector.saves_skipped_present,
         saves_dropped: connector.saves_dropped,
+        saves_outage: connector.saves_outage,
+        pool_health: connector.pool_health,
         saves_enqueued: connector.saves_enqueued,
         saves_done: connector.pages_saved,
         saves_failed: connector.saves_failed,

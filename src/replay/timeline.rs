@@ -237,6 +237,7 @@ impl TimelineRecorder {
             recovered: now.recovered.saturating_sub(then.recovered),
             window_miss: now.window_miss.saturating_sub(then.window_miss),
             full_miss: now.full_miss.saturating_sub(then.full_miss),
+            outage: now.outage.saturating_sub(then.outage),
         });
         bucket.pages_saved += cumulative.pages_saved.saturating_sub(before.pages_saved);
         bucket.bytes_saved += cumulative.bytes_saved.saturating_sub(before.bytes_saved);

@@ -91,6 +91,9 @@ pub enum SaveResult {
     SkippedPresent,
     /// Could not be stored (pool error, no space, failed copy).
     Failed,
+    /// Not stored because the pool was unreachable or missed a deadline (R30): dropped
+    /// and counted as an outage loss.
+    Outage,
 }
 
 /// Pages per batch of lent objects (and of fresh pool objects on saves): they stay in pool

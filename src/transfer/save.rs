@@ -8,6 +8,11 @@
 //! and a batch `put_absent`. Either way the
 //! device checksums each page it copies out (`gather_checked`) and the header is sealed
 //! with that checksum, so the CPU never reads the payload.
+//!
+//! Outages (R30): a probe whose every key answered that the pool is unreachable or late
+//! ends the save there: the rest of the items are [`SaveResult::Outage`] without a copy or
+//! a put, so a saver facing an unreachable pool drops its queue at once. A put or commit
+//! that answers such an error for a key makes that key `Outage` too.
 
 use super::{batch_len, page_copies, PageRef, SaveResult};
 use crate::core::object;
@@ -33,7 +38,10 @@ pub fn save_pages(
     let mut results = vec![SaveResult::Failed; items.len()];
     let mut in_flight: Option<ObjectBatch<'_>> = None;
     for (first, batch) in (0..).step_by(batch_len).zip(items.chunks(batch_len)) {
-        let absent = probe(pool, first, batch, slot_bytes, &mut results);
+        let Some(absent) = probe(pool, first, batch, slot_bytes, &mut results) else {
+            results[first..].fill(SaveResult::Outage);
+            break;
+        };
         if absent.is_empty() {
             continue;
         }
@@ -60,16 +68,24 @@ pub fn save_pages(
 }
 
 /// Probes a batch (R19): present keys are skipped, the rest returned as (index in
-/// `items`, item) and left `Failed` until stored; objects larger than a slot fail.
+/// `items`, item) and left `Failed` until stored; objects larger than a slot fail. `None`
+/// when the pool is unreachable or late for every key (R30).
 fn probe<'a>(
     pool: &dyn Pool,
     first: usize,
     batch: &'a [PageRef],
     slot_bytes: usize,
     results: &mut [SaveResult],
-) -> Vec<(usize, &'a PageRef)> {
+) -> Option<Vec<(usize, &'a PageRef)>> {
     let keys: Vec<&str> = batch.iter().map(|item| item.key.as_str()).collect();
     let present = pool.exists(&keys);
+    if !present.is_empty()
+        && present
+            .iter()
+            .all(|answer| answer.as_ref().is_err_and(PoolError::is_outage))
+    {
+        return None;
+    }
     let mut absent = Vec::with_capacity(batch.len());
     for (offset, item) in batch.iter().enumerate() {
         let index = first + offset;
@@ -79,7 +95,7 @@ fn probe<'a>(
             absent.push((index, item));
         }
     }
-    absent
+    Some(absent)
 }
 
 /// Through staging: gather with device checksums, seal, `put_absent`.
@@ -228,6 +244,7 @@ fn record(
         results[*index] = match put_results.get(position) {
             Some(Ok(())) => SaveResult::Stored,
             Some(Err(PoolError::AlreadyExists)) => SaveResult::SkippedPresent,
+            Some(Err(error)) if error.is_outage() => SaveResult::Outage,
             _ => SaveResult::Failed,
         };
     }

@@ -1,5 +1,6 @@
 //! The connector's statistics (R27) as a Python dict: `lookups`, `loads` and `saves`, each
-//! with the runtime's counter names, latencies in microseconds as `{count, p50, p99, max}`.
+//! with the runtime's counter names, latencies in microseconds as `{count, p50, p99, max}`,
+//! and `pool`, the pool's health (R30).
 
 use kv_connector::stats::ConnectorStats;
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ pub fn to_dict<'py>(py: Python<'py>, stats: &ConnectorStats) -> PyResult<Bound<'
             "window_miss": lookups.window_miss,
             "full_miss": lookups.full_miss,
             "failed": lookups.failed,
+            "outage": lookups.outage,
             "deferred": lookups.deferred,
             "tokens_offered": lookups.tokens_offered,
             "keys_probed": lookups.keys_probed,
@@ -40,6 +42,7 @@ pub fn to_dict<'py>(py: Python<'py>, stats: &ConnectorStats) -> PyResult<Bound<'
             "saves_done": saves.saves_done,
             "saves_skipped_present": saves.saves_skipped_present,
             "saves_dropped": saves.saves_dropped,
+            "saves_outage": saves.saves_outage,
             "saves_refreshed": saves.saves_refreshed,
             "saves_failed": saves.saves_failed,
             "bytes_saved": saves.bytes_saved,
@@ -47,6 +50,7 @@ pub fn to_dict<'py>(py: Python<'py>, stats: &ConnectorStats) -> PyResult<Bound<'
             "published_past_chunk_end": saves.published_past_chunk_end,
             "queue_time_us": saves.queue_time.summary(),
         },
+        "pool": stats.pool,
     });
     json_to_py(py, &value)
 }

@@ -45,8 +45,10 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::{Pool, PoolCounters, PoolError};
 use crate::core::object::HEADER_BYTES;
 
+mod outage;
 mod spec;
 
+pub use outage::Outage;
 pub use spec::{FaultPoint, FaultSpec, FaultSpecError};
 
 /// The kinds of pool call whose attempts are counted per key.
@@ -69,6 +71,8 @@ pub struct FaultInjector {
     calls: [AtomicU64; FaultPoint::ALL.len()],
     /// Earlier calls per (kind, key hash): the attempt of pool decisions.
     attempts: Mutex<HashMap<(CallKind, u64), u32>>,
+    /// The outage switch (`outage.rs`).
+    outage: outage::PoolOutage,
 }
 
 impl FaultInjector {
@@ -79,7 +83,24 @@ impl FaultInjector {
             fired: std::array::from_fn(|_| AtomicU64::new(0)),
             calls: std::array::from_fn(|_| AtomicU64::new(0)),
             attempts: Mutex::new(HashMap::new()),
+            outage: outage::PoolOutage::default(),
         }
+    }
+
+    /// Starts a pool outage: from now on every call of the pools sharing this injector
+    /// meets it ([`Outage`]), until [`end_outage`](Self::end_outage).
+    pub fn begin_outage(&self, outage: Outage) {
+        self.outage.begin(outage);
+    }
+
+    /// Ends the outage: calls reach the pool again, and hung calls go on to it.
+    pub fn end_outage(&self) {
+        self.outage.end();
+    }
+
+    /// Calls that met an outage so far.
+    pub fn outage_calls(&self) -> u64 {
+        self.outage.calls()
     }
 
     /// The spec it decides by.
@@ -169,6 +190,10 @@ impl FaultInjector {
     }
 }
 
+/// What a batch fault and a per-key probe fault answer: an error code from a backend that
+/// was reached (a pool that cannot be reached is an [`Outage`], R30).
+const BATCH_FAULT: PoolError = PoolError::Backend { code: -1 };
+
 /// A pool whose calls pass through named fault points (module docs).
 pub struct FaultyPool {
     inner: Arc<dyn Pool>,
@@ -194,15 +219,18 @@ impl FaultyPool {
         keys: &[&str],
         call: impl FnOnce(&[&str]) -> Vec<Result<bool, PoolError>>,
     ) -> Vec<Result<bool, PoolError>> {
+        if let Some(gone) = self.faults.outage.answer(keys.len()) {
+            return gone;
+        }
         let attempts = self.faults.attempts(kind, keys);
         self.faults.maybe_slow(keys, &attempts);
         if self.faults.batch_fires(batch, keys, &attempts) {
-            return PoolError::Unavailable.for_every_key(keys.len());
+            return BATCH_FAULT.for_every_key(keys.len());
         }
         let mut results = call(keys);
         for ((key, attempt), result) in keys.iter().zip(&attempts).zip(results.iter_mut()) {
             if self.faults.key_fires(per_key, key, *attempt) {
-                *result = Err(PoolError::Unavailable);
+                *result = Err(BATCH_FAULT);
             }
         }
         results
@@ -221,6 +249,9 @@ impl Pool for FaultyPool {
         if keys.len() != values.len() {
             return self.inner.put(keys, values);
         }
+        if let Some(gone) = self.faults.outage.answer(keys.len()) {
+            return gone;
+        }
         let attempts = self.faults.attempts(CallKind::Put, keys);
         self.faults.maybe_slow(keys, &attempts);
         if self
@@ -233,7 +264,7 @@ impl Pool for FaultyPool {
             .faults
             .batch_fires(FaultPoint::PutBatch, keys, &attempts)
         {
-            return PoolError::Unavailable.for_every_key(keys.len());
+            return BATCH_FAULT.for_every_key(keys.len());
         }
         // `faults::F2`: a faulted key is not passed on, so nothing is stored under it.
         let faulted: Vec<bool> = keys
@@ -265,6 +296,9 @@ impl Pool for FaultyPool {
         if keys.len() != buffers.len() {
             return self.inner.get_into(keys, buffers);
         }
+        if let Some(gone) = self.faults.outage.answer(keys.len()) {
+            return gone;
+        }
         let attempts = self.faults.attempts(CallKind::Get, keys);
         self.faults.maybe_slow(keys, &attempts);
         if self
@@ -277,7 +311,7 @@ impl Pool for FaultyPool {
             .faults
             .batch_fires(FaultPoint::GetBatch, keys, &attempts)
         {
-            return PoolError::Unavailable.for_every_key(keys.len());
+            return BATCH_FAULT.for_every_key(keys.len());
         }
         if self
             .faults
@@ -471,23 +505,69 @@ mod tests {
         assert!(answers.iter().all(Result::is_err));
         assert_eq!(pool.counters().objects, 0, "faults::F2: nothing stored");
         let pool = faulty(FaultSpec::default().with(FaultPoint::ExistsBatch, 1.0))?;
-        assert_eq!(
-            pool.exists(&["a", "b", "c"]),
-            PoolError::Unavailable.for_every_key(3)
-        );
+        assert_eq!(pool.exists(&["a", "b", "c"]), BATCH_FAULT.for_every_key(3));
         assert_eq!(pool.injector().fired(FaultPoint::ExistsBatch), 1);
         let pool = faulty(FaultSpec::default().with(FaultPoint::TouchBatch, 1.0))?;
-        assert_eq!(
-            pool.touch(&["a", "b"]),
-            PoolError::Unavailable.for_every_key(2)
-        );
+        assert_eq!(pool.touch(&["a", "b"]), BATCH_FAULT.for_every_key(2));
         let pool = faulty(FaultSpec::default().with(FaultPoint::Touch, 1.0))?;
         assert_eq!(pool.put(&["a"], &[b"12"]), vec![Ok(())]);
-        assert_eq!(pool.touch(&["a"]), vec![Err(PoolError::Unavailable)]);
+        assert_eq!(pool.touch(&["a"]), vec![Err(BATCH_FAULT)]);
         assert_eq!(
             pool.exists(&["a"]),
             vec![Ok(true)],
             "a touch fault stores nothing"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_outage_fails_or_hangs_every_call_until_it_ends() -> TestResult {
+        let pool = faulty(FaultSpec::default())?;
+        assert_eq!(pool.put(&["a"], &[b"12"]), vec![Ok(())]);
+        pool.injector().begin_outage(Outage::Down);
+        assert_eq!(
+            pool.exists(&["a", "b"]),
+            PoolError::Unavailable.for_every_key(2)
+        );
+        assert_eq!(
+            pool.put(&["c"], &[b"34"]),
+            vec![Err(PoolError::Unavailable)]
+        );
+        let mut buffer = [0u8; 4];
+        let got = pool.get_into(&["a"], &mut [&mut buffer[..]]);
+        assert_eq!(got, vec![Err(PoolError::Unavailable)]);
+        let backend_timeout = Duration::from_millis(10);
+        pool.injector()
+            .begin_outage(Outage::Hang { backend_timeout });
+        assert_eq!(
+            pool.touch(&["a"]),
+            vec![Err(PoolError::Timeout { after_ms: 10 })],
+            "a hung call answers the backend's timeout"
+        );
+        assert_eq!(pool.injector().outage_calls(), 4);
+        pool.injector().end_outage();
+        assert_eq!(
+            pool.exists(&["a", "c"]),
+            vec![Ok(true), Ok(false)],
+            "F2: nothing stored"
+        );
+        assert_eq!(pool.injector().outage_calls(), 4);
+        let injector = Arc::clone(pool.injector());
+        injector.begin_outage(Outage::Hang {
+            backend_timeout: Duration::from_secs(600),
+        });
+        let pool = Arc::new(pool);
+        let caller = Arc::clone(&pool);
+        let waiting = std::thread::spawn(move || caller.exists(&["a"]));
+        while injector.outage_calls() < 5 {
+            std::thread::yield_now();
+        }
+        injector.end_outage();
+        let answer = waiting.join().map_err(|_| "the hung call panicked")?;
+        assert_eq!(
+            answer,
+            vec![Ok(true)],
+            "the end of the outage let the call through"
         );
         Ok(())
     }

@@ -87,6 +87,19 @@ pub enum MooncakeError {
         /// Length of the region.
         len: usize,
     },
+    /// The client did not start within `mooncake.connect_timeout_ms` (a master that accepts
+    /// connections but does not answer); the start was abandoned.
+    #[error("the mooncake client did not start within {waited_ms} ms (mooncake.connect_timeout_ms) against master_address = {master_address:?}; check that mooncake_master answers there, or raise mooncake.connect_timeout_ms")]
+    ConnectTimeout {
+        /// How long the start waited.
+        waited_ms: u64,
+        /// The configured master.
+        master_address: String,
+    },
+    /// A stop was asked for (SIGINT, SIGTERM) while the client was starting; the start was
+    /// abandoned.
+    #[error("the mooncake client start was stopped before the master answered")]
+    Interrupted,
     /// The pool was closed; it takes no more calls.
     #[error("the mooncake client is closed")]
     Closed,
@@ -95,6 +108,14 @@ pub enum MooncakeError {
     Close {
         /// The code returned.
         code: i64,
+    },
+    /// `close` had not returned after `mooncake.close_timeout_ms` (it unmounts the segment,
+    /// which Mooncake retries for a long time against a dead master); it goes on in the
+    /// background.
+    #[error("the mooncake client had not closed after {waited_ms} ms (mooncake.close_timeout_ms); its close goes on in the background")]
+    CloseTimeout {
+        /// How long the caller waited.
+        waited_ms: u64,
     },
     /// No free loopback port for the master could be found.
     #[error("no free loopback port for mooncake_master: {source}")]
@@ -159,8 +180,11 @@ impl MooncakeError {
             Self::Setup { .. } => "setup",
             Self::Unreachable { .. } => "unreachable",
             Self::Register { .. } => "register",
+            Self::ConnectTimeout { .. } => "connect_timeout",
+            Self::Interrupted => "interrupted",
             Self::Closed => "closed",
             Self::Close { .. } => "close",
+            Self::CloseTimeout { .. } => "close_timeout",
             Self::NoFreePort { .. } => "no_free_port",
             Self::MasterSpawn { .. } => "master_spawn",
             Self::MasterExited { .. } => "master_exited",

@@ -23,10 +23,13 @@
 //! 2. Either start a master ([`MooncakeMaster::start`], then
 //!    [`MooncakeMaster::client_settings`]) or point [`MooncakeSettings::master_address`] and
 //!    [`MooncakeSettings::metadata_server`] at a running one.
-//! 3. [`MooncakePool::connect`]; register the loaders' and the saver's staging pools once
-//!    with [`MooncakePool::register_buffer`]; share the pool as `Arc<dyn Pool>`.
+//! 3. [`MooncakePool::connect`], within `connect_timeout_ms`
+//!    ([`MooncakePool::connect_until`] also gives up when asked to); register the loaders'
+//!    and the saver's staging pools once with [`MooncakePool::register_buffer`]; share the
+//!    pool as `Arc<dyn Pool>`.
 //! 4. At shutdown, [`MooncakePool::close`] on a thread that may block (about two seconds,
-//!    GIL held), then stop the master if this process started it.
+//!    GIL held), or [`MooncakePool::close_within`] a deadline; then stop the master if this
+//!    process started it.
 //!
 //! # Invariants
 //!
@@ -41,10 +44,15 @@
 //! # Failure behaviour
 //!
 //! A stopped master turns calls into per-key errors ([`PoolError::Unavailable`] for
-//! Mooncake's `RPC_FAIL`), bounded by the client's own RPC timeouts (a get waits up to about
-//! five seconds). After the master restarts on the same address the same client works again
-//! once its heartbeat re-mounts its segment (about a second); until then puts answer
-//! `NO_AVAILABLE_HANDLE`. A new client is not needed.
+//! Mooncake's `RPC_FAIL`), each after about 4.5 s of reconnecting (no setting changes it); a
+//! frozen master (one that accepts and never answers) turns them into `RPC_TIMEOUT` after
+//! `rpc_timeout_ms` (exported as `MC_RPC_TIMEOUT_MS`). The connector's guarded pool
+//! (`crate::pool::guard`) keeps probes within their own deadline and stops calling a pool it
+//! found unreachable (R30). After the master restarts on the same address the same client
+//! works again once its heartbeat re-mounts its segment (about a second); until then puts
+//! answer `NO_AVAILABLE_HANDLE`. A new client is not needed. Against a dead master `close`
+//! takes 11-17 s (its unmount retries), and the library's exit handler tears down every
+//! client still open the same way, so a process's exit waits for it.
 //!
 //! [`PoolError::Unavailable`]: crate::pool::PoolError::Unavailable
 
@@ -53,6 +61,7 @@ mod contract;
 mod counters;
 pub mod error;
 mod glog;
+mod lifecycle;
 mod master;
 mod pool;
 mod python;

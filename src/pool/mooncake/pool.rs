@@ -64,22 +64,15 @@ pub struct MooncakePool {
 }
 
 impl MooncakePool {
-    /// Starts a client with `settings` (embedding Python on first use) and connects it to
-    /// the master.
-    ///
-    /// # Errors
-    ///
-    /// [`MooncakeError::VenvMissing`] without the wheel, [`MooncakeError::Setup`] when the
-    /// master or metadata server does not answer, [`MooncakeError::Python`] when a step raises.
-    pub fn connect(settings: MooncakeSettings) -> Result<Self, MooncakeError> {
-        let client = StoreClient::connect(&settings)?;
-        Ok(Self {
+    /// A pool over a started client.
+    pub(super) fn from_client(settings: MooncakeSettings, client: StoreClient) -> Self {
+        Self {
             settings,
             client,
             regions: Regions::default(),
             staging: Mutex::new(None),
             counters: Counters::default(),
-        })
+        }
     }
 
     /// The settings the client started with.

@@ -11,7 +11,8 @@
 //!    has none yet ([`ensure_interpreter`]), checks that the venv was made for the
 //!    interpreter's version, adds its site-packages once (`site.addsitedir`, so its
 //!    `.pth` files apply), exports the transfer engine's environment (`MC_TCP_BIND_ADDRESS`,
-//!    `MC_LOG_LEVEL`) through `os.environ`, and imports `mooncake.store`.
+//!    `MC_LOG_LEVEL`, `MC_RPC_TIMEOUT_MS`, `MC_RPC_CONNECT_TIMEOUT_MS`,
+//!    `MC_STORE_CLIENT_SETUP_RETRIES`) through `os.environ`, and imports `mooncake.store`.
 //!
 //! # Invariants
 //!
@@ -128,7 +129,8 @@ pub fn ensure_interpreter() {
     Python::initialize();
 }
 
-/// Sets the variables the transfer engine reads when a client starts.
+/// Sets the variables the transfer engine and the store client read when a client starts:
+/// where TCP listens, the log level, the master RPC deadlines and the setup retries (R30).
 fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<()> {
     let environ = py.import("os")?.getattr("environ")?;
     for (name, value) in [
@@ -138,6 +140,17 @@ fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<(
         if !value.is_empty() {
             environ.set_item(name, value)?;
         }
+    }
+    let rpc_timeout_ms = settings.rpc_timeout_ms.to_string();
+    for (name, value) in [
+        ("MC_RPC_TIMEOUT_MS", rpc_timeout_ms.clone()),
+        ("MC_RPC_CONNECT_TIMEOUT_MS", rpc_timeout_ms),
+        (
+            "MC_STORE_CLIENT_SETUP_RETRIES",
+            settings.setup_retries().to_string(),
+        ),
+    ] {
+        environ.set_item(name, value)?;
     }
     Ok(())
 }

@@ -55,6 +55,14 @@ pub struct MooncakeSettings {
     /// Bytes of the registered buffer that caller buffers outside any registered region
     /// are staged through. Grows to fit a single larger object.
     pub fallback_staging_bytes: usize,
+    /// Exported as `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS` before the client
+    /// starts: how long the client waits for the master on each call (R30).
+    pub rpc_timeout_ms: u64,
+    /// How long [`MooncakePool::connect`](super::MooncakePool::connect) may take; also sets
+    /// `MC_STORE_CLIENT_SETUP_RETRIES` ([`Self::setup_retries`]).
+    pub connect_timeout_ms: u64,
+    /// How long [`MooncakePool::close_within`](super::MooncakePool::close_within) waits.
+    pub close_timeout_ms: u64,
 }
 
 impl Default for MooncakeSettings {
@@ -73,6 +81,9 @@ impl Default for MooncakeSettings {
             max_keys_per_call: 1024,
             probe_chunk_keys: 4096,
             fallback_staging_bytes: 16 << 20,
+            rpc_timeout_ms: 2000,
+            connect_timeout_ms: 10_000,
+            close_timeout_ms: 5000,
         }
     }
 }
@@ -95,8 +106,20 @@ impl MooncakeSettings {
             tcp_bind_address: mooncake.tcp_bind_address.clone(),
             log_level: mooncake.log_level.clone(),
             probe_chunk_keys: config.planner.probe_chunk,
+            rpc_timeout_ms: mooncake.rpc_timeout_ms,
+            connect_timeout_ms: mooncake.connect_timeout_ms,
+            close_timeout_ms: mooncake.close_timeout_ms,
             ..Self::default()
         }
+    }
+
+    /// `MC_STORE_CLIENT_SETUP_RETRIES`: as many `setup` attempts as fit in
+    /// `connect_timeout_ms` when each waits out a connect and a request deadline of
+    /// `rpc_timeout_ms` (a master that accepts and never answers), at least 1 and at most
+    /// Mooncake's own 20.
+    pub fn setup_retries(&self) -> u64 {
+        let attempt_ms = self.rpc_timeout_ms.max(1).saturating_mul(2);
+        (self.connect_timeout_ms / attempt_ms).clamp(1, 20)
     }
 
     /// `max_keys_per_call` and `probe_chunk_keys`, each at least one.
@@ -155,6 +178,26 @@ mod tests {
         assert_eq!(settings.global_segment_size_bytes, 4 << 30);
         assert_eq!(settings.probe_chunk_keys, 512);
         assert_eq!(settings.max_keys_per_call, 1024);
+    }
+
+    #[test]
+    fn setup_retries_fit_the_connect_deadline() {
+        let settings = |connect_timeout_ms, rpc_timeout_ms| MooncakeSettings {
+            rpc_timeout_ms,
+            connect_timeout_ms,
+            ..MooncakeSettings::default()
+        };
+        assert_eq!(settings(10_000, 2000).setup_retries(), 2);
+        assert_eq!(
+            settings(1000, 2000).setup_retries(),
+            1,
+            "at least one attempt"
+        );
+        assert_eq!(
+            settings(3_600_000, 100).setup_retries(),
+            20,
+            "never more than Mooncake's"
+        );
     }
 
     #[test]

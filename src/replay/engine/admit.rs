@@ -41,8 +41,17 @@ impl Active {
     }
 }
 
-/// Longest real-time wait for a just-started lookup's answer (`admit::A2`), as replays use it.
-pub const LOOKUP_WAIT: Duration = Duration::from_secs(5);
+/// Time on top of a lookup's own deadline for its answer to come back to the engine (the
+/// courier's hand-off, thread wake-ups on a loaded machine).
+const LOOKUP_ANSWER_SLACK: Duration = Duration::from_millis(500);
+
+/// Longest real-time wait for a just-started lookup's answer (`admit::A2`), as replays use
+/// it: the connector answers every lookup within `planner.lookup_timeout_ms` plus one
+/// `pool.probe_timeout_ms` (R30; at once while the pool is unreachable), so admission never
+/// waits on the pool longer than the connector's own deadlines allow.
+pub fn lookup_wait(runtime: &crate::config::RuntimeConfig) -> Duration {
+    runtime.planner.lookup_timeout + runtime.pool_calls.probe_timeout + LOOKUP_ANSWER_SLACK
+}
 /// One `wait_for_progress` while waiting for a lookup.
 const LOOKUP_POLL: Duration = Duration::from_millis(20);
 
@@ -156,7 +165,7 @@ impl Engine {
     /// `admit::A2`. A lookup takes no simulated time: after a pass has started lookups (all of
     /// them, back to back, as an engine sends them; the pass ends with `flush_lookups`, so
     /// a connector may send them as one batch), the engine waits in real time (up to
-    /// its `lookup_wait`, [`LOOKUP_WAIT`] in replays) for their answers, and a second pass
+    /// its `lookup_wait`, [`lookup_wait`] in replays) for their answers, and a second pass
     /// admits them. Where a request is admitted then does not depend on how fast the pool
     /// answers in real time: the replay is deterministic, and the embedded pool and
     /// Mooncake give the same schedule. A real engine would go on stepping meanwhile; a

@@ -92,7 +92,7 @@ mod prefill;
 mod release;
 mod types;
 
-pub use admit::LOOKUP_WAIT;
+pub use admit::lookup_wait;
 pub use draft::DrafterSetup;
 pub use types::{ArrivedRequest, EngineCounters, EngineSummary, PromptDone, StepResult};
 
@@ -133,7 +133,7 @@ pub struct EngineSetup {
     /// A speculative drafter (module docs, "Drafter"); `None`: no drafter.
     pub drafter: Option<DrafterSetup>,
     /// How long admission waits in real time for a just-started lookup (`admit::A2`);
-    /// [`LOOKUP_WAIT`] in replays, zero in tests that script `Pending` answers.
+    /// [`lookup_wait`] in replays, zero in tests that script `Pending` answers.
     pub lookup_wait: std::time::Duration,
     /// Take back half of every load while it runs and hand those pages to another
     /// request (`release`'s docs, R29).

@@ -164,18 +164,26 @@ pub(super) fn draw_reuse(
 }
 
 /// Lookup outcome names and colours, in stacking order.
-const OUTCOMES: [(&str, RGBColor); 5] = [
+const OUTCOMES: [(&str, RGBColor); 6] = [
     ("full", RGBColor(44, 160, 44)),
     ("rewound", RGBColor(31, 119, 180)),
     ("recovered", RGBColor(148, 103, 189)),
     ("window_miss", RGBColor(255, 127, 14)),
     ("full_miss", RGBColor(214, 39, 40)),
+    ("outage", RGBColor(127, 127, 127)),
 ];
 
-/// The outcome counts of a bucket in [`OUTCOMES`] order.
-fn outcome_counts(bucket: &TimelineBucket) -> [u64; 5] {
+/// The outcome counts of a bucket in [`OUTCOMES`] order (lookups lost to an outage last).
+fn outcome_counts(bucket: &TimelineBucket) -> [u64; 6] {
     let l = &bucket.lookups;
-    [l.full, l.rewound, l.recovered, l.window_miss, l.full_miss]
+    [
+        l.full,
+        l.rewound,
+        l.recovered,
+        l.window_miss,
+        l.full_miss,
+        l.outage,
+    ]
 }
 
 /// `lookups.png`.
@@ -187,8 +195,8 @@ pub(super) fn draw_lookups(
 ) -> DrawResult {
     let l = &report.lookups;
     let caption = format!(
-        "lookups: {} full, {} rewound, {} recovered, {} window_miss, {} full_miss",
-        l.full, l.rewound, l.recovered, l.window_miss, l.full_miss
+        "lookups: {} full, {} rewound, {} recovered, {} window_miss, {} full_miss, {} outage",
+        l.full, l.rewound, l.recovered, l.window_miss, l.full_miss, l.outage
     );
     let highest = timeline
         .buckets
