@@ -244,7 +244,8 @@ impl PyConnector {
     }
 
     /// Drains per the stop order and returns the final statistics: `{"lookups": {...},
-    /// "loads": {...}, "saves": {...}}`. Idempotent: later calls return the same report.
+    /// "loads": {...}, "saves": {...}, "pool": {...}}` (the last: the pool's health, R30).
+    /// Idempotent: later calls return the same report.
     /// The KV cache tensors are released once it returns.
     fn shutdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let report = self.with(py, State::close);

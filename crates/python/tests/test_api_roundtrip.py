@@ -117,8 +117,9 @@ def test_hook_misuse_is_refused_and_shutdown_is_idempotent():
     assert conn.closed
     assert conn.shutdown() == final
     assert conn.stats() == final
-    for section, counters in final.items():
-        assert section in ("lookups", "loads", "saves") and isinstance(counters, dict)
+    assert set(final) == {"lookups", "loads", "saves", "pool"}
+    assert all(isinstance(counters, dict) for counters in final.values())
+    assert final["pool"]["state"] == "healthy", "an embedded pool never has an outage"
     # Hooks after shutdown answer nothing and do not raise.
     conn.lookup(5, prompt(40))
     assert conn.reserve(5, 0, 5) in (None, (0, False))

@@ -151,7 +151,7 @@ class Connector:
     def settle_saves(self) -> None:
         """Blocks (GIL released) until every enqueued save is stored, skipped or dropped."""
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Counters so far: {"lookups": {...}, "loads": {...}, "saves": {...}}."""
+        """Counters so far: {"lookups": {...}, "loads": {...}, "saves": {...}, "pool": {...}}."""
     def shutdown(self) -> dict[str, dict[str, Any]]:
         """Drains and returns the final counters; idempotent; releases the tensors."""
     def keys(self, tokens: Tokens) -> list[list[str]]:
