@@ -2,11 +2,12 @@
 //! and four PNG plots, and the timeline adds up to the report (timeline TL1).
 #![cfg(feature = "cli")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
-use kv_connector::cli::{replay, Cli, Command};
+use kv_connector::cli::replay;
 use kv_connector::replay::plots::REPORT_FILES;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -48,27 +49,7 @@ fn replay_with(flags: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
 fn replay_output(
     flags: &[&str],
 ) -> Result<(Result<(), replay::ReplayCliError>, String), Box<dyn std::error::Error>> {
-    let mut line = vec![
-        "kv-connector",
-        "replay",
-        "--model",
-        "tiny-hybrid",
-        "--sessions",
-        "1",
-        "--turns",
-        "3",
-        "--first-turn-tokens",
-        "2000",
-        "--last-turn-tokens",
-        "3000",
-        "--system-prefix-tokens",
-        "1000",
-        "--quiet",
-    ];
-    line.extend_from_slice(flags);
-    let Command::Replay(args) = Cli::try_parse_from(line)?.command else {
-        return Err("not the replay subcommand".into());
-    };
+    let args = common::small_replay_args(flags)?;
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let result = replay::run(&args, HashMap::<String, String>::new(), &mut out, &mut err);
     Ok((result, String::from_utf8(out)?))

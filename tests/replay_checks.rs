@@ -15,11 +15,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use common::scripted::{Computed, WindowLoader, WindowMistake};
 use kv_connector::cli::replay::{run_with_connector, ReplayCliError};
 use kv_connector::cli::signals::StopSignal;
-use kv_connector::cli::{Cli, CliError, Command};
+use kv_connector::cli::CliError;
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
 use kv_connector::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
@@ -70,27 +69,7 @@ fn replay_cli(
     mistake: WindowMistake,
     flags: &[&str],
 ) -> Result<CliRun, Box<dyn std::error::Error>> {
-    let mut line = vec![
-        "kv-connector",
-        "replay",
-        "--model",
-        "tiny-hybrid",
-        "--sessions",
-        "1",
-        "--turns",
-        "3",
-        "--first-turn-tokens",
-        "2000",
-        "--last-turn-tokens",
-        "3000",
-        "--system-prefix-tokens",
-        "1000",
-        "--quiet",
-    ];
-    line.extend_from_slice(flags);
-    let Command::Replay(args) = Cli::try_parse_from(line)?.command else {
-        return Err("not the replay subcommand".into());
-    };
+    let args = common::small_replay_args(flags)?;
     let computed = Computed::default();
     let unfilled = Arc::new(Mutex::new(0));
     let mut factory = |context: &InstanceContext| -> Result<Box<dyn ReplayConnector>, ReplayError> {

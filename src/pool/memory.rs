@@ -158,7 +158,8 @@ impl MemoryPool {
     /// and stalls the copies meanwhile) and a capacity the host cannot give is an error up
     /// front. `object_lens` lists the object sizes the connector stores (one per layer
     /// group; repeats weigh more): the capacity is split among them in proportion to their
-    /// bytes, and objects of other sizes still get memory on demand.
+    /// bytes, and objects of other sizes still get memory on demand. An empty list
+    /// reserves nothing.
     ///
     /// # Errors
     ///

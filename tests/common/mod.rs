@@ -409,3 +409,36 @@ pub fn report_field(
         .as_u64()
         .ok_or_else(|| format!("report has no {name}").into())
 }
+
+/// The `replay` command line of the CLI tests, parsed: one three-turn conversation on
+/// tiny-hybrid (2000 to 3000 tokens after a 1000-token shared prefix), quiet, with `flags`
+/// added.
+#[cfg(feature = "cli")]
+pub fn small_replay_args(
+    flags: &[&str],
+) -> Result<Box<kv_connector::cli::replay::ReplayArgs>, Box<dyn std::error::Error>> {
+    use clap::Parser;
+    use kv_connector::cli::{Cli, Command};
+    let mut line = vec![
+        "kv-connector",
+        "replay",
+        "--model",
+        "tiny-hybrid",
+        "--sessions",
+        "1",
+        "--turns",
+        "3",
+        "--first-turn-tokens",
+        "2000",
+        "--last-turn-tokens",
+        "3000",
+        "--system-prefix-tokens",
+        "1000",
+        "--quiet",
+    ];
+    line.extend_from_slice(flags);
+    match Cli::try_parse_from(line)?.command {
+        Command::Replay(args) => Ok(args),
+        _ => Err("not the replay subcommand".into()),
+    }
+}

@@ -139,10 +139,8 @@ fn memory_pool(
     let arena = device.map_or_else(HostArena::heap, Device::host_arena);
     let pool = MemoryPool::with_arena(policy, Arc::new(SystemClock::new()), arena)
         .map_err(|error| errors::pool(&error))?;
-    if !object_lens.is_empty() {
-        pool.reserve(object_lens)
-            .map_err(|error| errors::pool(&error))?;
-    }
+    pool.reserve(object_lens)
+        .map_err(|error| errors::pool(&error))?;
     Ok(Arc::new(pool))
 }
 
