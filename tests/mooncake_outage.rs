@@ -12,16 +12,21 @@
 //!
 //! Each replay runs as a child process reading its own progress lines (no sleeps: the
 //! test acts on what the replay logged), with the test's master given by `--master`.
-//! Without `.venv` (`scripts/setup-mooncake`) each test prints "skipped: ..." and passes.
+//! The tests need `.venv` from `scripts/setup-mooncake`; as in every real-master test, a
+//! missing install fails them under `scripts/test` and skips them otherwise, said on one
+//! line (`common::mooncake`).
 #![cfg(all(feature = "mooncake", feature = "cli"))]
+
+mod common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::mooncake::{install, venv_dir};
 use kv_connector::config::Config;
 use kv_connector::pool::{GuardSettings, GuardedPool, Pool, PoolError};
 
@@ -35,21 +40,6 @@ const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../shared/traces/mooncake_synthetic_trace.jsonl"
 );
-
-fn venv_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv")
-}
-
-/// The wheel, or `None` after printing why the test is skipped.
-fn install() -> Option<MooncakeInstall> {
-    match MooncakeInstall::discover(&venv_dir()) {
-        Ok(install) => Some(install),
-        Err(err) => {
-            println!("skipped: {err}");
-            None
-        }
-    }
-}
 
 fn master(
     install: &MooncakeInstall,

@@ -136,6 +136,19 @@ needs_mooncake = pytest.mark.skipif(
 )
 
 
+# Set by scripts/test-python, whose venv has vLLM: the vLLM tests then fail without it
+# instead of skipping.
+VLLM_REQUIRED = os.environ.get("KV_CONNECTOR_REQUIRE_VLLM") == "1"
+
+
+def import_vllm():
+    """The `vllm` module; without it the calling test module skips, or fails when vLLM is
+    required."""
+    if VLLM_REQUIRED:
+        return importlib.import_module("vllm")
+    return pytest.importorskip("vllm")
+
+
 def skip_or_fail(reason: str) -> None:
     """Skips the test, or fails it when Mooncake is required."""
     if MOONCAKE_REQUIRED:

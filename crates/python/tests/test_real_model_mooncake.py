@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import pytest
 
 import kv_connector as kvc
-from api_support import mooncake_master  # noqa: F401 (fixture)
+from api_support import mooncake_master, needs_mooncake  # noqa: F401 (fixture)
 from models import scenarios
 from models.engine import Instance
 from models.peer import CONVERSATION, CORRUPT, FOREIGN_PAGE, SHARED_PREFIX, WALK_BACK, Answer, Peer, plan
 from models.tiny import SPECS, build_model
 
-pytestmark = pytest.mark.skipif("mooncake" not in kvc.FEATURES, reason="needs the mooncake feature")
+pytestmark = needs_mooncake
 
 MODELS = list(SPECS)
 HYBRID = [name for name in MODELS if SPECS[name].sliding_window]

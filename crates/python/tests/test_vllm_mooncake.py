@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
-
 import kv_connector as kvc  # noqa: E402
-from api_support import PATIENCE_S, mooncake_master  # noqa: E402,F401 (fixture)
+from api_support import PATIENCE_S, import_vllm, mooncake_master, needs_mooncake  # noqa: E402,F401 (fixture)
 
-pytestmark = pytest.mark.skipif("mooncake" not in kvc.FEATURES, reason="needs the mooncake feature")
+import_vllm()
+
+pytestmark = needs_mooncake
 
 HERE = Path(__file__).parent
 

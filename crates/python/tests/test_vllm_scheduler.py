@@ -11,7 +11,9 @@ import tempfile
 import pytest
 import torch
 
-vllm = pytest.importorskip("vllm")
+from api_support import import_vllm
+
+vllm = import_vllm()
 
 import kv_connector as kvc  # noqa: E402
 import vllm_support as vs  # noqa: E402
