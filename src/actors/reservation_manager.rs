@@ -23,7 +23,11 @@
 //! itself; nothing waits forever, and the accounting stays closed (M1).
 //!
 //! Invariant M1: every `StartLoad` is counted in `loads_started` and answered by exactly one
-//! `FinishedLoad`, counted done or failed (or a stale completion, R26), retired or not.
+//! `LoadAnswer`: a `FinishedLoad` counted done or failed, or a stale completion (R26)
+//! counted as such, retired or not. A load whose grant the engine took back whole is stale
+//! when its loaders answer, even before the release itself arrives here (the handle takes
+//! the pages back first, R29): its pages are the engine's already, so it is never reported
+//! filled.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,7 +47,7 @@ use crate::messages::loader::LoadBlocks;
 use crate::messages::reservation_manager::{
     CollectLoadStats, RankLoadFinished, ReleaseReservation, StartLoad, StartLoads,
 };
-use crate::messages::{EngineInbox, FinishedLoad};
+use crate::messages::{EngineInbox, FinishedLoad, LoadAnswer};
 use crate::pool::{ActorFault, ActorFaults};
 use crate::stats::LoadStats;
 use crate::transfer::{LoadGrant, PageRef};
@@ -56,6 +60,8 @@ struct PendingLoad {
     result: LoadResult,
     pages: u64,
     bytes: u64,
+    /// The pages the engine still lends to the load (R29).
+    grant: Arc<LoadGrant>,
 }
 
 /// A recorded load on its way to the loaders.
@@ -130,10 +136,10 @@ impl ReservationManager {
             .count()
     }
 
-    /// Hands a finished load to the engine inbox: at once while it has room (so the
+    /// Hands a load's answer to the engine inbox: at once while it has room (so the
     /// reports of one `StartLoads` keep its order), else from a spawned send that waits.
-    fn report(&self, ctx: &mut Context<Self>, finished: FinishedLoad) {
-        let finished = match self.inbox.loads.try_send(finished) {
+    fn report(&self, ctx: &mut Context<Self>, answer: LoadAnswer) {
+        let finished = match self.inbox.loads.try_send(answer) {
             Ok(()) => return,
             Err(flume::TrySendError::Disconnected(_)) => {
                 return tracing::debug!("engine handle gone; load result dropped");
@@ -162,11 +168,11 @@ impl ReservationManager {
             let filled = result == LoadResult::Filled;
             self.report(
                 ctx,
-                FinishedLoad {
+                LoadAnswer::Finished(FinishedLoad {
                     reservation,
                     request,
                     filled,
-                },
+                }),
             );
         }
     }
@@ -180,11 +186,11 @@ impl ReservationManager {
         self.stats.loads_failed += 1;
         self.report(
             ctx,
-            FinishedLoad {
+            LoadAnswer::Finished(FinishedLoad {
                 reservation,
                 request,
                 filled: false,
-            },
+            }),
         );
     }
 
@@ -309,6 +315,7 @@ impl ReservationManager {
                 result,
                 pages: 0,
                 bytes: 0,
+                grant: Arc::clone(load.grant),
             },
         );
         self.next_loader = self.next_loader.wrapping_add(1);
@@ -347,16 +354,20 @@ impl ReservationManager {
     /// R26), or failed once retired. It stays pending until reported (M1).
     fn finish(&mut self, ctx: &mut Context<Self>, reservation: ReservationId, ticket: LoadTicket) {
         let key = (reservation, ticket);
-        let Some(&PendingLoad {
-            request,
-            result,
-            pages,
-            bytes,
-            ..
-        }) = self.pending.get(&key)
-        else {
+        let Some((request, result, pages, bytes, revoked)) = self.pending.get(&key).map(|p| {
+            let revoked = p.grant.is_revoked();
+            (p.request, p.result, p.pages, p.bytes, revoked)
+        }) else {
             return;
         };
+        if revoked {
+            // The release that took the pages back follows through the courier and
+            // retires the reservation in the ledger (M1).
+            self.pending.remove(&key);
+            self.stats.stale_completions += 1;
+            tracing::debug!(%reservation, reason = "released", "stale load completion ignored");
+            return self.report(ctx, LoadAnswer::Stale);
+        }
         let Some(ledger) = self.ledger.as_mut() else {
             self.pending.remove(&key);
             return self.fail_now(ctx, request, reservation);
@@ -380,6 +391,7 @@ impl ReservationManager {
             CompletionDisposition::Stale { reason } => {
                 self.stats.stale_completions += 1;
                 tracing::debug!(%reservation, reason = reason.as_str(), "stale load completion ignored");
+                self.report(ctx, LoadAnswer::Stale);
             }
         }
         self.pending.remove(&key);

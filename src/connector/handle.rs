@@ -22,7 +22,7 @@ use crate::messages::courier::{LookupAnswer, Outgoing};
 use crate::messages::lookup_planner::LookupPrefix;
 use crate::messages::reservation_manager::{ReleaseReservation, StartLoad};
 use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
-use crate::messages::{EngineInbox, LookupCompleted, SavesSettled};
+use crate::messages::{EngineInbox, LoadAnswer, LookupCompleted, SavesSettled};
 use crate::stats::ConnectorStats;
 use crate::transfer::LoadGrant;
 
@@ -72,7 +72,7 @@ pub struct ConnectorHandle {
     /// The staging pools registered with the pool; released once the actors have stopped.
     staging: StagingRegistrations,
     lookups: flume::Receiver<LookupCompleted>,
-    loads: flume::Receiver<FinishedLoad>,
+    loads: flume::Receiver<LoadAnswer>,
     saves: flume::Receiver<SavesSettled>,
     finished_loads: Vec<FinishedLoad>,
     /// Lookups started but not sent yet (`lookups`): sent as one message when the
@@ -341,8 +341,8 @@ impl EngineConnector for ConnectorHandle {
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad> {
         self.flush_queued_lookups();
         self.drain_returns();
-        while let Ok(finished) = self.loads.try_recv() {
-            self.accept_load(finished);
+        while let Ok(answer) = self.loads.try_recv() {
+            self.accept_load(answer);
         }
         std::mem::take(&mut self.finished_loads)
     }

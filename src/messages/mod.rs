@@ -41,6 +41,18 @@ pub struct FinishedLoad {
     pub filled: bool,
 }
 
+/// The reservation manager's answer to the engine's handle for one load it was asked to
+/// start: exactly one per load (`reservation_manager` M1), so the handle always knows how
+/// many loads are still in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadAnswer {
+    /// The load ended, filled or failed; the engine is told.
+    Finished(FinishedLoad),
+    /// The engine took every page of the load back before it ended (R26, R29): nothing
+    /// is reported to the engine.
+    Stale,
+}
+
 /// A rank's saver settled `pages` of a request's saves (stored, skipped, failed or dropped).
 #[derive(Clone, Copy, Debug)]
 pub struct SavesSettled {
@@ -57,8 +69,8 @@ pub struct SavesSettled {
 pub struct EngineInbox {
     /// Lookup results.
     pub lookups: flume::Sender<LookupCompleted>,
-    /// Loads that ended (filled or failed).
-    pub loads: flume::Sender<FinishedLoad>,
+    /// Loads that ended (filled, failed or stale).
+    pub loads: flume::Sender<LoadAnswer>,
     /// Save settlements.
     pub saves: flume::Sender<SavesSettled>,
 }

@@ -73,7 +73,9 @@ async fn a_step_s_loads_are_handled_in_order_and_each_reported_once() -> TestRes
     manager.send(message).await?;
     let mut reported = Vec::new();
     for _ in 0..3 {
-        let load = finished.recv_async().await?;
+        let LoadAnswer::Finished(load) = finished.recv_async().await? else {
+            panic!("no load was taken back: none is stale");
+        };
         assert!(!load.filled, "no loader: nothing can be filled");
         reported.push((load.request.0, load.reservation.0));
     }

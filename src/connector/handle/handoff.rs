@@ -24,7 +24,7 @@ use crate::messages::courier::{Outgoing, Refused};
 use crate::messages::lookup_planner::LookupPrefixes;
 use crate::messages::reservation_manager::StartLoads;
 use crate::messages::saver_queue::EnqueueSave;
-use crate::messages::{LookupCompleted, SavesSettled};
+use crate::messages::{LoadAnswer, LookupCompleted, SavesSettled};
 
 /// How long a control message waits for room in a full outbox before it is tried again.
 const OUTBOX_RETRY: Duration = Duration::from_millis(1);
@@ -32,7 +32,7 @@ const OUTBOX_RETRY: Duration = Duration::from_millis(1);
 /// One thing a wait of the handle woke up for.
 pub(super) enum Event {
     Lookup(LookupCompleted),
-    Load(FinishedLoad),
+    Load(LoadAnswer),
     Save(SavesSettled),
     Returned(Refused),
     /// The awaited answer channel answered or closed.

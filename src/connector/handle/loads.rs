@@ -27,8 +27,11 @@
 //! A trimmed load is reported filled when every page still reserved is filled.
 //!
 //! Invariants:
-//! 1. Every reservation handed to `plan_load` yields exactly one [`FinishedLoad`]: from the
-//!    manager, or from the handle when the load could not be sent.
+//! 1. Every reservation handed to `plan_load` yields exactly one [`FinishedLoad`] (from the
+//!    manager, or from the handle when the load could not be sent), unless the engine took
+//!    all of its pages back first: then it yields none. Either way the manager answers
+//!    every load it was sent exactly once ([`LoadAnswer`]), which ends it in
+//!    `loads_in_flight`.
 //! 2. `loads_asked - loads_sent` is the number of loads failed on the engine thread.
 //! 3. A request has at most one grant, that of its last reservation whose load was sent
 //!    and not yet reported.
@@ -42,6 +45,7 @@ use crate::connector::{FinishedLoad, ScheduledRequest};
 use crate::core::ids::{RequestId, ReservationId};
 use crate::messages::courier::Outgoing;
 use crate::messages::reservation_manager::{StartLoad, StartLoads};
+use crate::messages::LoadAnswer;
 use crate::transfer::LoadGrant;
 
 impl ConnectorHandle {
@@ -190,10 +194,12 @@ impl ConnectorHandle {
         }
     }
 
-    /// A load completion from the loaders: one fewer in flight.
-    pub(super) fn accept_load(&mut self, finished: FinishedLoad) {
+    /// The manager's answer for one load: one fewer in flight; a finished one is reported.
+    pub(super) fn accept_load(&mut self, answer: LoadAnswer) {
         self.loads_in_flight = self.loads_in_flight.saturating_sub(1);
-        self.report_load(finished);
+        if let LoadAnswer::Finished(finished) = answer {
+            self.report_load(finished);
+        }
     }
 
     /// Hands a finished (or refused) load to the engine; its pages are the engine's again
