@@ -107,6 +107,10 @@ pub struct SaverConfig {
     /// Re-save threshold in computed tokens (R20); 0 turns re-save off. Long prompts
     /// re-list their blocks so an evicted head block cannot orphan the chain.
     pub resave_min_tokens: u64,
+    /// Window checkpoints (R28): every multiple of this many tokens a prompt's chunk
+    /// passes, window groups also save the window read there, so a prefix shared but never
+    /// ended at can be resumed; 0 turns them off. A multiple of the layout's block size.
+    pub window_checkpoint_tokens: u64,
     /// Most pages the save queue holds before it sheds the lowest priority, oldest first
     /// (R22). Bounds the pages held back from the engine.
     pub queue_capacity_pages: usize,
@@ -126,6 +130,7 @@ impl Default for SaverConfig {
         Self {
             window_first: true,
             resave_min_tokens: 0,
+            window_checkpoint_tokens: 8192,
             queue_capacity_pages: 65_536,
             staging_bytes: 256 * MIB,
             mailbox_capacity: 1024,

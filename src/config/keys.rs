@@ -13,7 +13,7 @@
 //! - byte sizes (`_bytes` keys): an integer, optionally followed by a unit: `B`, binary
 //!   `KiB` `MiB` `GiB` `TiB` (powers of 1024) or decimal `KB` `MB` `GB` `TB` (powers of
 //!   1000), case-insensitive, e.g. `8GiB`, `512 MiB`, `8589934592`;
-//! - `saver.resave_min_tokens`: an integer, or `off` (= 0);
+//! - `saver.resave_min_tokens`, `saver.window_checkpoint_tokens`: an integer, or `off` (= 0);
 //! - ratios: a decimal number such as `0.95`;
 //! - choices: one of the listed names (case-insensitive).
 
@@ -428,6 +428,12 @@ pub static KEYS: &[KeySpec] = &[
         "saver.resave_min_tokens",
         "KVC_SAVER_RESAVE_MIN_TOKENS",
         "TRTLLM_MOONCAKE_STORE_RESAVE_MIN_TOKENS",
+        TokensOrOff,
+        "tokens",
+    ),
+    key(
+        "saver.window_checkpoint_tokens",
+        "KVC_SAVER_WINDOW_CHECKPOINT_TOKENS",
         TokensOrOff,
         "tokens",
     ),

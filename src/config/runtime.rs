@@ -107,6 +107,8 @@ pub struct Saver {
     pub window_first: bool,
     /// `resave_min_tokens`: the re-save threshold, `None` when off (0, R20).
     pub resave_min_tokens: Option<NonZeroUsize>,
+    /// `window_checkpoint_tokens`: the checkpoint interval, `None` when off (0, R28).
+    pub window_checkpoint_tokens: Option<NonZeroUsize>,
     /// `queue_capacity_pages` (R22).
     pub queue_capacity_pages: NonZeroUsize,
     /// `staging_bytes`, at most [`MAX_STAGING_BYTES`].
@@ -291,6 +293,11 @@ impl Saver {
                 saver.resave_min_tokens,
                 "saver.resave_min_tokens",
                 "32768",
+            )?),
+            window_checkpoint_tokens: NonZeroUsize::new(tokens(
+                saver.window_checkpoint_tokens,
+                "saver.window_checkpoint_tokens",
+                "8192",
             )?),
             window_first: saver.window_first,
         })
