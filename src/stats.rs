@@ -120,6 +120,8 @@ pub struct LookupStats {
     pub full: u64,
     /// Outcome `rewound`.
     pub rewound: u64,
+    /// Outcome `checkpoint` (R28).
+    pub checkpoint: u64,
     /// Outcome `recovered`.
     pub recovered: u64,
     /// Outcome `window_miss`.
@@ -147,6 +149,7 @@ impl LookupStats {
     pub fn merge(&mut self, other: &LookupStats) {
         self.full += other.full;
         self.rewound += other.rewound;
+        self.checkpoint += other.checkpoint;
         self.recovered += other.recovered;
         self.window_miss += other.window_miss;
         self.full_miss += other.full_miss;
@@ -160,7 +163,12 @@ impl LookupStats {
 
     /// Lookups that ended with an outcome.
     pub fn lookups(&self) -> u64 {
-        self.full + self.rewound + self.recovered + self.window_miss + self.full_miss
+        self.full
+            + self.rewound
+            + self.checkpoint
+            + self.recovered
+            + self.window_miss
+            + self.full_miss
     }
 }
 

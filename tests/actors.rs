@@ -54,6 +54,7 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
         }],
         rewind_tokens: 0,
         window_fallback: true,
+        checkpoint_tokens: None,
         probe_chunk_keys: NonZeroUsize::new(4).ok_or("a chunk of 4 keys")?,
         seed: scope_seed(&Scope::default()),
         lookup_timeout: Duration::from_secs(1),

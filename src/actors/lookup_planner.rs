@@ -55,6 +55,8 @@ pub struct PlannerSettings {
     pub rewind_tokens: usize,
     /// R13.
     pub window_fallback: bool,
+    /// `saver.window_checkpoint_tokens` (R28); `None`: off.
+    pub checkpoint_tokens: Option<NonZeroUsize>,
     /// Keys per concurrent probe (R10).
     pub probe_chunk_keys: NonZeroUsize,
     /// Scope seed of the chain (R1).
@@ -64,17 +66,20 @@ pub struct PlannerSettings {
 }
 
 impl PlannerSettings {
-    /// The settings of the validated `[planner]` section for `layout`, chaining from `seed`.
+    /// The settings of the validated configuration (`[planner]`, and the checkpoint
+    /// interval of `[saver]`) for `layout`, chaining from `seed`.
     pub fn new(
-        planner: &crate::config::runtime::Planner,
+        config: &crate::config::runtime::RuntimeConfig,
         layout: &Layout,
         seed: BlockHash,
     ) -> Self {
+        let planner = &config.planner;
         PlannerSettings {
             tokens_per_block: layout.tokens_per_block as usize,
             groups: PlannerGroup::of_layout(layout),
             rewind_tokens: planner.rewind_tokens,
             window_fallback: planner.window_fallback,
+            checkpoint_tokens: config.saver.window_checkpoint_tokens,
             probe_chunk_keys: planner.probe_chunk,
             seed,
             lookup_timeout: planner.lookup_timeout,
@@ -122,6 +127,7 @@ impl LookupPlanner {
                 match plan.outcome {
                     LookupOutcome::Full => self.stats.full += 1,
                     LookupOutcome::Rewound => self.stats.rewound += 1,
+                    LookupOutcome::Checkpoint => self.stats.checkpoint += 1,
                     LookupOutcome::Recovered => self.stats.recovered += 1,
                     LookupOutcome::WindowMiss => self.stats.window_miss += 1,
                     LookupOutcome::FullMiss => self.stats.full_miss += 1,
@@ -275,6 +281,7 @@ pub fn run_lookup(
         groups: settings.groups.clone(),
         rewind_tokens: settings.rewind_tokens,
         window_fallback: settings.window_fallback,
+        checkpoint_tokens: settings.checkpoint_tokens,
         // A chunk smaller than one item's shard keys still probes one item.
         probe_chunk_items: (settings.probe_chunk_keys.get() / shard_keys).max(1),
     };

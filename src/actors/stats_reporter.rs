@@ -151,6 +151,7 @@ fn log_interval(
         instance,
         full = lookups.full,
         rewound = lookups.rewound,
+        checkpoint = lookups.checkpoint,
         recovered = lookups.recovered,
         window_miss = lookups.window_miss,
         full_miss = lookups.full_miss,

@@ -266,6 +266,7 @@ fn plan_once(layout: &Layout, prompt_tokens: usize) -> Result<Duration, BenchErr
         groups: PlannerGroup::of_layout(layout),
         rewind_tokens: 2048,
         window_fallback: true,
+        checkpoint_tokens: std::num::NonZeroUsize::new(8192),
         probe_chunk_items: 4096,
     };
     let started = Instant::now();

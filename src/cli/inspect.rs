@@ -314,7 +314,7 @@ fn inspect(
     let tokens_per_block = usize::try_from(layout.tokens_per_block).unwrap_or(usize::MAX);
     let seed = scope_seed(&Scope::default());
     let hashes = hash_blocks(seed, prompt, tokens_per_block)?;
-    let settings = PlannerSettings::new(&loaded.runtime.planner, layout, seed);
+    let settings = PlannerSettings::new(&loaded.runtime, layout, seed);
     let result = run_lookup(
         under_test.pool.as_ref(),
         &keys,

@@ -100,6 +100,8 @@ pub struct ConnectorHandle {
     rewind_tokens: usize,
     /// `saver.resave_min_tokens`; `None`: re-save off (R20).
     resave_min_tokens: Option<NonZeroUsize>,
+    /// `saver.window_checkpoint_tokens`; `None`: no window checkpoints (R28).
+    checkpoint_tokens: Option<NonZeroUsize>,
     sync_load: bool,
     /// Pages refused by a full saver mailbox (R22), counted here.
     saves_refused: u64,
@@ -201,6 +203,7 @@ impl ConnectorHandle {
             tokens_per_block,
             rewind_tokens: config.planner.rewind_tokens,
             resave_min_tokens: config.saver.resave_min_tokens,
+            checkpoint_tokens: config.saver.window_checkpoint_tokens,
             sync_load: config.loaders.sync_load,
             saves_refused: 0,
             published_past_chunk_end: 0,

@@ -62,12 +62,13 @@ fn saves_stored(stats: &ConnectorStats) -> u64 {
 pub const COUNTERS: &[CounterFamily] = &[
     CounterFamily {
         name: "lookup_outcomes",
-        help: "Lookups by outcome (R11-R13).",
+        help: "Lookups by outcome (R11-R13, R28).",
         unit: None,
         label: Some("outcome"),
         series: &[
             ("full", |s| s.lookups.full),
             ("rewound", |s| s.lookups.rewound),
+            ("checkpoint", |s| s.lookups.checkpoint),
             ("recovered", |s| s.lookups.recovered),
             ("window_miss", |s| s.lookups.window_miss),
             ("full_miss", |s| s.lookups.full_miss),

@@ -36,6 +36,8 @@ pub struct LookupOutcomes {
     pub full: u64,
     /// Resumed earlier, within the rewind range, for a complete window (R12).
     pub rewound: u64,
+    /// Resumed below the rewind range at a window checkpoint (R28).
+    pub checkpoint: u64,
     /// Resumed at an earlier complete window found by the fallback (R13).
     pub recovered: u64,
     /// A prefix was present but no window was complete; nothing offered (R13).
@@ -52,6 +54,7 @@ impl LookupOutcomes {
     pub fn add(&mut self, other: &LookupOutcomes) {
         self.full += other.full;
         self.rewound += other.rewound;
+        self.checkpoint += other.checkpoint;
         self.recovered += other.recovered;
         self.window_miss += other.window_miss;
         self.full_miss += other.full_miss;
@@ -60,7 +63,13 @@ impl LookupOutcomes {
 
     /// All lookups, those lost to an outage included.
     pub fn total(&self) -> u64 {
-        self.full + self.rewound + self.recovered + self.window_miss + self.full_miss + self.outage
+        self.full
+            + self.rewound
+            + self.checkpoint
+            + self.recovered
+            + self.window_miss
+            + self.full_miss
+            + self.outage
     }
 }
 
@@ -193,6 +202,7 @@ mod tests {
             lookups: LookupOutcomes {
                 full: 1,
                 rewound: 2,
+                checkpoint: 1,
                 recovered: 3,
                 window_miss: 4,
                 full_miss: 5,
@@ -210,11 +220,11 @@ mod tests {
         sum.add(&one);
         assert_eq!(
             sum.lookups.total(),
-            34,
+            36,
             "lookups lost to an outage count as lookups"
         );
         assert_eq!((sum.lookups.outage, sum.saves_outage), (4, 6));
-        assert_eq!(sum.lookups.window_miss, 8);
+        assert_eq!((sum.lookups.window_miss, sum.lookups.checkpoint), (8, 2));
         assert_eq!(sum.pages_saved, 12);
         assert_eq!(sum.saves_dropped, 18);
         assert_eq!(sum.published_past_chunk_end, 20);

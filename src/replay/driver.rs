@@ -248,6 +248,10 @@ fn run(
     // lookup); each connector validates its copy.
     let runtime = params.config.validate()?;
     let rewind_tokens = runtime.planner.rewind_tokens;
+    let checkpoint_tokens = runtime
+        .saver
+        .window_checkpoint_tokens
+        .map_or(0, std::num::NonZeroUsize::get);
     let lookup_wait = super::engine::lookup_wait(&runtime);
     // The real connector allocates staging pools on every rank (`setup::S2` counts them).
     let with_connector = params.connector_name == "kvc";
@@ -261,7 +265,7 @@ fn run(
     warn_if_pool_below_one_prompt(params, &deployment, workload);
     let engines = build_engines(
         params,
-        (rewind_tokens, lookup_wait),
+        (rewind_tokens, checkpoint_tokens, lookup_wait),
         &deployment,
         factory,
         timeline.as_mut(),
@@ -320,7 +324,7 @@ fn oracle_for(params: &ReplayParams, rewind_tokens: usize) -> Oracle {
 /// `lookup_wait` come from the validated configuration.
 fn build_engines(
     params: &ReplayParams,
-    (rewind_tokens, lookup_wait): (usize, std::time::Duration),
+    (rewind_tokens, checkpoint_tokens, lookup_wait): (usize, usize, std::time::Duration),
     deployment: &Deployment,
     factory: &mut ConnectorFactory<'_>,
     mut timeline: Option<&mut TimelineHooks>,
@@ -352,6 +356,7 @@ fn build_engines(
             kv_pages: deployment.kv_pages,
             max_num_tokens: params.max_num_tokens,
             rewind_tokens,
+            checkpoint_tokens,
             cost: params.cost.clone(),
             local_prefix_cache: params.local_prefix_cache,
             drafter: params.drafter,

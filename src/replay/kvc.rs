@@ -69,6 +69,7 @@ fn connector_report(stats: &crate::stats::ConnectorStats) -> ConnectorReport {
         lookups: LookupOutcomes {
             full: lookups.full,
             rewound: lookups.rewound,
+            checkpoint: lookups.checkpoint,
             recovered: lookups.recovered,
             window_miss: lookups.window_miss,
             full_miss: lookups.full_miss,

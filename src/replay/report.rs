@@ -13,7 +13,7 @@
 //! `reused_share_of_window_oracle`, `window_bytes_per_load` {`loads`, `max`, `mean`,
 //! `bound`}, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
 //! `mismatched_pages`, `lookups` {`full`,
-//! `rewound`, `recovered`, `window_miss`, `full_miss`, `outage`}, `pages_loaded`,
+//! `rewound`, `checkpoint`, `recovered`, `window_miss`, `full_miss`, `outage`}, `pages_loaded`,
 //! `bytes_loaded`, `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`,
 //! `saves_skipped_present`, `saves_dropped`, `saves_outage` (dropped because the pool was
 //! unreachable or late, R30; part of `saves_dropped`), `pool_health` {`state`, `outages`,
@@ -471,9 +471,10 @@ impl ReplayReport {
         writeln!(out, "connector")?;
         writeln!(
             out,
-            "  lookups             full {}, rewound {}, recovered {}, window_miss {}, full_miss {}, outage {}",
+            "  lookups             full {}, rewound {}, checkpoint {}, recovered {}, window_miss {}, full_miss {}, outage {}",
             lookups.full,
             lookups.rewound,
+            lookups.checkpoint,
             lookups.recovered,
             lookups.window_miss,
             lookups.full_miss,

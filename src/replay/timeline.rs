@@ -234,6 +234,7 @@ impl TimelineRecorder {
         bucket.lookups.add(&LookupOutcomes {
             full: now.full.saturating_sub(then.full),
             rewound: now.rewound.saturating_sub(then.rewound),
+            checkpoint: now.checkpoint.saturating_sub(then.checkpoint),
             recovered: now.recovered.saturating_sub(then.recovered),
             window_miss: now.window_miss.saturating_sub(then.window_miss),
             full_miss: now.full_miss.saturating_sub(then.full_miss),

@@ -39,7 +39,8 @@ impl ConnectorHandle {
 
     /// Room for one rank's save batch of a step, in pages and runs: an upper estimate
     /// from the chunks (every full-attention block a chunk completes, plus a window
-    /// group's sinks and `W + R` tail at a prompt's last chunk, R17), so the batch's
+    /// group's sinks and `W + R` tail at a prompt's last chunk, R17, and its sinks and
+    /// window at each checkpoint the chunk passes, R28), so the batch's
     /// lists are allocated once. Growing them page by page was about 40 % of `on_step` on
     /// the hybrid preset (profiled). A low estimate only costs a reallocation.
     pub(super) fn save_batch_capacity(&self, output: &SchedulerOutput<'_>) -> (usize, usize) {
@@ -73,11 +74,25 @@ impl ConnectorHandle {
                         kind: GroupKind::Window,
                         ..
                     } => 0,
-                };
+                } + self.checkpoint_pages(scheduled, group.attention);
                 runs += 2;
             }
         }
         (pages, runs)
+    }
+
+    /// An upper estimate of the pages a window group saves at the checkpoints the
+    /// request's chunk passes (R28); 0 for a full group or with checkpoints off.
+    fn checkpoint_pages(&self, scheduled: &ScheduledRequest<'_>, attention: Attention) -> usize {
+        let (Some(every), GroupKind::Window) = (self.checkpoint_tokens, attention.kind) else {
+            return 0;
+        };
+        let passed = scheduled.computed_after.min(scheduled.prompt_len) / every.get()
+            - scheduled.computed_before.min(scheduled.prompt_len) / every.get();
+        let window = attention
+            .window_tokens
+            .saturating_add(attention.sink_tokens);
+        passed.saturating_mul(window / self.tokens_per_block.max(1) + 3)
     }
 
     /// Plans the saves of one scheduled request (R16-R21, see `save_plan`) into the step's
@@ -106,6 +121,7 @@ impl ConnectorHandle {
             hashed_blocks: hashes.len(),
             last_chunk,
             rewind_tokens: self.rewind_tokens,
+            checkpoint_tokens: self.checkpoint_tokens,
             resave_min_tokens: self.resave_min_tokens,
         };
         for (position, group) in self.groups.iter().enumerate() {

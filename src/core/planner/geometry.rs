@@ -42,6 +42,8 @@ pub(super) struct Geometry {
     pub(super) rewind_blocks: usize,
     /// R13 on or off.
     pub(super) window_fallback: bool,
+    /// `I/T`: checkpoint end blocks are its positive multiples (R28); `None`: off.
+    pub(super) checkpoint_blocks: Option<usize>,
     /// Items per probe chunk, and per fallback round.
     pub(super) probe_chunk_items: usize,
     /// The groups, in request order.
@@ -62,6 +64,7 @@ impl Geometry {
             groups,
             rewind_tokens,
             window_fallback,
+            checkpoint_tokens,
             probe_chunk_items,
         } = request;
         if tokens_per_block == 0 {
@@ -82,6 +85,16 @@ impl Geometry {
                 prompt_tokens,
             });
         }
+        let checkpoint_blocks = match checkpoint_tokens.map(std::num::NonZeroUsize::get) {
+            None => None,
+            Some(tokens) if tokens % tokens_per_block == 0 => Some(tokens / tokens_per_block),
+            Some(checkpoint_tokens) => {
+                return Err(PlanError::CheckpointNotBlockAligned {
+                    checkpoint_tokens,
+                    tokens_per_block,
+                })
+            }
+        };
         let (full, windows) = split_groups(&groups, tokens_per_block)?;
         let first_candidate = local_match_tokens / tokens_per_block;
         // The block holding token P-1 is never a candidate: the engine computes at least
@@ -95,6 +108,7 @@ impl Geometry {
             candidate_end,
             rewind_blocks: rewind_tokens / tokens_per_block,
             window_fallback,
+            checkpoint_blocks,
             probe_chunk_items,
             groups,
             full,
@@ -113,6 +127,19 @@ impl Geometry {
         hit_blocks
             .saturating_sub(self.rewind_blocks)
             .max(self.first_candidate + 1)
+    }
+
+    /// The checkpoint end blocks below `below` and above the local match, highest first
+    /// (R28); none when checkpoints are off.
+    pub(super) fn checkpoints_below(&self, below: usize) -> impl Iterator<Item = usize> {
+        let every = self.checkpoint_blocks.unwrap_or(0);
+        let first = self.first_candidate;
+        let highest = match every {
+            0 => 0,
+            _ => below.saturating_sub(1) / every * every,
+        };
+        std::iter::successors(Some(highest), move |&block| block.checked_sub(every))
+            .take_while(move |&block| every > 0 && block > first)
     }
 
     /// The blocks of `window` needed to resume at end block `end_block` (R12): the sink

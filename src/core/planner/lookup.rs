@@ -8,8 +8,16 @@
 //! 2. `H*T <= L`: `full_miss`. No window group: `full` at `H*T` (R11).
 //! 3. Walk end blocks `k` from `H` down to `max(H - floor(R/T), c_lo + 1)`; the first
 //!    complete window wins: `full` at `k = H`, `rewound` below it (R12).
-//! 4. With `window_fallback`, continue down to `c_lo + 1`: `recovered`; else, or if
-//!    nothing is complete, `window_miss` (R13).
+//! 4. Checkpoints (R28, when on): the checkpoint end blocks below the walk, highest
+//!    first; the highest complete one is the best so far (`checkpoint`).
+//! 5. With `window_fallback`, continue down from below the walk to just above that best
+//!    checkpoint (or to `c_lo + 1`): the first complete window is `recovered`; else the
+//!    best checkpoint, or `window_miss` when there is none (R13).
+//!
+//! So the resume point is always the latest end block whose window is complete among
+//! those the rules allow: the walk's, the checkpoints', and with fallback every other one
+//! (`planner::P13`). Checkpoints are probed before the fallback scans: their windows are
+//! few and cheap, and a complete one bounds how far the fallback scans.
 //!
 //! While probing, a window whose items are partly unknown is *undecided*; a window with
 //! one absent item is *incomplete* whatever the rest say, so its unknown items are never
@@ -343,16 +351,57 @@ impl Lookup {
         if !slots.is_empty() {
             return Step::Probe(RoundKind::Walk, slots);
         }
+        let checkpoint = match self.checkpoint(walk_low, mode) {
+            Ok(checkpoint) => checkpoint,
+            Err(slots) => return Step::Probe(RoundKind::Checkpoint, slots),
+        };
         if !self.geometry.window_fallback {
-            return done(LookupOutcome::WindowMiss, first);
+            return match checkpoint {
+                Some(end_block) => done(LookupOutcome::Checkpoint, end_block),
+                None => done(LookupOutcome::WindowMiss, first),
+            };
         }
-        self.fallback(hit_blocks, walk_low - 1, mode)
+        self.fallback(hit_blocks, walk_low - 1, checkpoint, mode)
+    }
+
+    /// R28: the highest complete checkpoint end block below `below`, `Ok(None)` when
+    /// none is, or the items (at most `probe_chunk_items`) to probe before it is known.
+    fn checkpoint(&mut self, below: usize, mode: Mode) -> Result<Option<usize>, Vec<Slot>> {
+        let limit = self.geometry.probe_chunk_items;
+        let checkpoints: Vec<usize> = self.geometry.checkpoints_below(below).collect();
+        let mut slots = Vec::new();
+        for end_block in checkpoints {
+            match self.window_status(end_block, mode) {
+                WindowStatus::Complete if slots.is_empty() => return Ok(Some(end_block)),
+                WindowStatus::Complete => break,
+                WindowStatus::Incomplete => {}
+                WindowStatus::Undecided => {
+                    if self.collect(end_block, &mut slots, limit) {
+                        break;
+                    }
+                }
+            }
+        }
+        if slots.is_empty() {
+            Ok(None)
+        } else {
+            Err(slots)
+        }
     }
 
     /// R13: scans end blocks from `top` (or the remembered fallback top) down to just
-    /// above the local match, collecting at most `probe_chunk_items` items (`lookup::I4`).
-    fn fallback(&mut self, hit_blocks: usize, top: usize, mode: Mode) -> Step {
+    /// above `checkpoint` (the best complete checkpoint, R28) or the local match,
+    /// collecting at most `probe_chunk_items` items (`lookup::I4`). With nothing complete
+    /// there, the checkpoint wins.
+    fn fallback(
+        &mut self,
+        hit_blocks: usize,
+        top: usize,
+        checkpoint: Option<usize>,
+        mode: Mode,
+    ) -> Step {
         let first = self.geometry.first_candidate;
+        let floor = checkpoint.unwrap_or(first);
         let limit = self.geometry.probe_chunk_items;
         let done = |outcome, end_block| {
             Step::Done(Decision {
@@ -363,7 +412,7 @@ impl Lookup {
         };
         let top = self.fallback_top.unwrap_or(top);
         let mut slots = Vec::new();
-        for end_block in (first + 1..=top).rev() {
+        for end_block in (floor + 1..=top).rev() {
             match self.window_status(end_block, mode) {
                 WindowStatus::Complete if slots.is_empty() => {
                     return done(LookupOutcome::Recovered, end_block);
@@ -381,10 +430,10 @@ impl Lookup {
                 }
             }
         }
-        if slots.is_empty() {
-            done(LookupOutcome::WindowMiss, first)
-        } else {
-            Step::Probe(RoundKind::Fallback, slots)
+        match (slots.is_empty(), checkpoint) {
+            (false, _) => Step::Probe(RoundKind::Fallback, slots),
+            (true, Some(end_block)) => done(LookupOutcome::Checkpoint, end_block),
+            (true, None) => done(LookupOutcome::WindowMiss, first),
         }
     }
 

@@ -45,6 +45,8 @@
 //! - A resume point `e` is always a block boundary `k*T`; the code mostly works with the
 //!   end block `k`.
 
+#[cfg(test)]
+mod checkpoint_tests;
 mod geometry;
 mod lookup;
 #[cfg(test)]
@@ -98,6 +100,9 @@ pub struct LookupRequest {
     pub rewind_tokens: usize,
     /// Whether to probe further back for an earlier complete window (R13).
     pub window_fallback: bool,
+    /// The window checkpoint interval `I` in tokens (R28), a multiple of `T`; `None`:
+    /// off. Every positive multiple of it is a resume point like a prompt end.
+    pub checkpoint_tokens: Option<std::num::NonZeroUsize>,
     /// Items per concurrent probe chunk: the configured `probe_chunk` keys divided by the
     /// number of shard keys behind one item, at least 1 (R10).
     pub probe_chunk_items: usize,
@@ -129,6 +134,8 @@ pub enum RoundKind {
     Initial,
     /// Window blocks of the walk from the actual `H` that the initial round missed.
     Walk,
+    /// Window blocks of checkpoints below the walk (R28).
+    Checkpoint,
     /// Window blocks further back, for an earlier complete window (R13).
     Fallback,
 }
@@ -139,6 +146,7 @@ impl RoundKind {
         match self {
             Self::Initial => "initial",
             Self::Walk => "walk",
+            Self::Checkpoint => "checkpoint",
             Self::Fallback => "fallback",
         }
     }
@@ -185,6 +193,9 @@ pub enum LookupOutcome {
     Full,
     /// Resumes within `R` tokens below `H*T`, where every window is complete (R12).
     Rewound,
+    /// Resumes below the walk at a window checkpoint, a multiple of the checkpoint
+    /// interval whose window is complete (R28).
+    Checkpoint,
     /// Resumes further back, at an earlier complete window found by fallback (R13).
     Recovered,
     /// Full groups hit, but no complete window at an acceptable resume point.
@@ -199,6 +210,7 @@ impl LookupOutcome {
         match self {
             Self::Full => "full",
             Self::Rewound => "rewound",
+            Self::Checkpoint => "checkpoint",
             Self::Recovered => "recovered",
             Self::WindowMiss => "window_miss",
             Self::FullMiss => "full_miss",
@@ -207,7 +219,10 @@ impl LookupOutcome {
 
     /// Whether the outcome offers tokens to the engine.
     pub fn offers(self) -> bool {
-        matches!(self, Self::Full | Self::Rewound | Self::Recovered)
+        matches!(
+            self,
+            Self::Full | Self::Rewound | Self::Checkpoint | Self::Recovered
+        )
     }
 }
 
@@ -301,6 +316,17 @@ pub enum PlanError {
         /// `W`.
         window_tokens: usize,
     },
+    /// The checkpoint interval is not a whole number of blocks (R28).
+    #[error(
+        "saver.window_checkpoint_tokens = {checkpoint_tokens} is not a multiple of tokens_per_block {tokens_per_block}; use a multiple such as {}",
+        (checkpoint_tokens / tokens_per_block).max(1) * tokens_per_block
+    )]
+    CheckpointNotBlockAligned {
+        /// `I`.
+        checkpoint_tokens: usize,
+        /// `T`.
+        tokens_per_block: usize,
+    },
     /// Probe chunks of zero items.
     #[error("probe_chunk_items must be at least 1 (probe_chunk = 4096 works)")]
     ZeroProbeChunk,
@@ -348,6 +374,7 @@ impl PlanError {
             Self::DuplicateGroup { .. } => "duplicate_group",
             Self::ZeroWindow { .. } => "zero_window",
             Self::SinksNotBelowWindow { .. } => "sinks_not_below_window",
+            Self::CheckpointNotBlockAligned { .. } => "checkpoint_not_block_aligned",
             Self::ZeroProbeChunk => "zero_probe_chunk",
             Self::NoRoundPending { .. } => "no_round_pending",
             Self::UnknownRound { .. } => "unknown_round",

@@ -57,15 +57,24 @@ fn requests() -> impl Strategy<Value = LookupRequest> {
     // Mostly no local match and prompts of several blocks, so that most cases probe.
     let prompt = prop_oneof![1 => 0usize..=8, 4 => 8usize..=40];
     let local_blocks = prop_oneof![2 => Just(0usize), 1 => 0usize..=12];
-    let knobs = (groups(), 0usize..=12, any::<bool>(), 1usize..=6);
+    // Checkpoints off half of the time, else every 1 to 6 blocks (R28).
+    let checkpoint_blocks = prop_oneof![1 => Just(0usize), 1 => 1usize..=6];
+    let knobs = (
+        groups(),
+        0usize..=12,
+        any::<bool>(),
+        1usize..=6,
+        checkpoint_blocks,
+    );
     (1usize..=4, prompt, local_blocks, knobs).prop_map(
-        |(t, prompt, local_blocks, (groups, rewind, fallback, chunk))| LookupRequest {
+        |(t, prompt, local_blocks, (groups, rewind, fallback, chunk, checkpoint))| LookupRequest {
             tokens_per_block: t,
             prompt_tokens: prompt,
             local_match_tokens: local_blocks.min(prompt / t) * t,
             groups,
             rewind_tokens: rewind,
             window_fallback: fallback,
+            checkpoint_tokens: std::num::NonZeroUsize::new(checkpoint * t),
             probe_chunk_items: chunk,
         },
     )
@@ -239,7 +248,13 @@ fn test_exhaustive_small_hybrid_layouts() -> Result<(), String> {
             for local in (0..=prompt).step_by(t) {
                 for (window_tokens, sink_tokens) in [(1, 0), (2, 1), (3, 0), (3, 2)] {
                     for rewind in 0..=2 {
-                        for (fallback, chunk) in [(false, 4096), (true, 1), (true, 3)] {
+                        // Checkpoints (R28) every 2 blocks with fallback off, off with it on.
+                        for (fallback, chunk, checkpoint) in [
+                            (false, 4096, 2),
+                            (false, 4096, 0),
+                            (true, 1, 0),
+                            (true, 3, 2),
+                        ] {
                             let request = LookupRequest {
                                 tokens_per_block: t,
                                 prompt_tokens: prompt,
@@ -247,6 +262,7 @@ fn test_exhaustive_small_hybrid_layouts() -> Result<(), String> {
                                 groups: vec![full(0), window(1, window_tokens, sink_tokens)],
                                 rewind_tokens: rewind,
                                 window_fallback: fallback,
+                                checkpoint_tokens: std::num::NonZeroUsize::new(checkpoint * t),
                                 probe_chunk_items: chunk,
                             };
                             checked += check_every_presence(&request)?;

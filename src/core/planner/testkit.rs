@@ -43,8 +43,16 @@ pub(super) fn request(
         groups,
         rewind_tokens: 0,
         window_fallback: true,
+        checkpoint_tokens: None,
         probe_chunk_items: 4096,
     }
+}
+
+/// Whether `e` tokens is a window checkpoint of `request` (R28).
+fn is_checkpoint(request: &LookupRequest, e: usize) -> bool {
+    request
+        .checkpoint_tokens
+        .is_some_and(|every| e > 0 && e % every.get() == 0)
 }
 
 /// Every `(block, group)` with `block` in `blocks`, for each group in `groups`.
@@ -205,17 +213,20 @@ pub(super) fn reference(
     if !has_window {
         return (LookupOutcome::Full, hit_tokens, hit_tokens);
     }
+    // The latest `e` the rules allow whose window is complete: within `R` of the hit
+    // (R12), a checkpoint (R28), or with fallback any other (R13).
     let mut e = hit_tokens;
     while e > local {
         let within_rewind = hit_tokens - e <= request.rewind_tokens;
-        if !within_rewind && !request.window_fallback {
-            break;
-        }
-        if window_complete(request, present, e) {
+        let checkpoint = !within_rewind && is_checkpoint(request, e);
+        let allowed = within_rewind || checkpoint || request.window_fallback;
+        if allowed && window_complete(request, present, e) {
             let outcome = if e == hit_tokens {
                 LookupOutcome::Full
             } else if within_rewind {
                 LookupOutcome::Rewound
+            } else if checkpoint {
+                LookupOutcome::Checkpoint
             } else {
                 LookupOutcome::Recovered
             };
@@ -351,11 +362,17 @@ fn check_probing(
         .filter(|g| g.attention.is_window())
         .count();
     let chunk = request.probe_chunk_items;
+    let scan_rounds = (windows * end).div_ceil(chunk);
+    let checkpoint_rounds = if request.checkpoint_tokens.is_some() {
+        scan_rounds
+    } else {
+        0
+    };
     let bound = match (end > first, windows, request.window_fallback) {
         (false, _, _) => 0,
         (true, 0, _) => 1,
-        (true, _, false) => 2,
-        (true, _, true) => 2 + (windows * end).div_ceil(chunk),
+        (true, _, false) => 2 + checkpoint_rounds,
+        (true, _, true) => 2 + checkpoint_rounds + scan_rounds,
     };
     if trace.rounds.len() > bound {
         return Err(format!(
@@ -370,21 +387,29 @@ fn check_probing(
         && walks <= 1
         && (walks == 0 || kinds.get(1) == Some(&RoundKind::Walk))
         && (walks == 0 || plan.full_hit_tokens < end * request.tokens_per_block)
-        && (request.window_fallback || trace.count(RoundKind::Fallback) == 0);
+        && (request.window_fallback || trace.count(RoundKind::Fallback) == 0)
+        && (request.checkpoint_tokens.is_some() || trace.count(RoundKind::Checkpoint) == 0)
+        && kinds
+            .windows(2)
+            .all(|pair| !(pair[0] == RoundKind::Fallback && pair[1] == RoundKind::Checkpoint));
     if !in_order {
         return Err(format!("planner::P7: round kinds {kinds:?}"));
     }
-    // `planner::P8`: chunks, and full fallback rounds but the last.
-    let fallback: Vec<&ProbeRound> = trace
-        .rounds
-        .iter()
-        .filter(|round| round.kind() == RoundKind::Fallback)
-        .collect();
-    let short = fallback
-        .iter()
-        .rev()
-        .skip(1)
-        .any(|round| round.items().len() != chunk);
+    // `planner::P8`: chunks, and full fallback and checkpoint rounds but the last.
+    let short = [RoundKind::Checkpoint, RoundKind::Fallback]
+        .into_iter()
+        .any(|kind| {
+            let rounds: Vec<&ProbeRound> = trace
+                .rounds
+                .iter()
+                .filter(|round| round.kind() == kind)
+                .collect();
+            rounds
+                .iter()
+                .rev()
+                .skip(1)
+                .any(|round| round.items().len() != chunk)
+        });
     if short
         || trace
             .rounds
@@ -489,6 +514,7 @@ impl Scan<'_> {
             }
             return allowed;
         }
+        let t = self.request.tokens_per_block;
         // (absent item known, every item known present)
         let status = |k: usize| {
             let needed = self.needs(k);
@@ -504,7 +530,8 @@ impl Scan<'_> {
         } else {
             self.first + 1..self.walk_low(self.hit)
         };
-        for k in range {
+        let checkpoints_only = kind == RoundKind::Checkpoint;
+        for k in range.filter(|&k| !checkpoints_only || is_checkpoint(self.request, k * t)) {
             if status(k) == (false, false) && highest_complete.is_none_or(|c| k > c) {
                 allowed.extend(self.needs(k));
             }

@@ -513,6 +513,7 @@ mod tests {
             kv_pages,
             max_num_tokens: 256,
             rewind_tokens: 0,
+            checkpoint_tokens: 0,
             cost: CostModel::for_layout("tiny-full", 1),
             local_prefix_cache,
             drafter: None,

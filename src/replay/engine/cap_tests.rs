@@ -63,6 +63,7 @@ impl CopyingConnector {
             hashed_blocks: hashes.len(),
             last_chunk: scheduled.computed_after >= scheduled.prompt_len,
             rewind_tokens: 0,
+            checkpoint_tokens: None,
             resave_min_tokens: None,
         };
         for (block, _) in blocks_to_save_capped(Attention::FULL, &step, self.cap) {
@@ -192,6 +193,7 @@ fn engine(cap: SaveCap) -> Result<Engine, ReplayError> {
         kv_pages: 64,
         max_num_tokens: 40,
         rewind_tokens: 0,
+        checkpoint_tokens: 0,
         cost: CostModel::for_layout("tiny-full", 1),
         local_prefix_cache: false,
         drafter: Some(DrafterSetup {

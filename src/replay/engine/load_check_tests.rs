@@ -117,6 +117,7 @@ fn loading_engine() -> Result<Engine, ReplayError> {
         kv_pages: 64,
         max_num_tokens: 512,
         rewind_tokens: 0,
+        checkpoint_tokens: 0,
         cost: CostModel::for_layout("tiny-hybrid", 1),
         local_prefix_cache: false,
         drafter: None,

@@ -126,6 +126,9 @@ pub struct EngineSetup {
     pub max_num_tokens: usize,
     /// `R`: window tokens kept beyond `W` (`planner.swa_endpoint_rewind_tokens`).
     pub rewind_tokens: usize,
+    /// `I`: window checkpoints whose windows are kept (`saver.window_checkpoint_tokens`,
+    /// R28); 0: none.
+    pub checkpoint_tokens: usize,
     /// Simulated time.
     pub cost: CostModel,
     /// Keep finished requests' pages and share them with later prompts (module docs).
@@ -238,6 +241,7 @@ impl Engine {
             .map(|group| GroupPolicy {
                 attention: group.attention(),
                 keep_extra_tokens: setup.rewind_tokens,
+                checkpoint_tokens: setup.checkpoint_tokens,
             })
             .collect();
         let mut full_page_bytes = Vec::new();
@@ -529,6 +533,7 @@ mod tests {
             kv_pages: 64,
             max_num_tokens,
             rewind_tokens: 0,
+            checkpoint_tokens: 0,
             cost: CostModel::for_layout("tiny-full", 1),
             local_prefix_cache: false,
             drafter: None,

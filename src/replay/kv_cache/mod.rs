@@ -26,6 +26,11 @@
 //! A window group keeps its sink blocks and the blocks overlapping
 //! `[computed - W - R, computed)`, where `R` is the planner's `swa_endpoint_rewind_tokens`:
 //! the extra `R` tokens are what lets the connector save a prompt end's rewind range (R17).
+//! With window checkpoints (`saver.window_checkpoint_tokens` = `I`, R28) it also keeps,
+//! until the request is released, the blocks overlapping `[c - W, c)` of every multiple
+//! `c` of `I` it computed: the connector saves them asynchronously, and a page it saves
+//! must not pass to another request before the save read it (the engine's side of the
+//! rule that a request keeps its pages until its saves settle, R22).
 //!
 //! ## Local prefix cache
 //!
@@ -87,6 +92,8 @@ pub struct GroupPolicy {
     /// `R`: tokens a window group keeps beyond the window so the rewind range can be saved
     /// (R17); full groups ignore it.
     pub keep_extra_tokens: usize,
+    /// `I`: a window group keeps the window of every multiple of it (R28); 0: none.
+    pub checkpoint_tokens: usize,
 }
 
 impl GroupPolicy {
@@ -94,6 +101,7 @@ impl GroupPolicy {
     pub const FULL: Self = Self {
         attention: Attention::FULL,
         keep_extra_tokens: 0,
+        checkpoint_tokens: 0,
     };
 
     /// A window group of `W` window tokens and `S` sinks, keeping `R` tokens more.
@@ -105,6 +113,7 @@ impl GroupPolicy {
         Self {
             attention: Attention::window(window_tokens, sink_tokens),
             keep_extra_tokens,
+            checkpoint_tokens: 0,
         }
     }
 
@@ -301,8 +310,9 @@ impl KvCache {
     }
 
     /// Pages a prompt of `prompt_len` tokens with a local match of `local_tokens` is promised per
-    /// group: every block in a full group; in a window group the sinks, the kept range and one
-    /// chunk, plus one window when a local match is shared (`kv_cache::K2`). With extra tokens (a
+    /// group: every block in a full group; in a window group the sinks, the kept range, one
+    /// chunk and the windows of its checkpoints, plus one window when a local match is
+    /// shared (`kv_cache::K2`). With extra tokens (a
     /// drafter) the blocks past the prompt end that they reach count too.
     pub fn quota_for(&self, prompt_len: usize, local_tokens: usize) -> Vec<u32> {
         let t = self.tokens_per_block;
@@ -316,6 +326,9 @@ impl KvCache {
             .iter()
             .map(|group| {
                 let keep_extra_tokens = group.policy.keep_extra_tokens;
+                let checkpoints = prompt_len
+                    .checked_div(group.policy.checkpoint_tokens)
+                    .unwrap_or(0);
                 let need = match group.policy.attention {
                     Attention {
                         kind: GroupKind::Full,
@@ -337,6 +350,7 @@ impl KvCache {
                             + 2
                             + shared_window
                             + extra_blocks
+                            + checkpoints * (blocks_for(window_tokens, t) + 1)
                     }
                 };
                 u32::try_from(need.min(blocks)).unwrap_or(u32::MAX)
@@ -510,6 +524,7 @@ impl KvCache {
                         sink_tokens,
                     },
                 keep_extra_tokens,
+                checkpoint_tokens,
             } = self.groups[group].policy
             else {
                 continue;
@@ -518,7 +533,15 @@ impl KvCache {
             // Blocks ending at or before `keep_from` are out of the kept range.
             let dropped_end = keep_from / t;
             for block in blocks_for(sink_tokens, t)..dropped_end {
-                self.drop_block(pages, group, block);
+                // The first checkpoint after the block's start reads it if it lies within
+                // `W` of the block's end (R28).
+                let in_checkpoint = checkpoint_tokens > 0 && {
+                    let next = (block * t / checkpoint_tokens + 1) * checkpoint_tokens;
+                    next < (block + 1) * t + window_tokens
+                };
+                if !in_checkpoint {
+                    self.drop_block(pages, group, block);
+                }
             }
         }
     }

@@ -164,9 +164,10 @@ pub(super) fn draw_reuse(
 }
 
 /// Lookup outcome names and colours, in stacking order.
-const OUTCOMES: [(&str, RGBColor); 6] = [
+const OUTCOMES: [(&str, RGBColor); 7] = [
     ("full", RGBColor(44, 160, 44)),
     ("rewound", RGBColor(31, 119, 180)),
+    ("checkpoint", RGBColor(23, 190, 207)),
     ("recovered", RGBColor(148, 103, 189)),
     ("window_miss", RGBColor(255, 127, 14)),
     ("full_miss", RGBColor(214, 39, 40)),
@@ -174,11 +175,12 @@ const OUTCOMES: [(&str, RGBColor); 6] = [
 ];
 
 /// The outcome counts of a bucket in [`OUTCOMES`] order (lookups lost to an outage last).
-fn outcome_counts(bucket: &TimelineBucket) -> [u64; 6] {
+fn outcome_counts(bucket: &TimelineBucket) -> [u64; 7] {
     let l = &bucket.lookups;
     [
         l.full,
         l.rewound,
+        l.checkpoint,
         l.recovered,
         l.window_miss,
         l.full_miss,
@@ -195,8 +197,8 @@ pub(super) fn draw_lookups(
 ) -> DrawResult {
     let l = &report.lookups;
     let caption = format!(
-        "lookups: {} full, {} rewound, {} recovered, {} window_miss, {} full_miss, {} outage",
-        l.full, l.rewound, l.recovered, l.window_miss, l.full_miss, l.outage
+        "lookups: {} full, {} rewound, {} checkpoint, {} recovered, {} window_miss, {} full_miss, {} outage",
+        l.full, l.rewound, l.checkpoint, l.recovered, l.window_miss, l.full_miss, l.outage
     );
     let highest = timeline
         .buckets
