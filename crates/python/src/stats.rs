@@ -16,6 +16,7 @@ pub fn to_dict<'py>(py: Python<'py>, stats: &ConnectorStats) -> PyResult<Bound<'
             "lookups": lookups.lookups(),
             "full": lookups.full,
             "rewound": lookups.rewound,
+            "checkpoint": lookups.checkpoint,
             "recovered": lookups.recovered,
             "window_miss": lookups.window_miss,
             "full_miss": lookups.full_miss,

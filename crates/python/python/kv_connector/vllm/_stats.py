@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 METRICS: dict[tuple[str, str], tuple[str, str | None, str | None]] = {
     ("lookups", "full"): ("kv_connector_lookup_outcomes_total", "outcome", "full"),
     ("lookups", "rewound"): ("kv_connector_lookup_outcomes_total", "outcome", "rewound"),
+    ("lookups", "checkpoint"): ("kv_connector_lookup_outcomes_total", "outcome", "checkpoint"),
     ("lookups", "recovered"): ("kv_connector_lookup_outcomes_total", "outcome", "recovered"),
     ("lookups", "window_miss"): ("kv_connector_lookup_outcomes_total", "outcome", "window_miss"),
     ("lookups", "full_miss"): ("kv_connector_lookup_outcomes_total", "outcome", "full_miss"),
