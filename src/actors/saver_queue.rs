@@ -326,7 +326,10 @@ impl Handler<EnqueueSave> for SaverQueue {
                 // As if the queue were full with this request the oldest: the request is
                 // shed whole, this item with it (R22, `save_order::I5`).
                 let mut shed = self.queue.shed(request);
-                shed.push(Prioritized { item: queued, priority });
+                shed.push(Prioritized {
+                    item: queued,
+                    priority,
+                });
                 shed
             } else {
                 self.queue.push(queued, priority).into_dropped()

@@ -114,7 +114,11 @@ struct Seen {
 
 impl Seen {
     fn record(&mut self, id: u64) -> Result<(), TestCaseError> {
-        prop_assert!(self.left.insert(id), "save_order::I4: item {} left twice", id);
+        prop_assert!(
+            self.left.insert(id),
+            "save_order::I4: item {} left twice",
+            id
+        );
         Ok(())
     }
 
@@ -177,12 +181,22 @@ fn run_model(capacity: usize, window_first: bool, ops: Vec<Op>) -> Result<(), Te
                 let incoming = (next_id, request, rank(priority, window_first), priority);
                 next_id += 1;
                 let want = model.push(incoming, capacity.get());
-                let got = queue.push(Page { id: incoming.0, request }, priority);
+                let got = queue.push(
+                    Page {
+                        id: incoming.0,
+                        request,
+                    },
+                    priority,
+                );
                 prop_assert_eq!(&got, &want, "save_order::I5, save_order::I7");
                 seen.record_dropped(&got.dropped)?;
             }
             Op::Pop => {
-                let best = model.entries.iter().enumerate().min_by_key(|(_, e)| (e.2, e.0));
+                let best = model
+                    .entries
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, e)| (e.2, e.0));
                 let want = best
                     .map(|(index, _)| index)
                     .map(|index| model.entries.remove(index).0);
@@ -202,7 +216,11 @@ fn run_model(capacity: usize, window_first: bool, ops: Vec<Op>) -> Result<(), Te
             Op::Drain(request) => {
                 let want = model.take(request);
                 let got = queue.drain_request(request);
-                prop_assert_eq!(&got, &want, "drain_request: the request's entries, push order");
+                prop_assert_eq!(
+                    &got,
+                    &want,
+                    "drain_request: the request's entries, push order"
+                );
                 for removed in got {
                     seen.record(removed.item.id)?;
                 }

@@ -45,13 +45,18 @@ fn queue(capacity: usize, window_first: bool) -> Result<SaveQueue<Page>, Box<dyn
 }
 
 fn pop_all(queue: &mut SaveQueue<Page>) -> Vec<u64> {
-    std::iter::from_fn(|| queue.pop()).map(|page| page.id).collect()
+    std::iter::from_fn(|| queue.pop())
+        .map(|page| page.id)
+        .collect()
 }
 
 /// Pushes `(id, request, priority)` items that must all be queued without a drop.
 fn push_all(queue: &mut SaveQueue<Page>, script: &[(u64, u64, SavePriority)]) {
     for &(id, request, priority) in script {
-        assert_eq!(queue.push(page(id, request), priority), PushOutcome::queued());
+        assert_eq!(
+            queue.push(page(id, request), priority),
+            PushOutcome::queued()
+        );
     }
 }
 
@@ -158,7 +163,10 @@ fn r22_i5_the_oldest_request_is_the_one_with_the_oldest_queued_entry() -> TestRe
     // Request 7's oldest entry is popped: request 8 is the oldest now.
     assert_eq!(queue.pop().map(|page| page.id), Some(1));
     push_all(&mut queue, &[(4, 9, Full)]);
-    assert_eq!(outcome_of(queue.push(page(5, 9), Full)), (true, vec![(2, Full)]));
+    assert_eq!(
+        outcome_of(queue.push(page(5, 9), Full)),
+        (true, vec![(2, Full)])
+    );
     assert_eq!(pop_all(&mut queue), vec![3, 4, 5]);
     Ok(())
 }
@@ -185,8 +193,7 @@ fn r22_i5_i7_the_incoming_items_own_request_when_oldest_leaves_with_it() -> Test
 }
 
 #[test]
-fn r22_a_request_that_alone_fills_the_queue_is_shed_whole_and_newer_requests_stay() -> TestResult
-{
+fn r22_a_request_that_alone_fills_the_queue_is_shed_whole_and_newer_requests_stay() -> TestResult {
     let mut queue = queue(3, true)?;
     push_all(&mut queue, &[(1, 7, Full), (2, 8, Full), (3, 8, Full)]);
     assert_eq!(
@@ -214,7 +221,10 @@ fn r22_a_request_that_alone_fills_the_queue_is_shed_whole_and_newer_requests_sta
 fn r22_i7_an_ended_request_is_forgotten_so_its_id_may_be_used_again() -> TestResult {
     let mut queue = queue(1, true)?;
     push_all(&mut queue, &[(1, 7, Full)]);
-    assert_eq!(outcome_of(queue.push(page(2, 8), Full)), (true, vec![(1, Full)]));
+    assert_eq!(
+        outcome_of(queue.push(page(2, 8), Full)),
+        (true, vec![(1, Full)])
+    );
     queue.request_ended(RequestId(9));
     assert_eq!(
         outcome_of(queue.push(page(3, 7), Window)),
@@ -237,9 +247,18 @@ fn r22_i7_shed_drops_a_request_now_and_its_later_pushes() -> TestResult {
     push_all(&mut queue, &[(1, 7, Full), (2, 8, Full), (3, 7, Window)]);
     let shed: Vec<u64> = queue.shed(RequestId(7)).iter().map(|d| d.item.id).collect();
     assert_eq!(shed, vec![1, 3]);
-    assert_eq!(outcome_of(queue.push(page(4, 7), Full)), (false, vec![(4, Full)]));
-    assert!(queue.shed(RequestId(9)).is_empty(), "nothing queued, still shed");
-    assert_eq!(outcome_of(queue.push(page(5, 9), Full)), (false, vec![(5, Full)]));
+    assert_eq!(
+        outcome_of(queue.push(page(4, 7), Full)),
+        (false, vec![(4, Full)])
+    );
+    assert!(
+        queue.shed(RequestId(9)).is_empty(),
+        "nothing queued, still shed"
+    );
+    assert_eq!(
+        outcome_of(queue.push(page(5, 9), Full)),
+        (false, vec![(5, Full)])
+    );
     assert_eq!(pop_all(&mut queue), vec![2]);
     let counters = queue.counters();
     assert_eq!(counters.dropped.total(), 4);
@@ -329,9 +348,18 @@ fn drain_request_removes_only_that_requests_saves_in_push_order() -> TestResult 
 fn i4_counters_account_for_every_push() -> TestResult {
     let mut queue = queue(2, true)?;
     push_all(&mut queue, &[(1, 1, Window), (2, 2, Resave)]);
-    assert_eq!(outcome_of(queue.push(page(3, 3), Full)).1, vec![(1, Window)]);
-    assert_eq!(outcome_of(queue.push(page(4, 4), Resave)).1, vec![(2, Resave)]);
-    assert_eq!(outcome_of(queue.push(page(5, 1), Resave)).1, vec![(5, Resave)]);
+    assert_eq!(
+        outcome_of(queue.push(page(3, 3), Full)).1,
+        vec![(1, Window)]
+    );
+    assert_eq!(
+        outcome_of(queue.push(page(4, 4), Resave)).1,
+        vec![(2, Resave)]
+    );
+    assert_eq!(
+        outcome_of(queue.push(page(5, 1), Resave)).1,
+        vec![(5, Resave)]
+    );
     queue.pop();
     let removed = queue.remove_where(|page| page.id == 4);
     assert_eq!(
