@@ -24,8 +24,9 @@ use crate::stats::SaveStats;
 ///   requests in [`EnqueueSave::ended`] are forgotten by the queue first
 ///   (`save_order::I7`).
 /// - Reply: none.
-/// - Receiver gone: the courier hands it back; the handle settles the pages as dropped
-///   and names the ended requests again in its next batch.
+/// - Receiver gone: the courier hands it back; the handle settles the pages as dropped.
+///   A batch refused by a full mailbox (or outbox) has its ended requests named again in
+///   the handle's next batches.
 ///
 /// The pages travel compactly, as runs of consecutive blocks over one page list (4 bytes a
 /// page), so the engine thread copies page numbers and nothing else; the saver expands
