@@ -11,8 +11,8 @@
 //!   prefix cache serves that head, is repaired by the next long prompt (the missing block
 //!   rewritten, the present ones refreshed), and the following lookup gets the full hit;
 //!   without re-save the chain stays unreachable;
-//! - shedding (R21, R22): a full save queue drops re-saves before full-attention blocks,
-//!   never blocks the engine, and counts every drop.
+//! - shedding (R22): a full save queue sheds the oldest request whole, its re-saves with its
+//!   full-attention blocks, never blocks the engine, and counts every drop.
 #![cfg(feature = "cli")]
 
 mod common;
@@ -318,34 +318,71 @@ fn without_resave_an_evicted_head_block_makes_the_chain_unreachable_r20() -> Tes
     Ok(())
 }
 
-/// R21, R22: a full save queue sheds re-saves before full-attention blocks, never blocks
-/// the engine (the step returns and the pages are released once the saves settle), and
-/// counts every drop.
+/// R22: a full save queue sheds the oldest request whole, its re-saves with its new full
+/// blocks (they serve one chain), keeps the newer request whole, never blocks the engine
+/// (both requests' pages are released once their saves settle), and counts every drop.
 #[test]
-fn a_full_save_queue_sheds_resaves_first_and_counts_every_drop_r22() -> TestResult {
+fn a_full_save_queue_sheds_the_oldest_request_with_its_resaves_and_counts_every_drop_r22(
+) -> TestResult {
     let layout = Layout::preset("tiny-full")?;
     let mut config = Config::default();
     config.saver.resave_min_tokens = 64;
-    config.saver.queue_capacity_pages = 12;
+    config.saver.queue_capacity_pages = 24;
     let mut instance = start(memory_pool(64 << 20), &layout, config);
-    // 160 tokens from the local cache, 200 computed in one chunk: 10 re-saves (blocks
-    // 0..10) and 12 new full blocks (10..22) reach a queue of 12 in one message.
-    let tokens = prompt(7, 160 + 200);
+    // Request 1: 160 tokens from the local cache, 200 computed in one chunk: 10 re-saves
+    // (blocks 0..10) and 12 new full blocks (10..22). Request 2: 3 new full blocks.
+    let first = prompt(7, 160 + 200);
+    let second = prompt(5_000_000, 3 * 16 + 1);
     instance
         .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 160);
+        .lookup_prefix(RequestId(1), Arc::clone(&first), 160);
+    instance
+        .handle
+        .lookup_prefix(RequestId(2), Arc::clone(&second), 0);
     assert_eq!(offered(&mut instance.handle, RequestId(1), 160), 0);
-    instance.write_pages(tokens.len(), &layout, 0);
-    instance.chunk(RequestId(1), tokens.len(), &layout, 0, 160..tokens.len());
-    let keep = instance.handle.request_finished(RequestId(1));
+    assert_eq!(offered(&mut instance.handle, RequestId(2), 0), 0);
+    instance.write_pages(first.len(), &layout, 0);
+    instance.write_pages(second.len(), &layout, 40);
+    let first_pages: Vec<i32> = (0..23).collect();
+    let second_pages: Vec<i32> = (40..44).collect();
+    let first_tables: Vec<&[i32]> = vec![&first_pages];
+    let second_tables: Vec<&[i32]> = vec![&second_pages];
+    // One step, so one message: 22 + 3 pages reach a queue of 24, request 1's first. The
+    // 25th push finds the queue full and sheds request 1, the oldest, whole.
+    instance.handle.on_step(&SchedulerOutput {
+        requests: vec![
+            ScheduledRequest {
+                request: RequestId(1),
+                prompt_len: first.len(),
+                computed_before: 160,
+                computed_after: first.len(),
+                new_reservation: None,
+                page_tables: &first_tables,
+            },
+            ScheduledRequest {
+                request: RequestId(2),
+                prompt_len: second.len(),
+                computed_before: 0,
+                computed_after: second.len(),
+                new_reservation: None,
+                page_tables: &second_tables,
+            },
+        ],
+    });
+    let mut kept: Vec<RequestId> = [RequestId(1), RequestId(2)]
+        .into_iter()
+        .filter(|&request| instance.handle.request_finished(request))
+        .collect();
     instance.handle.settle_saves();
-    let finished = instance.handle.get_finished_saves();
-    assert!(!keep || finished == vec![RequestId(1)]);
+    let mut finished = instance.handle.get_finished_saves();
+    kept.sort();
+    finished.sort();
+    assert_eq!(finished, kept, "every kept request's pages are released");
     let saves = instance.handle.shutdown().saves;
-    assert_eq!(saves.saves_enqueued, 22);
-    // Every re-save was shed, no full block: the 12 new blocks are stored.
-    assert_eq!(saves.saves_dropped, 10);
-    assert_eq!(saves.saves_done, 12);
+    assert_eq!(saves.saves_enqueued, 25);
+    // Request 1 whole, re-saves and new blocks alike; request 2 is stored whole.
+    assert_eq!(saves.saves_dropped, 22);
+    assert_eq!(saves.saves_done, 3);
     assert_eq!(saves.saves_refreshed, 0);
     assert_eq!(
         saves.saves_enqueued,

@@ -1,5 +1,5 @@
-//! Overload: a full save queue sheds and counts, never blocks the engine, and still lets
-//! the request's pages go (R22); accounting stays closed. Full mailboxes and a full
+//! Overload: a full save queue sheds whole requests and counts every page, never blocks the
+//! engine, and still lets the requests' pages go (R22); accounting stays closed. Full mailboxes and a full
 //! courier outbox are made on purpose with the handle's test gates (feature `faults`:
 //! `pause_actors`, `hold_courier`), not by racing the courier.
 
@@ -7,14 +7,18 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{memory_pool, prompt, reserve, start};
+use common::{memory_pool, prompt, reserve, start, TestPool};
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::Layout;
+use kv_connector::pool::Pool;
 
+/// R22: a request with more pages in one step than the save queue holds is the oldest
+/// request when the queue fills up, so it is shed whole (every page counted dropped)
+/// rather than saved in part; the engine is never blocked and still gets its pages back.
 #[test]
-fn a_full_save_queue_sheds_counts_and_releases_pages_r22() {
+fn a_request_larger_than_the_save_queue_is_shed_whole_counted_and_released_r22() {
     let layout = Layout::preset("tiny-full").unwrap();
     let mut config = Config::default();
     config.saver.queue_capacity_pages = 4;
@@ -24,7 +28,8 @@ fn a_full_save_queue_sheds_counts_and_releases_pages_r22() {
         .handle
         .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
-    // One step enqueues ten pages into a queue of four: six are shed on insert.
+    // One step enqueues ten pages into a queue of four: the fifth push sheds the request
+    // with its four queued pages, and its last five pages are dropped as they come.
     instance.compute(RequestId(1), &tokens, &layout, 0);
     let keep = instance.handle.request_finished(RequestId(1));
     instance.handle.settle_saves();
@@ -35,8 +40,59 @@ fn a_full_save_queue_sheds_counts_and_releases_pages_r22() {
     );
     let saves = instance.handle.shutdown().saves;
     assert_eq!(saves.saves_enqueued, 10);
-    assert_eq!(saves.saves_dropped, 6);
-    assert_eq!(saves.saves_done, 4);
+    assert_eq!(saves.saves_dropped, 10);
+    assert_eq!(saves.saves_done, 0);
+    assert_eq!(
+        saves.saves_enqueued,
+        saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed
+    );
+}
+
+/// R22 (`save_order::I7`): a request once shed stays shed, so its last chunk's window
+/// pages are dropped with its full blocks and no window page of it reaches the pool without
+/// the chain below it. Once the engine ended it, its id names a new request, saved whole.
+#[test]
+fn a_shed_request_saves_no_window_page_and_its_id_is_new_once_ended_r22() {
+    let layout = Layout::preset("tiny-hybrid").unwrap();
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let mut config = Config::default();
+    config.saver.queue_capacity_pages = 8;
+    let mut instance = start(Arc::clone(&test_pool) as Arc<dyn Pool>, &layout, config);
+    let first = prompt(7, 10 * 16 + 3);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&first), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(1));
+    instance.write_pages(first.len(), &layout, 0);
+    // Nine full blocks in one step into a queue of eight: the request is shed at the ninth.
+    instance.chunk(RequestId(1), first.len(), &layout, 0, 0..144);
+    // Its last chunk (block 9, and the window group's blocks 0..10) finds an empty queue,
+    // and is dropped all the same.
+    instance.chunk(RequestId(1), first.len(), &layout, 0, 144..first.len());
+    let keep = instance.handle.request_finished(RequestId(1));
+    instance.handle.settle_saves();
+    let finished = instance.handle.get_finished_saves();
+    assert!(!keep || finished == vec![RequestId(1)]);
+    assert!(
+        test_pool.put_log.lock().is_empty(),
+        "nothing of the shed request was stored"
+    );
+    // The engine uses the id again: 4 full blocks and 4 window pages, which fit.
+    let second = prompt(9_000_000, 4 * 16 + 1);
+    instance
+        .handle
+        .lookup_prefix(RequestId(1), Arc::clone(&second), 0);
+    reserve(&mut instance.handle, RequestId(1), ReservationId(2));
+    instance.compute(RequestId(1), &second, &layout, 20);
+    let keep = instance.handle.request_finished(RequestId(1));
+    instance.handle.settle_saves();
+    let finished = instance.handle.get_finished_saves();
+    assert!(!keep || finished == vec![RequestId(1)]);
+    let saves = instance.handle.shutdown().saves;
+    assert_eq!(saves.saves_enqueued, 9 + 11 + 8);
+    assert_eq!(saves.saves_dropped, 9 + 11);
+    assert_eq!(saves.saves_done, 8, "the new request was saved whole");
+    assert_eq!(test_pool.put_log.lock().len(), 8);
     assert_eq!(
         saves.saves_enqueued,
         saves.saves_done + saves.saves_skipped_present + saves.saves_dropped + saves.saves_failed

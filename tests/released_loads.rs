@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use common::{
     finished_loads, memory_pool, page_content, prompt, reserve, start, wait_until, TestPool,
-    WAIT_LIMIT,
 };
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer};
@@ -129,6 +128,7 @@ fn pages_released_during_a_load_are_never_written_after_the_release_r29() {
 /// and the loader answers before the release reaches the reservation manager (the courier
 /// holds it). The load is stale all the same: the engine never hears of it, and shutdown
 /// does not wait for it.
+#[cfg(feature = "faults")]
 #[test]
 fn a_load_taken_back_whole_is_stale_before_its_release_arrives_r26_r29() {
     let layout = Layout::preset("tiny-full").unwrap();
@@ -163,7 +163,7 @@ fn a_load_taken_back_whole_is_stale_before_its_release_arrives_r26_r29() {
         .build()
         .unwrap();
     let loads = wait_until("the loader's answer", || {
-        let loads = source.collect(&runtime, WAIT_LIMIT)?.loads;
+        let loads = source.collect(&runtime, common::WAIT_LIMIT)?.loads;
         (loads.loads_done + loads.loads_failed + loads.stale_completions == 1).then_some(loads)
     });
     assert_eq!(
@@ -182,7 +182,7 @@ fn a_load_taken_back_whole_is_stale_before_its_release_arrives_r26_r29() {
         let _ = done.send(handle.shutdown().loads.stale_completions);
     });
     let stale = stopped
-        .recv_timeout(WAIT_LIMIT)
+        .recv_timeout(common::WAIT_LIMIT)
         .expect("shutdown waits for no load the engine took back");
     assert_eq!(stale, 1);
 }

@@ -7,6 +7,16 @@
 //! `saver.mailbox_capacity`; the handle's batches arrive through the courier (`try_send`),
 //! and a full mailbox counts as drops.
 //!
+//! # Shedding (R22)
+//!
+//! A push into a full queue sheds the oldest request whole (`core::save_order`): one push
+//! may hand back many pages, of several priorities, and a shed request's later pages are
+//! dropped at once. The handler counts every page dropped and settles them per request in
+//! one report per request and batch, so a request whose pages are all settled goes back to
+//! the engine (`get_finished_saves`). Each batch also names the requests the engine ended
+//! since the last one; the queue forgets those before queueing the batch
+//! (`save_order::I7`), so its memory of shed requests holds live requests only.
+//!
 //! # Accounting
 //!
 //! - `saver_queue::A1`. Every enqueued page ends in exactly one of `saves_done`,
@@ -34,7 +44,7 @@ use actix::prelude::*;
 use super::supervisor::{Batch, StagingSupervisor, Supervisee};
 use crate::core::ids::RequestId;
 use crate::core::keys::KeySpace;
-use crate::core::save_order::{SaveItem, SavePriority, SaveQueue};
+use crate::core::save_order::{OfRequest, Prioritized, SaveItem, SavePriority, SaveQueue};
 use crate::gpu::{CopyStream, StagingPool};
 use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
@@ -48,6 +58,12 @@ struct Queued {
     item: SaveItem,
     priority: SavePriority,
     enqueued_at: Instant,
+}
+
+impl OfRequest for Queued {
+    fn request(&self) -> RequestId {
+        self.item.request
+    }
 }
 
 /// One rank's saver.
@@ -293,25 +309,34 @@ impl Handler<EnqueueSave> for SaverQueue {
     type Result = ();
 
     fn handle(&mut self, message: EnqueueSave, ctx: &mut Self::Context) {
+        // Before the batch's items: an id the engine ended may come back as a new request.
+        for &request in message.ended() {
+            self.queue.request_ended(request);
+        }
         let mut dropped: HashMap<RequestId, u64> = HashMap::new();
         for (item, priority) in message.items() {
             self.stats.saves_enqueued += 1;
-            if actor_fault_fires(&*self.pool, ActorFault::SaveQueueFull) {
-                self.stats.saves_dropped += 1;
-                *dropped.entry(item.request).or_default() += 1;
-                continue;
-            }
-            let outcome = self.queue.push(
-                Queued {
-                    item,
-                    priority,
-                    enqueued_at: message.enqueued_at,
-                },
+            let request = item.request;
+            let queued = Queued {
+                item,
                 priority,
-            );
-            if let Some(shed) = outcome.into_dropped() {
+                enqueued_at: message.enqueued_at,
+            };
+            let shed = if actor_fault_fires(&*self.pool, ActorFault::SaveQueueFull) {
+                // As if the queue were full with this request the oldest: the request is
+                // shed whole, this item with it (R22, `save_order::I5`).
+                let mut shed = self.queue.shed(request);
+                shed.push(Prioritized {
+                    item: queued,
+                    priority,
+                });
+                shed
+            } else {
+                self.queue.push(queued, priority).into_dropped()
+            };
+            for entry in shed {
                 self.stats.saves_dropped += 1;
-                *dropped.entry(shed.item.item.request).or_default() += 1;
+                *dropped.entry(entry.item.item.request).or_default() += 1;
             }
         }
         self.stats.max_queue_depth = self.stats.max_queue_depth.max(self.queue.len() as u64);

@@ -111,8 +111,9 @@ pub struct SaverConfig {
     /// passes, window groups also save the window read there, so a prefix shared but never
     /// ended at can be resumed; 0 turns them off. A multiple of the layout's block size.
     pub window_checkpoint_tokens: u64,
-    /// Most pages the save queue holds before it sheds the lowest priority, oldest first
-    /// (R22). Bounds the pages held back from the engine.
+    /// Most pages the save queue holds; a full queue sheds whole requests, the oldest
+    /// first (R22), so it should hold at least one step's pages of a request. Bounds the
+    /// pages held back from the engine.
     pub queue_capacity_pages: usize,
     /// Pinned host memory the saver stages device pages in before the pool put. Counts
     /// against `node.memory_budget_bytes` (R9).

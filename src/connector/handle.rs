@@ -93,6 +93,9 @@ pub struct ConnectorHandle {
     /// Lookup results of requests the handle forgot this step, freed by the courier
     /// (`Outgoing::Discard`) rather than on the engine thread.
     discarded: Vec<LookupAnswer>,
+    /// Requests the handle forgot since the last save batches: named in the next ones, so
+    /// every saver forgets whether it shed them before the engine may reuse an id (R22).
+    ended: Vec<RequestId>,
     /// Reused for each group's block list in `plan_saves` (no allocation per request).
     save_ranges: Vec<(std::ops::Range<usize>, SavePriority)>,
     groups: Vec<SaveGroup>,
@@ -198,6 +201,7 @@ impl ConnectorHandle {
             requests: HashMap::new(),
             saves_done: Vec::new(),
             discarded: Vec::new(),
+            ended: Vec::new(),
             save_ranges: Vec::new(),
             groups,
             tokens_per_block,
@@ -223,8 +227,10 @@ impl ConnectorHandle {
         &self.keys
     }
 
-    /// Drops a request's record, keeping its lookup result for the courier to free.
+    /// Drops a request's record, keeping its lookup result for the courier to free; the
+    /// savers hear of it with the next save batches.
     fn forget(&mut self, request: RequestId) {
+        self.ended.push(request);
         if let Some(RequestState {
             lookup: Some(answer),
             ..

@@ -20,9 +20,13 @@ use crate::stats::SaveStats;
 ///   can be freed (R22).
 /// - Guarantee: the handler only inserts into the priority queue and returns; every item
 ///   is later settled exactly once (stored, skipped as present, failed or shed) and
-///   reported through the engine inbox.
+///   reported through the engine inbox. A full queue sheds whole requests (R22). The
+///   requests in [`EnqueueSave::ended`] are forgotten by the queue first
+///   (`save_order::I7`).
 /// - Reply: none.
 /// - Receiver gone: the courier hands it back; the handle settles the pages as dropped.
+///   A batch refused by a full mailbox (or outbox) has its ended requests named again in
+///   the handle's next batches.
 ///
 /// The pages travel compactly, as runs of consecutive blocks over one page list (4 bytes a
 /// page), so the engine thread copies page numbers and nothing else; the saver expands
@@ -32,6 +36,9 @@ use crate::stats::SaveStats;
 pub struct EnqueueSave {
     runs: Vec<SaveRun>,
     pages: Vec<u32>,
+    /// Requests the engine ended since the handle's last batch: none sends saves any more,
+    /// so the saver forgets whether it shed them and their ids may be used again.
+    ended: Vec<RequestId>,
     /// When the handle sent it.
     pub enqueued_at: Instant,
 }
@@ -61,8 +68,19 @@ impl EnqueueSave {
         EnqueueSave {
             runs: Vec::with_capacity(runs),
             pages: Vec::with_capacity(pages),
+            ended: Vec::new(),
             enqueued_at,
         }
+    }
+
+    /// Names `requests` as ended (the engine sends no more saves for them).
+    pub fn end_requests(&mut self, requests: &[RequestId]) {
+        self.ended.extend_from_slice(requests);
+    }
+
+    /// The requests ended since the handle's last batch.
+    pub fn ended(&self) -> &[RequestId] {
+        &self.ended
     }
 
     /// Adds the blocks of `blocks` whose page in `page_table` is valid (a freed `-1` or a
@@ -119,6 +137,11 @@ impl EnqueueSave {
     /// Whether the batch holds no page.
     pub fn is_empty(&self) -> bool {
         self.pages.is_empty()
+    }
+
+    /// Whether the batch holds neither a page nor an ended request: nothing to send.
+    pub fn carries_nothing(&self) -> bool {
+        self.pages.is_empty() && self.ended.is_empty()
     }
 
     /// Pages per request, in the order the runs were added (consecutive runs of one
@@ -255,5 +278,18 @@ mod tests {
         assert!(batch.is_empty());
         assert_eq!(batch.items().count(), 0);
         assert!(batch.pages_per_request().is_empty());
+        assert!(batch.carries_nothing());
+    }
+
+    /// A batch without pages still carries the requests the engine ended, for the queue
+    /// to forget (`save_order::I7`).
+    #[test]
+    fn a_batch_naming_ended_requests_carries_them_without_pages() {
+        let mut batch = EnqueueSave::new(Instant::now());
+        batch.end_requests(&[RequestId(4), RequestId(9)]);
+        assert!(batch.is_empty());
+        assert!(!batch.carries_nothing());
+        assert_eq!(batch.ended(), &[RequestId(4), RequestId(9)]);
+        assert_eq!(batch.items().count(), 0);
     }
 }

@@ -95,7 +95,7 @@ impl ConnectorHandle {
         match item {
             Outgoing::Lookups(message) => self.lookups_refused(message, closed),
             Outgoing::StartLoads(message) => self.loads_refused(&message),
-            Outgoing::Save { batch, .. } => self.saves_refused(&batch),
+            Outgoing::Save { batch, .. } => self.saves_refused(&batch, closed),
             Outgoing::Release(release) => {
                 tracing::debug!(
                     reservation = %release.reservation,
@@ -152,11 +152,18 @@ impl ConnectorHandle {
         }
     }
 
-    /// Refused save pages: counted dropped and settled at once (R22).
-    fn saves_refused(&mut self, batch: &EnqueueSave) {
+    /// Refused save pages: counted dropped and settled at once (R22). The ended requests
+    /// it named go out with the next batches, unless the saver is gone.
+    fn saves_refused(&mut self, batch: &EnqueueSave, closed: bool) {
         for (request, pages) in batch.pages_per_request() {
             self.saves_refused += pages;
             self.accept_settled(SavesSettled { request, pages });
+        }
+        if !closed && !batch.ended().is_empty() {
+            // Every rank's batch names the same requests: once each is enough.
+            self.ended.extend_from_slice(batch.ended());
+            self.ended.sort_unstable();
+            self.ended.dedup();
         }
     }
 

@@ -8,6 +8,9 @@
 //!    the outbox at once, or by the saver's mailbox through the courier) settles its
 //!    pages as dropped (`saves_refused`, R22), so they leave the pending count again.
 //! 2. A finished request enters `saves_done` once, when its last pending page settles.
+//! 3. Every saver hears of a request the handle forgot in a later save batch (a refused
+//!    batch names it again), after every page of the request: its save queue forgets
+//!    that it shed the request (`save_order::I7`) before the engine may reuse the id.
 
 use std::sync::Arc;
 
@@ -156,11 +159,14 @@ impl ConnectorHandle {
     }
 
     /// Hands one step's saves to the courier: one message per rank however many requests
-    /// it covers. Pages refused later (a full outbox or mailbox) are counted dropped and
-    /// settle (R22, `take_back`).
+    /// it covers, naming the requests ended since the last step (invariant 3). Pages
+    /// refused later (a full outbox or mailbox) are counted dropped and settle (R22,
+    /// `take_back`).
     pub(super) fn send_saves(&mut self, per_rank: &mut Vec<EnqueueSave>) {
-        for (rank, batch) in per_rank.drain(..).enumerate() {
-            if batch.is_empty() {
+        let ended = std::mem::take(&mut self.ended);
+        for (rank, mut batch) in per_rank.drain(..).enumerate() {
+            batch.end_requests(&ended);
+            if batch.carries_nothing() {
                 continue;
             }
             // Pending from now on; a refusal (at once or from the courier) settles them
