@@ -455,6 +455,8 @@ fn workload_with_think_time(
         session_spacing_ms: 10_000,
         seed: 7,
         system_prefix_tokens: 1_600,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?)
 }
@@ -1000,6 +1002,8 @@ fn old_pending_answers_do_not_stall_an_engine_waiting_on_a_load() -> TestResult 
         session_spacing_ms: 0,
         seed: 7,
         system_prefix_tokens: 1_600,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?;
     let script = Script {
@@ -1025,6 +1029,8 @@ fn one_conversation() -> Result<Vec<WorkloadRequest>, Box<dyn std::error::Error>
         session_spacing_ms: 10_000,
         seed: 7,
         system_prefix_tokens: 1_600,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?)
 }
