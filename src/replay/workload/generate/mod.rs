@@ -47,7 +47,8 @@
 //! tokens), where no prompt ends: each first turn carries a question longer than the
 //! default rewind `R = 2048` after it. A window group is then stored there only by a window
 //! checkpoint (R28), so the prompt-end window oracle misses what the checkpoint window
-//! oracle gets (`tests/workload.rs` has the figures).
+//! oracle gets: 54.2 % and 98.9 % of the oracle at `T = 32` and `I = 8192`
+//! (`tests/shared_documents.rs`).
 
 use serde::{Deserialize, Serialize};
 
