@@ -275,7 +275,11 @@ fn run(
     if let (Some(engine), Some(largest)) = (engines.first(), largest) {
         engine.check_fits(largest.id, largest.prompt.prompt_len())?;
     }
-    let oracle = oracle_for(params, rewind_tokens, runtime.saver.window_checkpoint_tokens);
+    let oracle = oracle_for(
+        params,
+        rewind_tokens,
+        runtime.saver.window_checkpoint_tokens,
+    );
     let mut driver = Driver::new(params, workload, deployment, engines, oracle);
     driver.timeline = timeline;
     progress.start(u64::try_from(workload.len()).unwrap_or(u64::MAX));

@@ -204,7 +204,11 @@ fn naive_oracles(
     rewind: usize,
     interval: Option<usize>,
 ) -> [usize; 3] {
-    let held = |e: usize| earlier.iter().filter(move |q| q.len() >= e && q[..e] == prompt[..e]);
+    let held = |e: usize| {
+        earlier
+            .iter()
+            .filter(move |q| q.len() >= e && q[..e] == prompt[..e])
+    };
     let max_blocks = prompt.len().saturating_sub(1) / tokens_per_block;
     let reusable = (1..=max_blocks)
         .map(|blocks| blocks * tokens_per_block)
@@ -219,8 +223,7 @@ fn naive_oracles(
             .unwrap_or(0)
     };
     let window = largest(&|e, len| len <= e + rewind);
-    let checkpoint =
-        largest(&|e, len| len <= e + rewind || interval.is_some_and(|i| e % i == 0));
+    let checkpoint = largest(&|e, len| len <= e + rewind || interval.is_some_and(|i| e % i == 0));
     [reusable, window, checkpoint]
 }
 
