@@ -176,6 +176,8 @@ fn workload() -> Result<Vec<kv_connector::replay::workload::WorkloadRequest>, Re
         session_spacing_ms: 10_000,
         seed: 3,
         system_prefix_tokens: 1_000,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?)
 }

@@ -455,6 +455,8 @@ fn workload_with_think_time(
         session_spacing_ms: 10_000,
         seed: 7,
         system_prefix_tokens: 1_600,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?)
 }
@@ -907,6 +909,9 @@ fn cli_json_has_every_field() -> TestResult {
         "local_hit_tokens",
         "local_match_shrunk",
         "oracle_reusable_tokens",
+        "oracle_window_reusable_tokens",
+        "oracle_window_checkpoint_reusable_tokens",
+        "reused_share_of_window_checkpoint_oracle",
         "verified_pages",
         "mismatched_pages",
         "lookups",
@@ -1000,6 +1005,8 @@ fn old_pending_answers_do_not_stall_an_engine_waiting_on_a_load() -> TestResult 
         session_spacing_ms: 0,
         seed: 7,
         system_prefix_tokens: 1_600,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?;
     let script = Script {
@@ -1025,6 +1032,8 @@ fn one_conversation() -> Result<Vec<WorkloadRequest>, Box<dyn std::error::Error>
         session_spacing_ms: 10_000,
         seed: 7,
         system_prefix_tokens: 1_600,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?)
 }

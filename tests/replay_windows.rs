@@ -86,6 +86,8 @@ fn replay(layout: &Layout, mistake: WindowMistake) -> Result<(ReplayReport, u64)
         session_spacing_ms: 10_000,
         seed: 7,
         system_prefix_tokens: 1_600,
+        documents: 0,
+        document_tokens: 0,
         divergence_tokens_max: 0,
     })?;
     let computed = Computed::default();

@@ -8,8 +8,9 @@
 //!    `--device`, `--swa-rewind-tokens`, `--window-fallback`, `--pool-high-watermark`,
 //!    `--pool-eviction-ratio`, `--metrics-addr`).
 //! 2. Load the layout (the preset or layout file of the configuration), at `--world` ranks.
-//! 3. Build the workload: `--trace FILE`, `--generate long-multiturn`, or with neither the
-//!    built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
+//! 3. Build the workload: `--trace FILE`, `--generate long-multiturn` or `--generate
+//!    shared-documents` (the generator's presets, which its flags override), or with neither
+//!    the built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
 //!    tokens); `--limit` keeps the first requests.
 //! 4. Run the replay with the connector of `--connector` (`kvc`, the real one, or `none`,
 //!    the baseline) and a progress bar on stderr (hidden when stderr is not a terminal or
@@ -73,6 +74,10 @@ use crate::replay::{
 pub enum GenerateKind {
     /// Long multi-turn conversations growing from about 100k to 170k tokens.
     LongMultiturn,
+    /// Many two-turn conversations about a few shared 30k-token documents after a shared
+    /// 20k-token system prefix: later conversations share prefixes that end where no prompt
+    /// ends (the case window checkpoints serve).
+    SharedDocuments,
 }
 
 /// Which connector each instance runs.
@@ -84,25 +89,37 @@ pub enum ConnectorKind {
     None,
 }
 
-/// Overrides of the long multi-turn generator's parameters.
+/// Overrides of the conversation generator's parameters (defaults: long-multiturn;
+/// shared-documents where it differs).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct GeneratorArgs {
-    /// Conversations (default 2; the demo 2).
+    /// Conversations (default 2; the demo 2; shared-documents 32).
     #[arg(long, value_name = "N")]
     pub sessions: Option<u32>,
-    /// Turns per conversation (default 24; the demo 6).
+    /// Turns per conversation (default 24; the demo 6; shared-documents 2).
     #[arg(long, value_name = "N")]
     pub turns: Option<u32>,
-    /// Prompt tokens of a conversation's first turn (default 100000; the demo 10000).
+    /// Prompt tokens of a conversation's first turn (default 100000; the demo 10000;
+    /// shared-documents 54000).
     #[arg(long, value_name = "TOKENS")]
     pub first_turn_tokens: Option<u32>,
-    /// Prompt tokens of a conversation's last turn (default 170000; the demo 17000).
+    /// Prompt tokens of a conversation's last turn (default 170000; the demo 17000;
+    /// shared-documents 56000).
     #[arg(long, value_name = "TOKENS")]
     pub last_turn_tokens: Option<u32>,
-    /// Leading tokens shared by every conversation (default 96000; the demo 9600).
+    /// Leading tokens shared by every conversation (default 96000; the demo 9600;
+    /// shared-documents 20000).
     #[arg(long, value_name = "TOKENS")]
     pub system_prefix_tokens: Option<u32>,
-    /// Answer tokens of every turn (default 512; the demo 64).
+    /// Shared documents after the system prefix: conversation `s` has document `s % N`
+    /// (default 0, none; shared-documents 4).
+    #[arg(long, value_name = "N")]
+    pub documents: Option<u32>,
+    /// Tokens of each shared document; 0 exactly when --documents is 0 (default 0;
+    /// shared-documents 30000).
+    #[arg(long, value_name = "TOKENS")]
+    pub document_tokens: Option<u32>,
+    /// Answer tokens of every turn (default 512; the demo 64; shared-documents 256).
     #[arg(long, value_name = "TOKENS")]
     pub output_tokens: Option<u32>,
     /// Simulated milliseconds between two turns of a conversation (default 30000).
@@ -717,6 +734,7 @@ fn build_workload(args: &ReplayArgs) -> Result<Vec<WorkloadRequest>, ReplayError
     } else {
         let base = match args.generate {
             Some(GenerateKind::LongMultiturn) => LongMultiturnParams::default(),
+            Some(GenerateKind::SharedDocuments) => LongMultiturnParams::shared_documents(),
             None => demo_params(),
         };
         generate_long_multiturn(&args.generator.apply(base))?
@@ -742,6 +760,8 @@ impl GeneratorArgs {
             system_prefix_tokens: self
                 .system_prefix_tokens
                 .unwrap_or(base.system_prefix_tokens),
+            documents: self.documents.unwrap_or(base.documents),
+            document_tokens: self.document_tokens.unwrap_or(base.document_tokens),
             divergence_tokens_max: self
                 .divergence_tokens_max
                 .unwrap_or(base.divergence_tokens_max),

@@ -44,6 +44,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -278,7 +279,11 @@ fn run(
     if let (Some(engine), Some(largest)) = (engines.first(), largest) {
         engine.check_fits(largest.id, largest.prompt.prompt_len())?;
     }
-    let oracle = oracle_for(params, rewind_tokens);
+    let oracle = oracle_for(
+        params,
+        rewind_tokens,
+        runtime.saver.window_checkpoint_tokens,
+    );
     let mut driver = Driver::new(params, workload, deployment, engines, oracle);
     driver.timeline = timeline;
     progress.start(u64::try_from(workload.len()).unwrap_or(u64::MAX));
@@ -310,11 +315,16 @@ fn run(
 }
 
 /// The oracle for the layout in use: with a window group, window groups count only at
-/// prompt ends within the rewind (`workload::Oracle`'s window oracle).
-fn oracle_for(params: &ReplayParams, rewind_tokens: usize) -> Oracle {
+/// prompt ends within the rewind and, with window checkpoints on, at checkpoints
+/// (`workload::Oracle`'s window oracles).
+fn oracle_for(
+    params: &ReplayParams,
+    rewind_tokens: usize,
+    checkpoint_tokens: Option<NonZeroUsize>,
+) -> Oracle {
     let windowed = params.layout.groups.iter().any(LayerGroup::is_window);
     if windowed {
-        Oracle::with_window_rewind(rewind_tokens)
+        Oracle::with_window(rewind_tokens, checkpoint_tokens)
     } else {
         Oracle::new()
     }

@@ -10,8 +10,9 @@
 //! share one pool can reuse more, so `reused_share_of_oracle` may exceed 1),
 //! `reused_share_of_prompt`,
 //! `reused_share_of_oracle`, `oracle_window_reusable_tokens`,
-//! `reused_share_of_window_oracle`, `window_bytes_per_load` {`loads`, `max`, `mean`,
-//! `bound`}, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
+//! `reused_share_of_window_oracle`, `oracle_window_checkpoint_reusable_tokens`,
+//! `reused_share_of_window_checkpoint_oracle`, `window_bytes_per_load` {`loads`, `max`,
+//! `mean`, `bound`}, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
 //! `mismatched_pages`, `lookups` {`full`,
 //! `rewound`, `checkpoint`, `recovered`, `window_miss`, `full_miss`, `outage`}, `pages_loaded`,
 //! `bytes_loaded`, `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`,
@@ -33,7 +34,8 @@
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
 //! `wall_seconds`, `stopped_by` (only in a partial report: `sigint` or `sigterm`),
 //! `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
-//! `window_fallback`, `window_first`, `save_queue_capacity_pages`, ...}; with `--faults`,
+//! `window_fallback`, `window_first`, `window_checkpoint_tokens`,
+//! `save_queue_capacity_pages`, ...}; with `--faults`,
 //! also `faults_injected` {point name: times it fired}; with a baseline run, `baseline`
 //! {`with_connector`, `without_connector` (each {`ttft_p50_s`, `ttft_p99_s`,
 //! `throughput_rps`, `computed_tokens`}), `ttft_p50_speedup`, `ttft_p99_speedup`,
@@ -137,6 +139,8 @@ pub struct SetupSummary {
     pub window_fallback: bool,
     /// `saver.window_first` (R21).
     pub window_first: bool,
+    /// `saver.window_checkpoint_tokens`, `I` (R28; 0 = off; used only with window groups).
+    pub window_checkpoint_tokens: u64,
     /// `saver.queue_capacity_pages` (R22).
     pub save_queue_capacity_pages: usize,
 }
@@ -197,6 +201,13 @@ pub struct ReplayReport {
     pub oracle_window_reusable_tokens: u64,
     /// `reused_tokens / oracle_window_reusable_tokens`.
     pub reused_share_of_window_oracle: f64,
+    /// What an unbounded pool holding window groups at prompt ends and at window
+    /// checkpoints (R28) would have reused (`workload::Oracle`'s checkpoint window oracle);
+    /// `oracle_window_reusable_tokens` with checkpoints off, `oracle_reusable_tokens`
+    /// without window groups.
+    pub oracle_window_checkpoint_reusable_tokens: u64,
+    /// `reused_tokens / oracle_window_checkpoint_reusable_tokens`.
+    pub reused_share_of_window_checkpoint_oracle: f64,
     /// Window groups' bytes per filled load against the R15 bound.
     pub window_bytes_per_load: WindowLoadBytes,
     /// Prompt tokens served by the instances' local prefix caches (0 when off).
@@ -426,6 +437,15 @@ impl ReplayReport {
                 self.oracle_window_reusable_tokens,
                 100.0 * self.reused_share_of_window_oracle,
                 setup.swa_rewind_tokens
+            )?;
+        }
+        if self.oracle_window_checkpoint_reusable_tokens != self.oracle_window_reusable_tokens {
+            writeln!(
+                out,
+                "  checkpoint oracle   {:>14} ({:.1} % reused; I = {})",
+                self.oracle_window_checkpoint_reusable_tokens,
+                100.0 * self.reused_share_of_window_checkpoint_oracle,
+                setup.window_checkpoint_tokens
             )?;
         }
         if setup.local_prefix_cache {

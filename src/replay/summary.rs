@@ -125,6 +125,7 @@ fn setup_summary(params: &ReplayParams, deployment: &Deployment, device: &str) -
         swa_rewind_tokens: params.config.planner.swa_endpoint_rewind_tokens,
         window_fallback: params.config.planner.window_fallback,
         window_first: params.config.saver.window_first,
+        window_checkpoint_tokens: params.config.saver.window_checkpoint_tokens,
         save_queue_capacity_pages: params.config.saver.queue_capacity_pages,
     }
 }
@@ -153,6 +154,8 @@ pub(super) fn summarize(
     let duration_s = micros_to_seconds(totals.last_finish_us.max(now));
     let oracle_reusable_tokens = oracle.totals().reusable_tokens;
     let oracle_window_reusable_tokens = oracle.totals().window_reusable_tokens;
+    let oracle_window_checkpoint_reusable_tokens =
+        oracle.totals().window_checkpoint_reusable_tokens;
     ReplayReport {
         requests: totals.requests,
         completed: totals.completed,
@@ -164,6 +167,11 @@ pub(super) fn summarize(
         reused_share_of_oracle: share(counters.reused_tokens, oracle_reusable_tokens),
         oracle_window_reusable_tokens,
         reused_share_of_window_oracle: share(counters.reused_tokens, oracle_window_reusable_tokens),
+        oracle_window_checkpoint_reusable_tokens,
+        reused_share_of_window_checkpoint_oracle: share(
+            counters.reused_tokens,
+            oracle_window_checkpoint_reusable_tokens,
+        ),
         window_bytes_per_load: window_load_bytes(params, &counters),
         local_hit_tokens: counters.local_hit_tokens,
         local_match_shrunk: counters.local_match_shrunk,

@@ -223,6 +223,24 @@ pub enum GenerateError {
         /// The first turn's prompt.
         first_turn_tokens: u32,
     },
+    /// `documents` and `document_tokens` disagree on whether there are documents.
+    #[error("documents ({documents}) and document_tokens ({document_tokens}) must both be 0 (no documents) or both at least 1")]
+    DocumentsWithoutTokens {
+        /// Documents asked for.
+        documents: u32,
+        /// Tokens per document.
+        document_tokens: u32,
+    },
+    /// The system prefix and a document leave no room for the first user message.
+    #[error("system_prefix_tokens ({system_prefix_tokens}) + document_tokens ({document_tokens}) must be below first_turn_tokens ({first_turn_tokens}); lower document_tokens or raise first_turn_tokens")]
+    DocumentTooLong {
+        /// The shared system prefix.
+        system_prefix_tokens: u32,
+        /// Tokens per document.
+        document_tokens: u32,
+        /// The first turn's prompt.
+        first_turn_tokens: u32,
+    },
     /// The last turn is shorter than the first.
     #[error("last_turn_tokens ({last_turn_tokens}) must be at least first_turn_tokens ({first_turn_tokens})")]
     LastTurnBelowFirst {
@@ -268,6 +286,8 @@ impl GenerateError {
             | GenerateError::ZeroTurns
             | GenerateError::ZeroOutputTokens => "zero_parameter",
             GenerateError::SystemPrefixTooLong { .. }
+            | GenerateError::DocumentsWithoutTokens { .. }
+            | GenerateError::DocumentTooLong { .. }
             | GenerateError::LastTurnBelowFirst { .. }
             | GenerateError::GrowthTooSmall { .. } => "inconsistent_lengths",
             GenerateError::PromptTooLong { .. }

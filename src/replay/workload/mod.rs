@@ -8,10 +8,12 @@
 //!
 //! Workflow:
 //! 1. build the requests: [`read_mooncake_trace`] (a trace file, streamed line by line) or
-//!    [`generate_long_multiturn`] (long conversations growing from about 100k to 170k
-//!    tokens);
+//!    [`generate_long_multiturn`] (conversations: long ones growing from about 100k to 170k
+//!    tokens, or many about a few shared documents);
 //! 2. for each request in order, write its prompt tokens, hash them into a chain (R1), and
-//!    ask the [`Oracle`] how many tokens an unbounded prefix pool would have reused;
+//!    ask the [`Oracle`] how many tokens an unbounded prefix pool would have reused (and,
+//!    for hybrid layouts, how many with window groups stored at prompt ends and at window
+//!    checkpoints);
 //! 3. [`WorkloadSummary::of`] gives the totals a report prints.
 //!
 //! Invariants:
