@@ -236,6 +236,9 @@ pub struct SaveStats {
     pub max_queue_depth: u64,
     /// Pages handed to the savers past the chunk end of their step (R16; must be 0).
     pub published_past_chunk_end: u64,
+    /// Window pages handed to the savers for window checkpoints alone (R28), not for a
+    /// prompt end's sinks and tail (counted by the handle; part of `saves_enqueued`).
+    pub checkpoint_pages_planned: u64,
     /// Time from enqueue to settle.
     pub queue_time: Latency,
 }
@@ -253,6 +256,7 @@ impl SaveStats {
         self.bytes_saved += other.bytes_saved;
         self.max_queue_depth = self.max_queue_depth.max(other.max_queue_depth);
         self.published_past_chunk_end += other.published_past_chunk_end;
+        self.checkpoint_pages_planned += other.checkpoint_pages_planned;
         self.queue_time.merge(&other.queue_time);
     }
 }

@@ -912,6 +912,7 @@ fn cli_json_has_every_field() -> TestResult {
         "oracle_window_reusable_tokens",
         "oracle_window_checkpoint_reusable_tokens",
         "reused_share_of_window_checkpoint_oracle",
+        "checkpoint_pages_enqueued",
         "verified_pages",
         "mismatched_pages",
         "lookups",

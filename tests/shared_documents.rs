@@ -229,7 +229,23 @@ fn a_small_replay_reports_both_window_oracles() -> TestResult {
         assert!((value - share(reused, oracle)).abs() < 1e-9, "{field}");
     }
     assert_eq!(report_field(&report, "mismatched_pages")?, 0);
+    // The connector resumes at the checkpoints (R28): everything the checkpoint oracle
+    // gives, for window pages saved for checkpoints alone.
+    assert_eq!(
+        reused, checkpoint,
+        "reuse reaches the checkpoint window oracle"
+    );
+    assert!(
+        report["lookups"]["checkpoint"]
+            .as_u64()
+            .ok_or("checkpoint")?
+            > 0
+    );
+    assert!(report_field(&report, "checkpoint_pages_enqueued")? > 0);
     let off = replay_json(&flags("saver.window_checkpoint_tokens=0"))?;
+    assert_eq!(report_field(&off, "reused_tokens")?, window);
+    assert_eq!(report_field(&off, "checkpoint_pages_enqueued")?, 0);
+    assert_eq!(report_field(&off, "mismatched_pages")?, 0);
     assert_eq!(report_field(&off, "oracle_window_reusable_tokens")?, window);
     assert_eq!(
         report_field(&off, "oracle_window_checkpoint_reusable_tokens")?,

@@ -111,6 +111,8 @@ pub struct ConnectorHandle {
     /// Pages handed to the savers whose block ends past the chunk end of its step (R16;
     /// the required number is 0).
     published_past_chunk_end: u64,
+    /// Window pages planned for checkpoints alone (R28), every rank.
+    checkpoint_pages_planned: u64,
     /// Lookups a full planner mailbox deferred to a later step.
     lookups_deferred: u64,
     /// Loads the engine asked for (`start_load`) and loads the reservation manager took:
@@ -211,6 +213,7 @@ impl ConnectorHandle {
             sync_load: config.loaders.sync_load,
             saves_refused: 0,
             published_past_chunk_end: 0,
+            checkpoint_pages_planned: 0,
             lookups_deferred: 0,
             loads_asked: 0,
             loads_sent: 0,

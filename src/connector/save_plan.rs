@@ -162,6 +162,25 @@ pub fn block_ranges_to_save(
     }
 }
 
+/// How many of the blocks [`blocks_to_save`] plans for `attention` this step are there
+/// for window checkpoints alone (R28): neither sinks nor tail a prompt end saves (R17).
+/// Zero for full groups, with checkpoints off, or when the chunk passes no checkpoint.
+pub fn checkpoint_only_blocks(attention: Attention, step: &SaveStep) -> usize {
+    if attention.kind != GroupKind::Window || checkpoints_passed(step).next().is_none() {
+        return 0;
+    }
+    let count = |step: &SaveStep| {
+        let mut ranges = Vec::new();
+        block_ranges_to_save(attention, step, SaveCap::ChunkEnd, &mut ranges);
+        ranges.iter().map(|(blocks, _)| blocks.len()).sum::<usize>()
+    };
+    let without = SaveStep {
+        checkpoint_tokens: None,
+        ..*step
+    };
+    count(step).saturating_sub(count(&without))
+}
+
 /// The window group's blocks to save this step (R17, R28), as ascending, disjoint,
 /// non-adjacent ranges (before the prompt-block and reuse bounds): the sink blocks and
 /// each checkpoint window the chunk passes, and at the last chunk the tail reaching

@@ -102,6 +102,8 @@ pub struct ConnectorReport {
     pub loads_failed: u64,
     /// Pages handed to the pool past the chunk end of their step (R16; must be 0).
     pub published_past_chunk_end: u64,
+    /// Window pages enqueued for checkpoints alone (R28).
+    pub checkpoint_pages_enqueued: u64,
     /// The pool's health as the connector saw it (R30).
     pub pool_health: PoolHealthStats,
 }
@@ -121,6 +123,7 @@ impl ConnectorReport {
         self.loads_done += other.loads_done;
         self.loads_failed += other.loads_failed;
         self.published_past_chunk_end += other.published_past_chunk_end;
+        self.checkpoint_pages_enqueued += other.checkpoint_pages_enqueued;
         self.pool_health.merge(&other.pool_health);
     }
 }

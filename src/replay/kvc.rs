@@ -86,6 +86,7 @@ fn connector_report(stats: &crate::stats::ConnectorStats) -> ConnectorReport {
         loads_done: stats.loads.loads_done,
         loads_failed: stats.loads.loads_failed + stats.loads.stale_completions,
         published_past_chunk_end: stats.saves.published_past_chunk_end,
+        checkpoint_pages_enqueued: stats.saves.checkpoint_pages_planned,
         pool_health: stats.pool,
     }
 }

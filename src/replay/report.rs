@@ -18,7 +18,9 @@
 //! `bytes_loaded`, `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`,
 //! `saves_skipped_present`, `saves_dropped`, `saves_outage` (dropped because the pool was
 //! unreachable or late, R30; part of `saves_dropped`), `pool_health` {`state`, `outages`,
-//! `unreachable_ms`, `calls_refused`, `calls_timed_out`}, `saves_enqueued`, `saves_done`, `saves_failed`, `loads_started`,
+//! `unreachable_ms`, `calls_refused`, `calls_timed_out`}, `saves_enqueued`,
+//! `checkpoint_pages_enqueued` (window pages enqueued for window checkpoints alone, R28;
+//! part of `saves_enqueued`), `saves_done`, `saves_failed`, `loads_started`,
 //! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `loads_released_in_flight`,
 //! `pages_released_in_flight` (`--release-during-loads`: loads the engines released half
@@ -241,6 +243,9 @@ pub struct ReplayReport {
     pub pool_health: crate::stats::PoolHealthStats,
     /// Save pages enqueued (accounting, module docs).
     pub saves_enqueued: u64,
+    /// Window pages enqueued for window checkpoints alone (R28): the extra cost of
+    /// checkpoints, part of `saves_enqueued`.
+    pub checkpoint_pages_enqueued: u64,
     /// Save pages stored (the same count as `pages_saved`).
     pub saves_done: u64,
     /// Save pages that could not be stored.
@@ -556,6 +561,16 @@ impl ReplayReport {
                 .map(|(name, count)| format!("{name} {count}"))
                 .collect();
             writeln!(out, "  faults injected     {:>14}", fired.join(", "))?;
+        }
+        if self.checkpoint_pages_enqueued > 0 {
+            #[expect(clippy::cast_precision_loss, reason = "a share for humans")]
+            let share =
+                self.checkpoint_pages_enqueued as f64 / self.saves_enqueued.max(1) as f64 * 100.0;
+            writeln!(
+                out,
+                "  checkpoint pages    {:>14} window pages enqueued for checkpoints alone ({share:.2} % of pages enqueued)",
+                self.checkpoint_pages_enqueued
+            )?;
         }
         writeln!(
             out,

@@ -188,6 +188,7 @@ pub(super) fn summarize(
         saves_outage: connector.saves_outage,
         pool_health: connector.pool_health,
         saves_enqueued: connector.saves_enqueued,
+        checkpoint_pages_enqueued: connector.checkpoint_pages_enqueued,
         saves_done: connector.pages_saved,
         saves_failed: connector.saves_failed,
         loads_started: connector.loads_started,

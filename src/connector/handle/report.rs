@@ -36,6 +36,7 @@ impl ConnectorHandle {
         stats.loads.loads_failed += loads_refused;
         stats.lookups.deferred += self.lookups_deferred;
         stats.saves.published_past_chunk_end += self.published_past_chunk_end;
+        stats.saves.checkpoint_pages_planned += self.checkpoint_pages_planned;
     }
 
     /// A handle on this connector's statistics that another thread (the metrics endpoint)

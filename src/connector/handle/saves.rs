@@ -15,7 +15,9 @@
 use std::sync::Arc;
 
 use super::ConnectorHandle;
-use crate::connector::save_plan::{block_ranges_to_save, past_chunk_end, SaveCap, SaveStep};
+use crate::connector::save_plan::{
+    block_ranges_to_save, checkpoint_only_blocks, past_chunk_end, SaveCap, SaveStep,
+};
 use crate::connector::{ScheduledRequest, SchedulerOutput};
 use crate::core::layout::{Attention, GroupKind};
 use crate::core::save_order::SavePriority;
@@ -143,6 +145,8 @@ impl ConnectorHandle {
             let ranks = if group.replicated { 1 } else { per_rank.len() };
             self.published_past_chunk_end +=
                 pages_past_chunk_end(&step, &self.save_ranges, table) * ranks as u64;
+            self.checkpoint_pages_planned +=
+                (checkpoint_only_blocks(group.attention, &step) * ranks) as u64;
             for batch in per_rank.iter_mut().take(ranks) {
                 for (blocks, priority) in &self.save_ranges {
                     batch.push_run(

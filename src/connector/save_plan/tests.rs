@@ -121,6 +121,13 @@ fn window_checkpoints_save_the_window_read_at_each_multiple_a_chunk_passes_r28()
         blocks(&blocks_to_save(window, &last)),
         vec![0, 8, 9, 10, 11]
     );
+    assert_eq!(
+        checkpoint_only_blocks(window, &first),
+        4,
+        "sinks and window"
+    );
+    assert_eq!(checkpoint_only_blocks(window, &last), 0, "inside the tail");
+    assert_eq!(checkpoint_only_blocks(Attention::FULL, &first), 0);
     // Full groups do not change, and a checkpoint inside reused tokens is not saved (R19).
     assert_eq!(
         blocks_to_save(Attention::FULL, &first),
