@@ -243,7 +243,10 @@ fn a_small_replay_reports_both_window_oracles() -> TestResult {
     );
     assert!(report_field(&report, "checkpoint_pages_enqueued")? > 0);
     let off = replay_json(&flags("saver.window_checkpoint_tokens=0"))?;
-    assert_eq!(report_field(&off, "reused_tokens")?, window);
+    assert!(
+        report_field(&off, "reused_tokens")? < reused,
+        "without checkpoints the first turns resume only at prompt ends"
+    );
     assert_eq!(report_field(&off, "checkpoint_pages_enqueued")?, 0);
     assert_eq!(report_field(&off, "mismatched_pages")?, 0);
     assert_eq!(report_field(&off, "oracle_window_reusable_tokens")?, window);
