@@ -335,7 +335,7 @@ async fn spawn_all(
         keys,
         health,
     } = shared;
-    let settings = PlannerSettings::new(&runtime, &params.layout, params.seed);
+    let settings = PlannerSettings::new(runtime, &params.layout, params.seed);
     let planner = LookupPlanner::new(
         Arc::clone(&params.pool),
         Arc::clone(&keys),

@@ -80,7 +80,7 @@ fn the_fallback_still_finds_a_later_complete_window_above_a_checkpoint_r13_r28()
         (trace.plan.outcome, trace.plan.resume_tokens),
         (LookupOutcome::Recovered, 24)
     );
-    let kinds: Vec<RoundKind> = trace.rounds.iter().map(|round| round.kind()).collect();
+    let kinds: Vec<RoundKind> = trace.rounds.iter().map(super::ProbeRound::kind).collect();
     assert_eq!(
         kinds,
         vec![
