@@ -74,6 +74,11 @@ fn replay(
     drafter: Option<DrafterSetup>,
     scale: f64,
 ) -> Result<ReplayReport, Box<dyn std::error::Error>> {
+    replay_with(replay_params(preset, drafter, scale)?)
+}
+
+/// The conversations of [`replay`] under `params`.
+fn replay_with(params: ReplayParams) -> Result<ReplayReport, Box<dyn std::error::Error>> {
     let workload = generate_long_multiturn(&LongMultiturnParams {
         sessions: 2,
         turns_per_session: 4,
@@ -85,13 +90,35 @@ fn replay(
         seed: 5,
         ..LongMultiturnParams::default()
     })?;
-    let params = replay_params(preset, drafter, scale)?;
     Ok(run_replay(
         &params,
         &workload,
         &mut kvc_connector,
         &mut NoProgress,
     )?)
+}
+
+/// R28 with R16 and R18: window checkpoints every 1,024 tokens under a drafter save
+/// checkpoint windows at the chunk boundaries they pass, publish nothing past a chunk
+/// end (the connector's count and the pool's witness agree), and every loaded page
+/// verifies.
+#[test]
+fn checkpoints_under_a_drafter_publish_nothing_past_the_chunk_end_r16_r18_r28() -> TestResult {
+    let mut params = replay_params("tiny-hybrid", Some(DRAFTER), 1.0)?;
+    let mut config = Config::default();
+    config.saver.window_checkpoint_tokens = 1024;
+    params.config = Arc::new(config);
+    let report = replay_with(params)?;
+    assert!(
+        report.checkpoint_pages_enqueued > 0,
+        "checkpoints were saved"
+    );
+    assert_eq!(report.mismatched_pages, 0);
+    assert_eq!(report.published_past_chunk_end, 0);
+    assert_eq!(report.published_uncomputed_pages, 0);
+    assert!(report.verified_pages > 0);
+    assert_eq!(report.completed, 8);
+    Ok(())
 }
 
 const DRAFTER: DrafterSetup = DrafterSetup {
