@@ -74,11 +74,11 @@ fn replay(
     drafter: Option<DrafterSetup>,
     scale: f64,
 ) -> Result<ReplayReport, Box<dyn std::error::Error>> {
-    replay_with(replay_params(preset, drafter, scale)?)
+    replay_with(&replay_params(preset, drafter, scale)?)
 }
 
 /// The conversations of [`replay`] under `params`.
-fn replay_with(params: ReplayParams) -> Result<ReplayReport, Box<dyn std::error::Error>> {
+fn replay_with(params: &ReplayParams) -> Result<ReplayReport, Box<dyn std::error::Error>> {
     let workload = generate_long_multiturn(&LongMultiturnParams {
         sessions: 2,
         turns_per_session: 4,
@@ -91,7 +91,7 @@ fn replay_with(params: ReplayParams) -> Result<ReplayReport, Box<dyn std::error:
         ..LongMultiturnParams::default()
     })?;
     Ok(run_replay(
-        &params,
+        params,
         &workload,
         &mut kvc_connector,
         &mut NoProgress,
@@ -108,7 +108,7 @@ fn checkpoints_under_a_drafter_publish_nothing_past_the_chunk_end_r16_r18_r28() 
     let mut config = Config::default();
     config.saver.window_checkpoint_tokens = 1024;
     params.config = Arc::new(config);
-    let report = replay_with(params)?;
+    let report = replay_with(&params)?;
     assert!(
         report.checkpoint_pages_enqueued > 0,
         "checkpoints were saved"
