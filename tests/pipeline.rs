@@ -342,6 +342,42 @@ fn a_configuration_the_connector_cannot_run_is_refused_at_start() {
     }
 }
 
+/// R28: a window checkpoint interval off the layout's block boundaries is refused at
+/// start, naming the setting and an interval that works; a full-attention layout, which
+/// saves no checkpoints, takes it.
+#[test]
+fn a_checkpoint_interval_off_block_boundaries_is_refused_at_start_r28() {
+    let start_with = |preset: &str| {
+        let layout = Layout::preset(preset).unwrap();
+        let specs: Vec<kv_connector::gpu::PagePoolSpec> = layout
+            .groups
+            .iter()
+            .map(|group| kv_connector::gpu::PagePoolSpec {
+                group: group.id,
+                page_bytes: usize::try_from(layout.page_bytes(group).unwrap()).unwrap(),
+                num_pages: 4,
+            })
+            .collect();
+        let mut config = Config::default();
+        config.saver.window_checkpoint_tokens = 8192 + 1;
+        let params = kv_connector::connector::ConnectorParams {
+            config,
+            devices: vec![kv_connector::gpu::Device::open_host(&specs).unwrap()],
+            layout,
+            pool: memory_pool(1 << 20),
+            seed: kv_connector::core::hash::scope_seed(&kv_connector::core::hash::Scope::default()),
+            model_key: "test".into(),
+        };
+        kv_connector::connector::ConnectorHandle::start(params)
+    };
+    let message = start_with("tiny-hybrid").err().unwrap().to_string();
+    assert!(
+        message.contains("saver.window_checkpoint_tokens = 8193") && message.contains("use 8192"),
+        "{message}"
+    );
+    start_with("tiny-full").unwrap().shutdown();
+}
+
 /// R20: with re-save on, the last chunk lists the prompt's earlier blocks again; present
 /// ones are refreshed, not rewritten.
 #[test]

@@ -220,6 +220,18 @@ pub enum StartError {
         /// A size that fits the host's available memory now (whole MiB).
         fits_bytes: u64,
     },
+    /// The checkpoint interval does not fall on block boundaries of a layout with window
+    /// groups (R28).
+    #[error(
+        "saver.window_checkpoint_tokens = {tokens} is not a multiple of the layout's {tokens_per_block} tokens per block; use {} (or 0 to turn window checkpoints off)",
+        (tokens / tokens_per_block).max(1) * tokens_per_block
+    )]
+    CheckpointTokens {
+        /// The configured interval.
+        tokens: usize,
+        /// `T` of the layout.
+        tokens_per_block: usize,
+    },
     /// The configuration is refused (`Config::validate`).
     #[error(transparent)]
     Config(Box<crate::config::ConfigError>),
@@ -244,6 +256,7 @@ pub(super) fn start_actors(
     params
         .layout
         .register(runtime.reservations.prefix_aware_scheduling)?;
+    check_checkpoint_interval(&params.layout, &runtime)?;
     let world = params.layout.world_size;
     if params.devices.len() != world as usize || params.devices.is_empty() {
         return Err(StartError::Devices {
@@ -515,4 +528,23 @@ fn fitting_staging_bytes() -> u64 {
     let default = crate::config::LoadersConfig::default().staging_bytes_per_loader;
     let fits = host_memory().map_or(default, |host| (host.available_bytes / 4).min(default));
     (fits / MIB).max(1) * MIB
+}
+
+/// Window checkpoints are resume points, so they must fall on block boundaries wherever a
+/// window group saves them (R28); a layout without one ignores the interval.
+fn check_checkpoint_interval(layout: &Layout, runtime: &RuntimeConfig) -> Result<(), StartError> {
+    let tokens_per_block = layout.tokens_per_block as usize;
+    let windowed = layout
+        .groups
+        .iter()
+        .any(|group| group.attention().is_window());
+    match runtime.saver.window_checkpoint_tokens {
+        Some(tokens) if windowed && tokens.get() % tokens_per_block.max(1) != 0 => {
+            Err(StartError::CheckpointTokens {
+                tokens: tokens.get(),
+                tokens_per_block,
+            })
+        }
+        _ => Ok(()),
+    }
 }

@@ -138,6 +138,7 @@ pub fn start(error: &StartError) -> PyErr {
         StartError::Ledger(inner) => raise::<LayoutError>(inner.kind(), text),
         StartError::RegisterStaging { source, .. } => raise::<PoolError>(source.kind(), text),
         StartError::Config(inner) => raise::<ConfigError>(inner.kind(), text),
+        StartError::CheckpointTokens { .. } => raise::<ConfigError>("checkpoint_tokens", text),
         StartError::StagingSlots { .. } => raise::<ConfigError>("staging_slots", text),
         StartError::StagingAlloc { .. } => raise::<ConfigError>("staging_alloc", text),
         StartError::Thread => raise::<KvConnectorError>("thread", text),
