@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::{
-    finished_loads, memory_pool, page_content, prompt, reserve, start, wait_until, TestPool,
+    finished_loads, memory_pool, page_content, prompt, reserve, start, wait_until, Instance,
+    TestPool,
 };
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer};
@@ -17,18 +18,30 @@ use kv_connector::core::layout::Layout;
 use kv_connector::core::object::HEADER_BYTES;
 use kv_connector::pool::Pool;
 
+/// Request 1 saves a prompt of four blocks (tokens from `first`) through `config`'s
+/// connector on a [`TestPool`]; request 2, the same prompt, has looked it up. Returns
+/// the instance, the pool and the prompt.
+fn second_request_looked_up(
+    layout: &Layout,
+    config: Config,
+    first: i64,
+) -> (Instance, Arc<TestPool>, Arc<[i64]>) {
+    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
+    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
+    let mut instance = start(pool, layout, config);
+    let tokens = prompt(first, 4 * 16 + 1);
+    instance.save_prompt(RequestId(1), &tokens, layout, 0);
+    instance
+        .handle
+        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    (instance, test_pool, tokens)
+}
+
 /// R26: a load whose reservation the engine released before it finished is ignored.
 #[test]
 fn a_completion_for_a_released_reservation_is_ignored_r26() {
     let layout = Layout::preset("tiny-full").unwrap();
-    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
-    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
-    let mut instance = start(pool, &layout, Config::default());
-    let tokens = prompt(3, 4 * 16 + 1);
-    instance.save_prompt(RequestId(1), &tokens, &layout, 0);
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    let (mut instance, test_pool, tokens) = second_request_looked_up(&layout, Config::default(), 3);
     reserve(&mut instance.handle, RequestId(2), ReservationId(2));
     test_pool.hold_gets.store(true, Ordering::SeqCst);
     instance.start_load(RequestId(2), ReservationId(2), tokens.len(), &layout, 100);
@@ -67,14 +80,7 @@ fn pages_released_during_a_load_are_never_written_after_the_release_r29() {
     let mut config = Config::default();
     // Two staging slots: the four blocks come in two gets, one after the other.
     config.loaders.staging_bytes_per_loader = 2 * (HEADER_BYTES + page_bytes) as u64;
-    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
-    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
-    let mut instance = start(pool, &layout, config);
-    let tokens = prompt(5, 4 * 16 + 1);
-    instance.save_prompt(RequestId(1), &tokens, &layout, 0);
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    let (mut instance, test_pool, tokens) = second_request_looked_up(&layout, config, 5);
     assert!(matches!(
         reserve(&mut instance.handle, RequestId(2), ReservationId(2)),
         ReserveAnswer::Offer {
@@ -132,18 +138,11 @@ fn pages_released_during_a_load_are_never_written_after_the_release_r29() {
 #[test]
 fn a_load_taken_back_whole_is_stale_before_its_release_arrives_r26_r29() {
     let layout = Layout::preset("tiny-full").unwrap();
-    let test_pool = Arc::new(TestPool::new(memory_pool(64 << 20)));
-    let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
     let mut config = Config::default();
     // A shutdown that waited for the stale load would wait a day: the bounded wait for
     // the shutdown below fails long before.
     config.saver.shutdown_drain_timeout_ms = 86_400_000;
-    let mut instance = start(pool, &layout, config);
-    let tokens = prompt(7, 4 * 16 + 1);
-    instance.save_prompt(RequestId(1), &tokens, &layout, 0);
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    let (mut instance, test_pool, tokens) = second_request_looked_up(&layout, config, 7);
     reserve(&mut instance.handle, RequestId(2), ReservationId(2));
     test_pool.hold_gets.store(true, Ordering::SeqCst);
     let gets_before = test_pool.gets_started.load(Ordering::SeqCst);
