@@ -124,7 +124,7 @@ impl MiniEngine {
             .collect::<Result<_, _>>()?;
 
         // Steps 1-3: lookup, reservation, load.
-        self.handle.lookup_prefix(request, Arc::clone(prompt), 0);
+        self.handle.lookup_prefix(request, Arc::clone(prompt), 0)?;
         let reservation = ReservationId(request.0);
         let extra_tokens = self.reserve(request, reservation);
         let mut computed = 0;

@@ -12,7 +12,7 @@ use kv_connector::actors::reservation_manager::ReservationManager;
 use kv_connector::actors::stats_reporter::StatsReporter;
 use kv_connector::config::Config;
 use kv_connector::core::hash::{hash_blocks, scope_seed, Scope};
-use kv_connector::core::ids::RequestId;
+use kv_connector::core::ids::{LookupTicket, RequestId};
 use kv_connector::core::keys::KeySpace;
 use kv_connector::core::layout::{Attention, Layout};
 use kv_connector::core::ledger::Ledger;
@@ -105,6 +105,7 @@ impl Rig {
     async fn lookup(&self, request: u64) -> Result<LookupOutcome, Box<dyn std::error::Error>> {
         let message = LookupPrefix {
             request: RequestId(request),
+            ticket: LookupTicket(request + 100),
             prompt: Arc::clone(&self.prompt),
             local_match_tokens: 0,
             enqueued_at: Instant::now(),
@@ -112,6 +113,11 @@ impl Rig {
         self.planner.send(message).await?;
         let completed = self.lookups.recv_async().await?;
         assert_eq!(completed.request, RequestId(request));
+        assert_eq!(
+            completed.ticket,
+            LookupTicket(request + 100),
+            "the ticket is echoed"
+        );
         Ok(completed.plan.ok_or("lookup failed")?.outcome)
     }
 }
@@ -143,6 +149,7 @@ async fn a_batch_of_lookups_is_answered_once_per_lookup() -> TestResult {
         .into_iter()
         .map(|(request, prompt)| LookupPrefix {
             request: RequestId(request),
+            ticket: LookupTicket(request * 7),
             prompt: Arc::clone(prompt),
             local_match_tokens: 0,
             enqueued_at: Instant::now(),
@@ -152,6 +159,7 @@ async fn a_batch_of_lookups_is_answered_once_per_lookup() -> TestResult {
     let mut answers = Vec::new();
     for _ in 0..3 {
         let completed = rig.lookups.recv_async().await?;
+        assert_eq!(completed.ticket, LookupTicket(completed.request.0 * 7));
         let outcome = completed.plan.ok_or("lookup failed")?.outcome;
         answers.push((completed.request.0, outcome));
     }

@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{memory_pool, prompt, start};
+use common::{look_up, memory_pool, prompt, start};
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::ids::{RequestId, ReservationId};
@@ -296,7 +296,7 @@ fn head_block_scenario(
     let second = prompt(100, 160 + 200);
     instance
         .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&second), 160);
+        .lookup_prefix(RequestId(2), Arc::clone(&second), 160)?;
     assert_eq!(offered(&mut instance.handle, RequestId(2), 160), 0);
     instance.write_pages(second.len(), &layout, 20);
     let table: Vec<i32> = (20..20 + 23).collect();
@@ -315,7 +315,7 @@ fn head_block_scenario(
     // Turn 3 on an instance without the local cache: how much of turn 2 is offered?
     instance
         .handle
-        .lookup_prefix(RequestId(3), Arc::clone(&second), 0);
+        .lookup_prefix(RequestId(3), Arc::clone(&second), 0)?;
     let hit = offered(&mut instance.handle, RequestId(3), 0);
     let stats = instance.handle.shutdown();
     if resave_min_tokens > 0 {
@@ -362,10 +362,9 @@ fn a_full_save_queue_sheds_the_oldest_request_with_its_resaves_and_counts_every_
     let second = prompt(5_000_000, 3 * 16 + 1);
     instance
         .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&first), 160);
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&second), 0);
+        .lookup_prefix(RequestId(1), Arc::clone(&first), 160)
+        .expect("the request is new");
+    look_up(&mut instance.handle, RequestId(2), &second);
     assert_eq!(offered(&mut instance.handle, RequestId(1), 160), 0);
     assert_eq!(offered(&mut instance.handle, RequestId(2), 0), 0);
     instance.write_pages(first.len(), &layout, 0);

@@ -51,7 +51,8 @@ fn a_lookup_that_never_answers_fails_the_wait_instead_of_hanging() -> TestResult
     let paused = instance.handle.pause_actors();
     instance
         .handle
-        .lookup_prefix(RequestId(7), Arc::clone(&prompt(0, 65)), 0);
+        .lookup_prefix(RequestId(7), Arc::clone(&prompt(0, 65)), 0)
+        .expect("the request is new");
     let handle = &mut instance.handle;
     let panic = catch_unwind(AssertUnwindSafe(|| {
         reserve_within(

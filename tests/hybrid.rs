@@ -24,7 +24,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{finished_loads, memory_pool, page_content, prompt, reserve, start, TestPool};
+use common::{
+    finished_loads, look_up, memory_pool, page_content, prompt, reserve, start, TestPool,
+};
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::hash::{hash_blocks, scope_seed, Scope};
@@ -339,9 +341,7 @@ fn a_window_counts_only_when_every_shard_is_stored_r3() -> TestResult {
     let mut writer = start(Arc::clone(&pool), &layout, Config::default());
     writer.save_prompt(RequestId(1), &tokens, &layout, 0);
     let mut reader = start(Arc::clone(&pool), &layout, Config::default());
-    reader
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    look_up(&mut reader.handle, RequestId(2), &tokens);
     let nothing = ReserveAnswer::Offer {
         extra_tokens: 0,
         is_async: false,
@@ -352,9 +352,7 @@ fn a_window_counts_only_when_every_shard_is_stored_r3() -> TestResult {
     );
     *test_pool.refuse_puts_containing.lock() = None;
     writer.save_prompt(RequestId(3), &tokens, &layout, 0);
-    reader
-        .handle
-        .lookup_prefix(RequestId(4), Arc::clone(&tokens), 0);
+    look_up(&mut reader.handle, RequestId(4), &tokens);
     assert_eq!(
         reserve(&mut reader.handle, RequestId(4), ReservationId(4)),
         ReserveAnswer::Offer {
@@ -378,9 +376,7 @@ fn loads_cover_only_sinks_and_the_window_of_the_resume_point_r15() -> TestResult
     let mut reader = start(Arc::clone(&pool), &layout, Config::default());
     // 20 full blocks and 3 tokens: the default R saves the window group's every block.
     let tokens = prompt(40, 20 * 16 + 3);
-    writer
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut writer.handle, RequestId(1), &tokens);
     reserve(&mut writer.handle, RequestId(1), ReservationId(1));
     writer.compute(RequestId(1), &tokens, &layout, 0);
     writer.handle.settle_saves();
@@ -390,9 +386,7 @@ fn loads_cover_only_sinks_and_the_window_of_the_resume_point_r15() -> TestResult
     for page in 100..121 {
         reader.devices[0].write_page(window, page, &marker)?;
     }
-    reader
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    look_up(&mut reader.handle, RequestId(2), &tokens);
     assert_eq!(
         reserve(&mut reader.handle, RequestId(2), ReservationId(2)),
         ReserveAnswer::Offer {
@@ -445,9 +439,7 @@ fn put_order(window_first: bool) -> Result<Vec<(u32, usize)>, Box<dyn std::error
     config.saver.staging_bytes = 1;
     let mut instance = start(pool, &layout, config);
     let tokens = prompt(7, 10 * 16 + 3);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(1), &tokens);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
     instance.write_pages(tokens.len(), &layout, 0);
     test_pool.hold_puts.store(true, Ordering::SeqCst);
@@ -503,9 +495,7 @@ fn window_saves_are_the_sinks_and_the_held_tail_at_the_last_chunk_r17() -> TestR
     let mut instance = start(pool, &layout, config(0, true));
     // P = 163, W = 64, R = 0: the tail [99, 163) overlaps blocks 6..=9; sinks: block 0.
     let tokens = prompt(31, 10 * 16 + 3);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(1), &tokens);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
     instance.write_pages(tokens.len(), &layout, 0);
     instance.chunk(RequestId(1), tokens.len(), &layout, 0, 0..64);

@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use common::mooncake::{install, venv_dir};
-use common::{finished_loads, page_content, prompt, reserve, start, Instance};
+use common::{finished_loads, look_up, page_content, prompt, reserve, start, Instance};
 use kv_connector::cli::{replay as replay_cli, Cli, Command};
 use kv_connector::config::{Config, MIB};
 use kv_connector::connector::{ConnectorHandle, ConnectorParams, EngineConnector, ReserveAnswer};
@@ -291,7 +291,7 @@ fn start_scoped(
 
 /// Extra tokens a fresh lookup of `tokens` offers.
 fn offered(handle: &mut ConnectorHandle, request: u64, tokens: &Arc<[i64]>) -> usize {
-    handle.lookup_prefix(RequestId(request), Arc::clone(tokens), 0);
+    look_up(handle, RequestId(request), tokens);
     match reserve(handle, RequestId(request), ReservationId(request)) {
         ReserveAnswer::Offer { extra_tokens, .. } => extra_tokens,
         ReserveAnswer::Pending => 0,

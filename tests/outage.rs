@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::faults::{faulty, load_once, saved_pool, tiny};
-use common::{memory_pool, prompt, reserve, start};
+use common::{look_up, memory_pool, prompt, reserve, start};
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer};
 use kv_connector::core::ids::{RequestId, ReservationId};
@@ -148,9 +148,7 @@ fn a_pool_that_is_gone_is_marked_unreachable_after_three_failed_calls() {
 /// without a load).
 fn offered(instance: &mut common::Instance, request: u64, tokens: &Arc<[i64]>) -> usize {
     let (request, reservation) = (RequestId(request), ReservationId(request));
-    instance
-        .handle
-        .lookup_prefix(request, Arc::clone(tokens), 0);
+    look_up(&mut instance.handle, request, tokens);
     let offered = match reserve(&mut instance.handle, request, reservation) {
         ReserveAnswer::Offer { extra_tokens, .. } => extra_tokens,
         ReserveAnswer::Pending => usize::MAX,

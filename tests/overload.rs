@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{memory_pool, prompt, reserve, start, TestPool};
+use common::{look_up, memory_pool, prompt, reserve, start, TestPool};
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::ids::{RequestId, ReservationId};
@@ -24,9 +24,7 @@ fn a_request_larger_than_the_save_queue_is_shed_whole_counted_and_released_r22()
     config.saver.queue_capacity_pages = 4;
     let mut instance = start(memory_pool(64 << 20), &layout, config);
     let tokens = prompt(0, 10 * 16 + 1);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(1), &tokens);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
     // One step enqueues ten pages into a queue of four: the fifth push sheds the request
     // with its four queued pages, and its last five pages are dropped as they come.
@@ -59,9 +57,7 @@ fn a_shed_request_saves_no_window_page_and_its_id_is_new_once_ended_r22() {
     config.saver.queue_capacity_pages = 8;
     let mut instance = start(Arc::clone(&test_pool) as Arc<dyn Pool>, &layout, config);
     let first = prompt(7, 10 * 16 + 3);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&first), 0);
+    look_up(&mut instance.handle, RequestId(1), &first);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
     instance.write_pages(first.len(), &layout, 0);
     // Nine full blocks in one step into a queue of eight: the request is shed at the ninth.
@@ -79,9 +75,7 @@ fn a_shed_request_saves_no_window_page_and_its_id_is_new_once_ended_r22() {
     );
     // The engine uses the id again: 4 full blocks and 4 window pages, which fit.
     let second = prompt(9_000_000, 4 * 16 + 1);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&second), 0);
+    look_up(&mut instance.handle, RequestId(1), &second);
     reserve(&mut instance.handle, RequestId(1), ReservationId(2));
     instance.compute(RequestId(1), &second, &layout, 20);
     let keep = instance.handle.request_finished(RequestId(1));
@@ -114,9 +108,7 @@ fn a_full_planner_mailbox_defers_lookups_and_loses_no_saves() {
         .collect();
     let paused = instance.handle.pause_actors();
     for (index, tokens) in prompts.iter().enumerate() {
-        instance
-            .handle
-            .lookup_prefix(RequestId(index as u64), Arc::clone(tokens), 0);
+        look_up(&mut instance.handle, RequestId(index as u64), tokens);
         // One admission pass per request: sixteen messages into a mailbox of one.
         instance.handle.flush_lookups();
     }
@@ -147,7 +139,10 @@ fn a_refused_start_loads_fails_every_load_of_the_step_r25() {
     let mut instance = start(memory_pool(64 << 20), &layout, Config::default());
     for index in 0..3_u64 {
         let tokens = prompt(i64::try_from(index).unwrap() * 1_000_000, 4 * 16 + 1);
-        instance.handle.lookup_prefix(RequestId(index), tokens, 0);
+        instance
+            .handle
+            .lookup_prefix(RequestId(index), tokens, 0)
+            .expect("the request is new");
     }
     for index in 0..3_u64 {
         reserve(
@@ -202,9 +197,7 @@ fn a_full_outbox_drops_and_settles_saves_and_the_accounting_closes_r22() {
         .collect();
     for (index, tokens) in prompts.iter().enumerate() {
         let request = RequestId(index as u64);
-        instance
-            .handle
-            .lookup_prefix(request, Arc::clone(tokens), 0);
+        look_up(&mut instance.handle, request, tokens);
         reserve(&mut instance.handle, request, ReservationId(request.0));
     }
     // Sixteen steps back to back, four pages each, into an outbox of one.

@@ -6,7 +6,9 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{finished_loads, memory_pool, page_content, prompt, reserve, start, TestPool};
+use common::{
+    finished_loads, look_up, memory_pool, page_content, prompt, reserve, start, TestPool,
+};
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
 use kv_connector::core::ids::{RequestId, ReservationId};
@@ -25,9 +27,7 @@ fn a_saved_prompt_is_loaded_byte_identical_by_another_instance() {
     let page_bytes = first.devices[0].page_pool(GroupId(0)).unwrap().page_bytes;
     let tokens = prompt(0, 10 * t + 3);
 
-    first
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut first.handle, RequestId(1), &tokens);
     assert_eq!(
         reserve(&mut first.handle, RequestId(1), ReservationId(1)),
         ReserveAnswer::Offer {
@@ -83,9 +83,7 @@ fn a_saved_prompt_is_loaded_byte_identical_by_another_instance() {
         "ten full blocks, never the partial one"
     );
 
-    second
-        .handle
-        .lookup_prefix(RequestId(7), Arc::clone(&tokens), 0);
+    look_up(&mut second.handle, RequestId(7), &tokens);
     let answer = reserve(&mut second.handle, RequestId(7), ReservationId(70));
     assert_eq!(
         answer,
@@ -128,9 +126,7 @@ fn saving_a_present_prompt_again_skips_every_block_r19() {
     let mut instance = start(memory_pool(64 << 20), &layout, Config::default());
     let tokens = prompt(5, 8 * 16);
     for request in [RequestId(1), RequestId(2)] {
-        instance
-            .handle
-            .lookup_prefix(request, Arc::clone(&tokens), 0);
+        look_up(&mut instance.handle, request, &tokens);
         reserve(&mut instance.handle, request, ReservationId(request.0));
         instance.compute(request, &tokens, &layout, 0);
         instance.handle.settle_saves();
@@ -154,9 +150,7 @@ fn a_prefix_counts_only_when_every_shard_saved_r3() {
     let mut writer = start(Arc::clone(&pool), &layout, Config::default());
     writer.save_prompt(RequestId(1), &tokens, &layout, 0);
     let mut reader = start(Arc::clone(&pool), &layout, Config::default());
-    reader
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    look_up(&mut reader.handle, RequestId(2), &tokens);
     assert_eq!(
         reserve(&mut reader.handle, RequestId(2), ReservationId(2)),
         ReserveAnswer::Offer {
@@ -167,9 +161,7 @@ fn a_prefix_counts_only_when_every_shard_saved_r3() {
     // Now both ranks save: the prefix is offered, and each rank gets its own pages.
     *test_pool.refuse_puts_containing.lock() = None;
     writer.save_prompt(RequestId(3), &tokens, &layout, 0);
-    reader
-        .handle
-        .lookup_prefix(RequestId(4), Arc::clone(&tokens), 0);
+    look_up(&mut reader.handle, RequestId(4), &tokens);
     assert_eq!(
         reserve(&mut reader.handle, RequestId(4), ReservationId(4)),
         ReserveAnswer::Offer {
@@ -210,9 +202,7 @@ fn an_object_evicted_after_the_probe_fails_the_load_r25() {
     let mut instance = start(pool, &layout, Config::default());
     let tokens = prompt(1, 4 * 16 + 1);
     instance.save_prompt(RequestId(1), &tokens, &layout, 0);
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(2), &tokens);
     assert!(matches!(
         reserve(&mut instance.handle, RequestId(2), ReservationId(2)),
         ReserveAnswer::Offer {
@@ -244,9 +234,7 @@ fn pages_stay_with_the_request_until_its_saves_settle_r22() {
     let pool: Arc<dyn Pool> = Arc::clone(&test_pool) as Arc<dyn Pool>;
     let mut instance = start(pool, &layout, Config::default());
     let tokens = prompt(11, 3 * 16 + 1);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(1), &tokens);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
     test_pool.hold_puts.store(true, Ordering::SeqCst);
     instance.compute(RequestId(1), &tokens, &layout, 0);
@@ -387,9 +375,7 @@ fn resave_refreshes_the_blocks_of_earlier_chunks_r20() {
     config.saver.resave_min_tokens = 64;
     let mut instance = start(memory_pool(64 << 20), &layout, config);
     let tokens = prompt(21, 10 * 16 + 3);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(1), &tokens);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
     let table: Vec<i32> = (0..11).collect();
     let tables: [&[i32]; 1] = [&table];
@@ -431,9 +417,7 @@ fn sync_load_waits_for_every_load_of_the_step_r23() {
     let prompts = [prompt(0, 4 * 16 + 1), prompt(1_000_000, 4 * 16 + 1)];
     for (index, tokens) in (1_u64..).zip(&prompts) {
         first.save_prompt(RequestId(index), tokens, &layout, 0);
-        second
-            .handle
-            .lookup_prefix(RequestId(index), Arc::clone(tokens), 0);
+        look_up(&mut second.handle, RequestId(index), tokens);
     }
     for index in 1..=2 {
         assert_eq!(

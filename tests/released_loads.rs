@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::{
-    finished_loads, memory_pool, page_content, prompt, reserve, start, wait_until, Instance,
-    TestPool,
+    finished_loads, look_up, memory_pool, page_content, prompt, reserve, start, wait_until,
+    Instance, TestPool,
 };
 use kv_connector::config::Config;
 use kv_connector::connector::{EngineConnector, ReserveAnswer};
@@ -31,9 +31,7 @@ fn second_request_looked_up(
     let mut instance = start(pool, layout, config);
     let tokens = prompt(first, 4 * 16 + 1);
     instance.save_prompt(RequestId(1), &tokens, layout, 0);
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(2), &tokens);
     (instance, test_pool, tokens)
 }
 

@@ -20,7 +20,9 @@ use kv_connector::cli::replay::{run_with_connector, ReplayCliError};
 use kv_connector::cli::signals::StopSignal;
 use kv_connector::cli::CliError;
 use kv_connector::config::Config;
-use kv_connector::connector::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
+use kv_connector::connector::{
+    EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOutput,
+};
 use kv_connector::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::keys::KeySpace;
@@ -301,7 +303,12 @@ impl Publisher {
 }
 
 impl EngineConnector for Publisher {
-    fn lookup_prefix(&mut self, request: RequestId, prompt: Arc<[i64]>, _local: usize) {
+    fn lookup_prefix(
+        &mut self,
+        request: RequestId,
+        prompt: Arc<[i64]>,
+        _local: usize,
+    ) -> Result<(), HookError> {
         let hashes = hash_blocks(
             scope_seed(&Scope::default()),
             &prompt,
@@ -309,6 +316,7 @@ impl EngineConnector for Publisher {
         )
         .unwrap_or_default();
         self.hashes.insert(request, (hashes, 0));
+        Ok(())
     }
 
     fn reserve_prefix(&mut self, _: RequestId, _: usize, _: ReservationId) -> ReserveAnswer {

@@ -23,7 +23,9 @@ use std::time::Duration;
 use clap::Parser;
 use kv_connector::cli::{replay as replay_cli, Cli, Command};
 use kv_connector::config::Config;
-use kv_connector::connector::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
+use kv_connector::connector::{
+    EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOutput,
+};
 use kv_connector::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::Layout;
@@ -256,7 +258,7 @@ impl EngineConnector for Scripted {
         request: RequestId,
         prompt: Arc<[i64]>,
         _local_match_tokens: usize,
-    ) {
+    ) -> Result<(), HookError> {
         self.log.lock().events.push(Event::Lookup(request));
         let hashes = hash_blocks(
             scope_seed(&Scope::default()),
@@ -274,6 +276,7 @@ impl EngineConnector for Scripted {
                 saved_blocks: 0,
             },
         );
+        Ok(())
     }
 
     fn reserve_prefix(

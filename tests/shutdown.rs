@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{memory_pool, prompt, reserve, start, TestPool};
+use common::{look_up, memory_pool, prompt, reserve, start, TestPool};
 use kv_connector::config::{Config, ConfigSources};
 use kv_connector::connector::{EngineConnector, ReserveAnswer};
 use kv_connector::core::ids::{RequestId, ReservationId};
@@ -59,9 +59,7 @@ fn shutdown_settles_queued_saves_before_the_final_report() -> TestResult {
     );
     for request in 0..4_u64 {
         let tokens = prompt(i64::try_from(request)? * 100_000, 20 * 16 + 5);
-        instance
-            .handle
-            .lookup_prefix(RequestId(request), Arc::clone(&tokens), 0);
+        look_up(&mut instance.handle, RequestId(request), &tokens);
         reserve(
             &mut instance.handle,
             RequestId(request),
@@ -104,9 +102,7 @@ fn saves_still_queued_at_the_drain_deadline_are_dropped_and_counted() -> TestRes
         config_with_drain_timeout_ms(0),
     );
     let tokens = prompt(7, 40 * 16 + 3);
-    instance
-        .handle
-        .lookup_prefix(RequestId(1), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(1), &tokens);
     reserve(&mut instance.handle, RequestId(1), ReservationId(1));
     instance.compute(RequestId(1), &tokens, &layout, 0);
     let stats = instance.handle.shutdown();
@@ -144,9 +140,7 @@ fn a_load_in_flight_at_the_drain_deadline_counts_as_failed() -> TestResult {
     );
     let tokens = prompt(1, 4 * 16 + 1);
     instance.save_prompt(RequestId(1), &tokens, &layout, 0);
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(2), &tokens);
     let offer = reserve(&mut instance.handle, RequestId(2), ReservationId(2));
     assert!(matches!(
         offer,
@@ -179,9 +173,7 @@ fn close_is_idempotent_and_admits_nothing_afterwards() -> TestResult {
     assert_eq!(first.saves.saves_done, 8);
     assert_eq!(second.saves.saves_done, first.saves.saves_done);
     assert_eq!(second.lookups.lookups(), first.lookups.lookups());
-    instance
-        .handle
-        .lookup_prefix(RequestId(2), Arc::clone(&tokens), 0);
+    look_up(&mut instance.handle, RequestId(2), &tokens);
     assert_eq!(
         instance
             .handle

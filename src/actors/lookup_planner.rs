@@ -35,7 +35,7 @@ use actix::prelude::*;
 
 use super::supervisor::catch;
 use crate::core::hash::{hash_blocks, BlockHash};
-use crate::core::ids::RequestId;
+use crate::core::ids::{LookupTicket, RequestId};
 use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::core::planner::{Lookup, LookupOutcome, LookupPlan, LookupRequest, PlannerGroup};
@@ -168,10 +168,10 @@ impl Handler<LookupPrefixes> for LookupPlanner {
 impl LookupPlanner {
     /// Starts one lookup; one that panics is answered with nothing (module docs).
     fn start_supervised(&mut self, message: LookupPrefix, ctx: &mut Context<Self>) {
-        let request = message.request;
+        let (request, ticket) = (message.request, message.ticket);
         if let Err(panicked) = catch(|| self.start_lookup(message, ctx)) {
             tracing::error!(%request, panic = panicked.message(), "lookup planner panicked starting a lookup; nothing offered, planner restarted");
-            self.answer(LookupResult::failed(), request, ctx);
+            self.answer(LookupResult::failed(), (request, ticket), ctx);
         }
     }
 
@@ -184,7 +184,7 @@ impl LookupPlanner {
         let pool = Arc::clone(&self.pool);
         let keys = Arc::clone(&self.keys);
         let settings = Arc::clone(&self.settings);
-        let request = message.request;
+        let asked = (message.request, message.ticket);
         let work = tokio::task::spawn_blocking(move || {
             run_lookup(
                 pool.as_ref(),
@@ -196,15 +196,21 @@ impl LookupPlanner {
         });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
             let result = joined.unwrap_or_else(|_| LookupResult::failed());
-            actor.answer(result, request, ctx);
+            actor.answer(result, asked, ctx);
         }));
     }
 
     /// Counts a finished lookup and sends its result to the engine.
-    fn answer(&mut self, result: LookupResult, request: RequestId, ctx: &mut Context<Self>) {
+    fn answer(
+        &mut self,
+        result: LookupResult,
+        (request, ticket): (RequestId, LookupTicket),
+        ctx: &mut Context<Self>,
+    ) {
         self.count(&result);
         let completed = LookupCompleted {
             request,
+            ticket,
             plan: result.plan,
             hashes: result.hashes,
         };

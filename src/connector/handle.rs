@@ -12,9 +12,9 @@ use actix::Addr;
 
 use super::courier::{ActorRecipients, Courier, CourierTiming};
 use super::start::{start_actors, ConnectorParams, StagingRegistrations, StartError, Started};
-use super::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
+use super::{EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOutput};
 use crate::actors::stats_reporter::StatsReporter;
-use crate::core::ids::{RequestId, ReservationId};
+use crate::core::ids::{LookupTicket, RequestId, ReservationId};
 use crate::core::keys::KeySpace;
 use crate::core::layout::{Attention, Layout};
 use crate::core::save_order::SavePriority;
@@ -31,17 +31,31 @@ mod gates;
 mod handoff;
 mod loads;
 mod lookups;
+mod progress;
 mod report;
+mod reservations;
 mod saves;
 mod shutdown;
+
+pub use progress::{Progress, ProgressWaiter};
 
 /// Capacity of each engine inbox channel: results wait here until the next step drains them.
 const ENGINE_INBOX_CAPACITY: usize = 4096;
 
-/// The handle's record of one request.
+/// The handle's record of one request, from its lookup until it is forgotten (ended, its
+/// saves settled): while it exists the request is live (R32).
 #[derive(Debug, Default)]
 struct RequestState {
+    /// The ticket of the request's one lookup: only that lookup's result is taken.
+    ticket: LookupTicket,
     lookup: Option<LookupAnswer>,
+    /// The engine looked the live request up again with other tokens in mind: nothing
+    /// more of it is saved or loaded (R32).
+    disputed: bool,
+    /// The reservation of the latest offer (`reserve_prefix`), until a step reports it.
+    offered: Option<ReservationId>,
+    /// The reservation a step reported last (its load started).
+    reported: Option<ReservationId>,
     /// Tokens that came from the pool or the local match: never saved again (R19).
     reused_until: usize,
     pending_saves: u64,
@@ -82,6 +96,8 @@ pub struct ConnectorHandle {
     unsent_lookups: Vec<LookupPrefix>,
     /// The last batch was refused by a full mailbox.
     lookups_refused: bool,
+    /// The last lookup ticket issued (R32).
+    last_ticket: LookupTicket,
     /// The loads of the step `on_step` is reporting, sent as one message at its end.
     step_loads: Vec<StartLoad>,
     /// One save batch per rank for the step `on_step` is reporting (empty between steps).
@@ -198,6 +214,7 @@ impl ConnectorHandle {
             finished_loads: Vec::new(),
             unsent_lookups: Vec::new(),
             lookups_refused: false,
+            last_ticket: LookupTicket::default(),
             step_loads: Vec::new(),
             step_saves: Vec::new(),
             requests: HashMap::new(),
@@ -271,21 +288,37 @@ impl Drop for ConnectorHandle {
 }
 
 impl EngineConnector for ConnectorHandle {
-    fn lookup_prefix(&mut self, request: RequestId, prompt: Arc<[i64]>, local_match_tokens: usize) {
-        let message = LookupPrefix {
-            request,
-            prompt,
-            local_match_tokens,
-            enqueued_at: Instant::now(),
+    fn lookup_prefix(
+        &mut self,
+        request: RequestId,
+        prompt: Arc<[i64]>,
+        local_match_tokens: usize,
+    ) -> Result<(), HookError> {
+        if let Some(live) = self.requests.get_mut(&request) {
+            live.disputed = true;
+            return Err(HookError::LiveRequest { request });
+        }
+        self.last_ticket = LookupTicket(self.last_ticket.0 + 1);
+        let ticket = self.last_ticket;
+        let mut state = RequestState {
+            ticket,
+            reused_until: local_match_tokens,
+            ..RequestState::default()
         };
-        let state = self.requests.entry(request).or_default();
-        state.reused_until = local_match_tokens;
         if self.thread.is_none() {
             // Closed: nothing is looked up any more, so nothing is offered or saved.
             state.lookup = Some((None, Arc::from(Vec::new())));
-            return;
+        } else {
+            self.unsent_lookups.push(LookupPrefix {
+                request,
+                ticket,
+                prompt,
+                local_match_tokens,
+                enqueued_at: Instant::now(),
+            });
         }
-        self.unsent_lookups.push(message);
+        self.requests.insert(request, state);
+        Ok(())
     }
 
     fn flush_lookups(&mut self) {
@@ -305,14 +338,16 @@ impl EngineConnector for ConnectorHandle {
         if self.lookups_refused {
             self.flush_queued_lookups();
         }
-        let Some(state) = self.requests.get(&request) else {
-            return ReserveAnswer::Offer {
-                extra_tokens: 0,
-                is_async: false,
-            };
+        let nothing = ReserveAnswer::Offer {
+            extra_tokens: 0,
+            is_async: false,
         };
-        match &state.lookup {
-            None => ReserveAnswer::Pending,
+        let Some(state) = self.requests.get_mut(&request) else {
+            return nothing;
+        };
+        let answer = match &state.lookup {
+            None => return ReserveAnswer::Pending,
+            Some(_) if state.disputed => nothing,
             // The plan was made for the local match given to `lookup_prefix`; an engine
             // whose `num_computed` differs gets nothing rather than a load that would write
             // below its computed tokens or skip blocks above them.
@@ -326,11 +361,11 @@ impl EngineConnector for ConnectorHandle {
                     is_async: !self.sync_load,
                 }
             }
-            Some(_) => ReserveAnswer::Offer {
-                extra_tokens: 0,
-                is_async: false,
-            },
-        }
+            Some(_) => nothing,
+        };
+        // Only the latest offer may be reported as a new reservation (`check_step`).
+        state.offered = (answer != nothing).then_some(reservation);
+        answer
     }
 
     fn release_prefix_reservation(

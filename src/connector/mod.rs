@@ -32,10 +32,12 @@ pub mod courier;
 #[cfg(feature = "faults")]
 pub mod gate;
 mod handle;
+mod refusal;
 pub mod save_plan;
 mod start;
 
-pub use handle::ConnectorHandle;
+pub use handle::{ConnectorHandle, Progress, ProgressWaiter};
+pub use refusal::HookError;
 pub use start::{ConnectorParams, StagingRole, StartError};
 
 /// Defined with the other engine-inbox messages (the reservation manager sends it).
@@ -90,8 +92,20 @@ pub struct SchedulerOutput<'a> {
 /// The engine hooks of `docs/DESIGN.md` section 2, called from the engine's scheduler thread.
 pub trait EngineConnector {
     /// Starts the lookup of a new request's prompt (never blocks on the pool).
-    /// `local_match_tokens` is the engine's own prefix-cache hit (block aligned).
-    fn lookup_prefix(&mut self, request: RequestId, prompt: Arc<[i64]>, local_match_tokens: usize);
+    /// `local_match_tokens` is the engine's own prefix-cache hit (block aligned). The
+    /// prompt is the request's for good: every save of the request is keyed by its
+    /// blocks (R32).
+    ///
+    /// # Errors
+    /// [`HookError::LiveRequest`] when `request` is still live (looked up and not ended,
+    /// or ended with saves pending): nothing is looked up, and nothing more of that
+    /// request is saved or loaded (R32).
+    fn lookup_prefix(
+        &mut self,
+        request: RequestId,
+        prompt: Arc<[i64]>,
+        local_match_tokens: usize,
+    ) -> Result<(), HookError>;
 
     /// The engine has made the `lookup_prefix` calls of one admission pass: a connector
     /// that batches lookups sends them now (one message to its planner a pass). Calling
@@ -121,7 +135,11 @@ pub trait EngineConnector {
     /// Reservations whose loads ended since the last call.
     fn get_finished_prefix_loads(&mut self) -> Vec<FinishedLoad>;
 
-    /// Plans saves and starts loads for what the engine scheduled this step.
+    /// Plans saves and starts loads for what the engine scheduled this step. A
+    /// `new_reservation` must be the one of the request's latest offer
+    /// (`reserve_prefix`), reported once; one that is not is reported failed (or, named
+    /// again, ignored) rather than loaded. `ConnectorHandle::check_step` refuses such a
+    /// step before anything of it is done.
     fn on_step(&mut self, output: &SchedulerOutput<'_>);
 
     /// A request ended; `true` when its pages must stay until its saves finish.
@@ -151,7 +169,8 @@ impl EngineConnector for NoConnector {
         _request: RequestId,
         _prompt: Arc<[i64]>,
         _local_match_tokens: usize,
-    ) {
+    ) -> Result<(), HookError> {
+        Ok(())
     }
 
     fn reserve_prefix(

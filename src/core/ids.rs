@@ -27,6 +27,15 @@ pub struct RequestId(pub u64);
 #[serde(transparent)]
 pub struct ReservationId(pub u64);
 
+/// The connector's own number for one lookup of a request (R32).
+///
+/// Issued by the engine's handle, one per `lookup_prefix`, never reused within a
+/// connector: a lookup result is accepted only by the request record that started it, so
+/// a result that outlived its request (ended while the lookup ran) never reaches a later
+/// request under the same id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct LookupTicket(pub u64);
+
 /// Index of one page in a layer group's page table on this rank.
 ///
 /// A page holds one block of one layer group (all layers of the group). The engine's

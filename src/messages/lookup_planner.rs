@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use actix::Message;
 
-use crate::core::ids::RequestId;
+use crate::core::ids::{LookupTicket, RequestId};
 use crate::stats::LookupStats;
 
 /// Look up the longest reusable prefix of a prompt (R10-R15).
@@ -22,6 +22,8 @@ use crate::stats::LookupStats;
 pub struct LookupPrefix {
     /// The request.
     pub request: RequestId,
+    /// This lookup's ticket, echoed in its `LookupCompleted` (R32).
+    pub ticket: LookupTicket,
     /// The prompt's tokens.
     pub prompt: Arc<[i64]>,
     /// The engine's own prefix-cache hit (block aligned).

@@ -13,7 +13,7 @@ pub mod saver_queue;
 pub mod stats_reporter;
 
 use crate::core::hash::BlockHash;
-use crate::core::ids::{RequestId, ReservationId};
+use crate::core::ids::{LookupTicket, RequestId, ReservationId};
 use crate::core::planner::LookupPlan;
 use std::sync::Arc;
 
@@ -22,6 +22,9 @@ use std::sync::Arc;
 pub struct LookupCompleted {
     /// The request looked up.
     pub request: RequestId,
+    /// The ticket of the lookup this answers: the handle accepts the result only for the
+    /// request record that holds the same ticket (R32).
+    pub ticket: LookupTicket,
     /// The plan (R10-R15); `None` when the lookup failed (the engine computes everything).
     pub plan: Option<LookupPlan>,
     /// Chain hashes of the prompt's full blocks (R1), reused for saves.

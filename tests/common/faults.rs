@@ -54,7 +54,8 @@ pub fn load_once(
     let (request, reservation) = (RequestId(request), ReservationId(request));
     instance
         .handle
-        .lookup_prefix(request, Arc::clone(tokens), 0);
+        .lookup_prefix(request, Arc::clone(tokens), 0)
+        .unwrap();
     let ReserveAnswer::Offer { extra_tokens, .. } =
         reserve(&mut instance.handle, request, reservation)
     else {

@@ -136,6 +136,13 @@ pub fn wait_until<T>(what: &str, ready: impl FnMut() -> Option<T>) -> T {
     wait_until_within(WAIT_LIMIT, what, ready)
 }
 
+/// Starts the lookup of a new request (the test fails if the id is live).
+pub fn look_up(handle: &mut ConnectorHandle, request: RequestId, tokens: &Arc<[i64]>) {
+    handle
+        .lookup_prefix(request, Arc::clone(tokens), 0)
+        .unwrap();
+}
+
 /// Waits (for real) until the lookup answers, then returns the offer.
 pub fn reserve(
     handle: &mut ConnectorHandle,
@@ -187,7 +194,9 @@ impl Instance {
         layout: &Layout,
         first_page: i32,
     ) {
-        self.handle.lookup_prefix(request, Arc::clone(prompt), 0);
+        self.handle
+            .lookup_prefix(request, Arc::clone(prompt), 0)
+            .unwrap();
         reserve(&mut self.handle, request, ReservationId(request.0));
         self.compute(request, prompt, layout, first_page);
         self.handle.settle_saves();
@@ -280,6 +289,10 @@ impl Instance {
 /// A pool wrapper for fault tests: gets can be held until released, or fail as evicted.
 pub struct TestPool {
     pub inner: Arc<MemoryPool>,
+    /// Probes (`exists`) begun while set wait for `release_one_get`.
+    pub hold_probes: AtomicBool,
+    /// Probes begun so far (counted before a held probe waits).
+    pub probes_started: AtomicUsize,
     pub hold_gets: AtomicBool,
     /// Gets begun so far (counted before a held get waits).
     pub gets_started: AtomicUsize,
@@ -297,6 +310,8 @@ impl TestPool {
     pub fn new(inner: Arc<MemoryPool>) -> Self {
         TestPool {
             inner,
+            hold_probes: AtomicBool::new(false),
+            probes_started: AtomicUsize::new(0),
             hold_gets: AtomicBool::new(false),
             gets_started: AtomicUsize::new(0),
             hold_puts: AtomicBool::new(false),
@@ -307,7 +322,7 @@ impl TestPool {
         }
     }
 
-    /// Lets one held get or put proceed.
+    /// Lets one held probe, get or put proceed.
     pub fn release_one_get(&self) {
         self.gate.0.send(()).unwrap();
     }
@@ -323,6 +338,11 @@ impl TestPool {
 
 impl Pool for TestPool {
     fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
+        let held = self.hold_probes.load(Ordering::SeqCst);
+        self.probes_started.fetch_add(1, Ordering::SeqCst);
+        if held {
+            self.wait_for_release("a held probe");
+        }
         self.inner.exists(keys)
     }
 

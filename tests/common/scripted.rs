@@ -11,7 +11,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kv_connector::connector::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
+use kv_connector::connector::{
+    EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOutput,
+};
 use kv_connector::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::Attention;
@@ -156,7 +158,12 @@ impl WindowLoader {
 }
 
 impl EngineConnector for WindowLoader {
-    fn lookup_prefix(&mut self, request: RequestId, prompt: Arc<[i64]>, _local: usize) {
+    fn lookup_prefix(
+        &mut self,
+        request: RequestId,
+        prompt: Arc<[i64]>,
+        _local: usize,
+    ) -> Result<(), HookError> {
         let hashes = hash_blocks(
             scope_seed(&Scope::default()),
             &prompt,
@@ -169,6 +176,7 @@ impl EngineConnector for WindowLoader {
             offered: 0,
         };
         self.requests.insert(request, state);
+        Ok(())
     }
 
     fn reserve_prefix(

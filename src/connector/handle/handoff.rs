@@ -124,7 +124,9 @@ impl ConnectorHandle {
             );
             for lookup in message.lookups {
                 if let Some(state) = self.requests.get_mut(&lookup.request) {
-                    state.lookup = Some((None, Arc::from(Vec::new())));
+                    if state.ticket == lookup.ticket {
+                        state.lookup = Some((None, Arc::from(Vec::new())));
+                    }
                 }
             }
             return;
@@ -187,30 +189,9 @@ impl ConnectorHandle {
         answer: Option<&flume::Receiver<()>>,
         deadline: Option<Instant>,
     ) -> Option<Event> {
-        let mut selector = flume::Selector::new()
-            .recv(&self.lookups, |message| {
-                message.map_or(Event::Closed, Event::Lookup)
-            })
-            .recv(&self.loads, |message| {
-                message.map_or(Event::Closed, Event::Load)
-            })
-            .recv(&self.saves, |message| {
-                message.map_or(Event::Closed, Event::Save)
-            });
-        if let Some(returns) = self.courier.returns() {
-            selector = selector.recv(returns, |message| {
-                message.map_or(Event::Closed, Event::Returned)
-            });
-        }
-        if let Some(answer) = answer {
-            selector = selector.recv(answer, |_| Event::Answered);
-        }
         // About to block: what the outbox holds need not wait for the courier's next poll.
         self.courier.nudge();
-        match deadline {
-            Some(deadline) => selector.wait_deadline(deadline).ok(),
-            None => Some(selector.wait()),
-        }
+        self.waiter().wait_or(answer, deadline)
     }
 
     /// Records what a wait woke up for; `false` for `Answered` and `Closed`.

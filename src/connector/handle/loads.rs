@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::ConnectorHandle;
-use crate::connector::{FinishedLoad, ScheduledRequest};
+use crate::connector::{FinishedLoad, HookError, ScheduledRequest};
 use crate::core::ids::{RequestId, ReservationId};
 use crate::messages::courier::Outgoing;
 use crate::messages::reservation_manager::{StartLoad, StartLoads};
@@ -56,9 +56,24 @@ impl ConnectorHandle {
         scheduled: &ScheduledRequest<'_>,
         reservation: ReservationId,
     ) {
+        let planned = match self.reservation_verdict(scheduled.request, reservation) {
+            Ok(()) => {
+                self.take_back_load(scheduled.request, Some(reservation));
+                self.mark_reported(scheduled.request, reservation);
+                self.load_message(scheduled, reservation)
+            }
+            // Its load was started once: it is reported once (`check_step` refuses this).
+            Err(HookError::ReservationReported { .. }) => {
+                tracing::warn!(request = %scheduled.request, %reservation, "reservation reported again as new; ignored");
+                return;
+            }
+            Err(refused) => {
+                tracing::warn!(request = %scheduled.request, %reservation, %refused, "load not started");
+                None
+            }
+        };
         self.loads_asked += 1;
-        self.take_back_load(scheduled.request, Some(reservation));
-        match self.load_message(scheduled, reservation) {
+        match planned {
             Some(load) => self.step_loads.push(load),
             None => self.finished_loads.push(FinishedLoad {
                 reservation,
@@ -79,7 +94,7 @@ impl ConnectorHandle {
         reservation: ReservationId,
     ) -> Option<StartLoad> {
         let state = self.requests.get_mut(&scheduled.request)?;
-        let Some((Some(plan), hashes)) = &state.lookup else {
+        let (false, Some((Some(plan), hashes))) = (state.disputed, &state.lookup) else {
             return None;
         };
         let mut pages = Vec::with_capacity(plan.load_blocks());

@@ -20,6 +20,10 @@
 //!    queued lookup is never answered from stale state.
 //! 2. Every queued lookup is sent exactly once, or answered "nothing" when the planner is
 //!    gone, or dropped by `close`.
+//! 3. A result is taken only by the request record whose lookup it answers (same
+//!    [`LookupTicket`](crate::core::ids::LookupTicket)): lookups interleave in the
+//!    planner, so a result may outlive its request, and a later request under the same id
+//!    (a new prompt) must never save under the old prompt's hashes (R32).
 
 use std::sync::Arc;
 
@@ -47,10 +51,13 @@ impl ConnectorHandle {
         }
     }
 
-    /// Records one lookup result.
+    /// Records one lookup result, if its request record still waits for it (invariant
+    /// 3); a stale one is freed by the courier with the forgotten results.
     pub(super) fn accept_lookup(&mut self, done: LookupCompleted) {
-        if let Some(state) = self.requests.get_mut(&done.request) {
-            state.lookup = Some((done.plan.map(Arc::new), done.hashes));
+        let answer = (done.plan.map(Arc::new), done.hashes);
+        match self.requests.get_mut(&done.request) {
+            Some(state) if state.ticket == done.ticket => state.lookup = Some(answer),
+            _ => self.discarded.push(answer),
         }
     }
 }

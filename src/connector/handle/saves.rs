@@ -111,7 +111,8 @@ impl ConnectorHandle {
         let Some(state) = self.requests.get_mut(&scheduled.request) else {
             return;
         };
-        let Some((_, hashes)) = &state.lookup else {
+        // A disputed request's engine may be computing other tokens than its hashes' (R32).
+        let (false, Some((_, hashes))) = (state.disputed, &state.lookup) else {
             return;
         };
         let hashes = Arc::clone(hashes);

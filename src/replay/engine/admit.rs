@@ -115,7 +115,11 @@ impl Engine {
             let started = HookTimer::start();
             let looked_up = prompt.is_some();
             if let Some(prompt) = prompt {
-                self.connector.lookup_prefix(request, prompt, local_tokens);
+                if let Err(refused) = self.connector.lookup_prefix(request, prompt, local_tokens) {
+                    // Replay ids are unique: a refusal is a simulator bug, and the
+                    // connector then offers and saves nothing for the request (R32).
+                    tracing::error!(%refused, "lookup refused");
+                }
             }
             let answer = self
                 .connector
@@ -398,7 +402,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::connector::{EngineConnector, FinishedLoad, NoConnector, SchedulerOutput};
+    use crate::connector::{
+        EngineConnector, FinishedLoad, HookError, NoConnector, SchedulerOutput,
+    };
     use crate::core::hash::{hash_blocks, scope_seed, Scope};
     use crate::core::ids::RequestId;
     use crate::core::layout::{GroupId, Layout};
@@ -430,8 +436,14 @@ mod tests {
     }
 
     impl EngineConnector for Recording {
-        fn lookup_prefix(&mut self, request: RequestId, _prompt: Arc<[i64]>, local: usize) {
+        fn lookup_prefix(
+            &mut self,
+            request: RequestId,
+            _prompt: Arc<[i64]>,
+            local: usize,
+        ) -> Result<(), HookError> {
             self.log.borrow_mut().lookups.push((request.0, local));
+            Ok(())
         }
 
         fn reserve_prefix(

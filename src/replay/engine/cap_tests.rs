@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::connector::save_plan::{blocks_to_save_capped, past_chunk_end, SaveCap, SaveStep};
 use crate::connector::{
-    EngineConnector, FinishedLoad, ReserveAnswer, ScheduledRequest, SchedulerOutput,
+    EngineConnector, FinishedLoad, HookError, ReserveAnswer, ScheduledRequest, SchedulerOutput,
 };
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use crate::core::ids::{RequestId, ReservationId};
@@ -105,9 +105,15 @@ impl CopyingConnector {
 }
 
 impl EngineConnector for CopyingConnector {
-    fn lookup_prefix(&mut self, request: RequestId, prompt: Arc<[i64]>, _local: usize) {
+    fn lookup_prefix(
+        &mut self,
+        request: RequestId,
+        prompt: Arc<[i64]>,
+        _local: usize,
+    ) -> Result<(), HookError> {
         let hashes = hash_blocks(scope_seed(&Scope::default()), &prompt, T).unwrap_or_default();
         self.hashes.insert(request, hashes);
+        Ok(())
     }
 
     fn reserve_prefix(

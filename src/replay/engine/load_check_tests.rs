@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::connector::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
+use crate::connector::{EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOutput};
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{GroupId, Layout};
@@ -31,8 +31,14 @@ struct Generator {
 }
 
 impl EngineConnector for Generator {
-    fn lookup_prefix(&mut self, _request: RequestId, prompt: Arc<[i64]>, _local: usize) {
+    fn lookup_prefix(
+        &mut self,
+        _request: RequestId,
+        prompt: Arc<[i64]>,
+        _local: usize,
+    ) -> Result<(), HookError> {
         self.hashes = hash_blocks(scope_seed(&Scope::default()), &prompt, T).unwrap_or_default();
+        Ok(())
     }
 
     fn reserve_prefix(&mut self, _: RequestId, _: usize, _: ReservationId) -> ReserveAnswer {

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::connector::{EngineConnector, FinishedLoad, ReserveAnswer, SchedulerOutput};
+use crate::connector::{EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOutput};
 use crate::core::ids::{RequestId, ReservationId};
 use crate::replay::connectors::{ConnectorReport, ReplayConnector};
 
@@ -64,11 +64,16 @@ impl ConnectorProbe {
 }
 
 impl EngineConnector for ConnectorProbe {
-    fn lookup_prefix(&mut self, request: RequestId, prompt: std::sync::Arc<[i64]>, local: usize) {
+    fn lookup_prefix(
+        &mut self,
+        request: RequestId,
+        prompt: std::sync::Arc<[i64]>,
+        local: usize,
+    ) -> Result<(), HookError> {
         self.0
             .borrow_mut()
             .connector
-            .lookup_prefix(request, prompt, local);
+            .lookup_prefix(request, prompt, local)
     }
 
     fn flush_lookups(&mut self) {
@@ -166,7 +171,14 @@ mod tests {
     struct Offering;
 
     impl EngineConnector for Offering {
-        fn lookup_prefix(&mut self, _request: RequestId, _prompt: Arc<[i64]>, _local: usize) {}
+        fn lookup_prefix(
+            &mut self,
+            _request: RequestId,
+            _prompt: Arc<[i64]>,
+            _local: usize,
+        ) -> Result<(), HookError> {
+            Ok(())
+        }
         fn reserve_prefix(
             &mut self,
             _request: RequestId,
