@@ -5,8 +5,9 @@
 //!
 //! - G1. A hook converts its Python arguments while holding the GIL, then releases it
 //!   (`detach`) before it takes the connector's lock and calls the runtime, so a hook that
-//!   waits (`wait_for_progress`, `settle_saves`, `stats`, `shutdown`) never holds the GIL
-//!   meanwhile. The hooks of the engine step (`lookup`, `flush`, `reserve`, `release`,
+//!   waits (`settle_saves`, `stats`, `shutdown`) never holds the GIL meanwhile;
+//!   `wait_for_progress` holds neither the GIL nor the lock while it waits (a
+//!   `ProgressWaiter`), so other threads' hooks go on and signals are seen. The hooks of the engine step (`lookup`, `flush`, `reserve`, `release`,
 //!   `on_step`, `finished_loads`, `request_finished`, `finished_saves`) are the exception:
 //!   they never wait for the actors (under the lock they only try-send to and try-receive
 //!   from channels), so they keep the GIL when the lock is free at once (releasing and
@@ -25,9 +26,11 @@ mod lifecycle;
 mod start;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kv_connector::connector::{EngineConnector, ReserveAnswer, ScheduledRequest, SchedulerOutput};
+use kv_connector::connector::{
+    EngineConnector, HookError, ReserveAnswer, ScheduledRequest, SchedulerOutput,
+};
 use kv_connector::core::hash::{hash_blocks, BlockHash};
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::Layout;
@@ -46,6 +49,9 @@ use crate::stats;
 use crate::step::{PyStepRequest, StepCopy};
 use crate::tensors::Placement;
 
+/// How often `wait_for_progress` looks for a pending signal (a `KeyboardInterrupt`).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
 /// The connector of one serving instance (module docs: threads and the GIL).
 #[pyclass(name = "Connector", module = "kv_connector", frozen)]
 pub struct PyConnector {
@@ -55,6 +61,8 @@ pub struct PyConnector {
     /// Scope seed of every chain (R1): the salt's.
     seed: BlockHash,
     placements: Vec<Placement>,
+    /// Per layer group, the pages of its tensor: `on_step` checks page tables against it.
+    page_counts: Vec<u32>,
     pool_name: &'static str,
     model_key: String,
     namespace: String,
@@ -91,7 +99,9 @@ impl PyConnector {
 
     /// Starts the lookup of a new request's prompt; never blocks. `tokens`: a list of ints
     /// or a 1-D integer array or tensor. `local_match_tokens`: the engine's own prefix-cache
-    /// hit (block aligned).
+    /// hit (block aligned). The tokens are the request's until it ends (R32): a lookup for
+    /// a live request id (looked up and not ended, or ended with saves pending) raises
+    /// `ValueError`, and nothing more of that request is saved or loaded.
     #[pyo3(signature = (request_id, tokens, local_match_tokens = 0))]
     fn lookup(
         &self,
@@ -104,9 +114,9 @@ impl PyConnector {
         self.with_nowait(py, |state| {
             state
                 .handle
-                .lookup_prefix(RequestId(request_id), tokens, local_match_tokens);
-        });
-        Ok(())
+                .lookup_prefix(RequestId(request_id), tokens, local_match_tokens)
+        })
+        .map_err(|refused| PyValueError::new_err(refused.to_string()))
     }
 
     /// Sends the lookups queued since the last call now (optional: the next hook does).
@@ -160,12 +170,14 @@ impl PyConnector {
     }
 
     /// Plans saves and starts loads for what the engine scheduled this step: a list of
-    /// `StepRequest`, each with one page table per layer group.
+    /// `StepRequest`, each with one page table per layer group. Raises `ValueError`, and
+    /// does nothing of the step, for a page index outside its group's tensor, or a
+    /// `new_reservation` that is not the request's latest offer from `reserve` or was
+    /// reported before.
     fn on_step(&self, py: Python<'_>, requests: Vec<PyRef<'_, PyStepRequest>>) -> PyResult<()> {
-        let groups = self.layout.groups.len();
         let copies = requests
             .iter()
-            .map(|request| StepCopy::of(request, groups))
+            .map(|request| StepCopy::of(request, &self.page_counts))
             .collect::<PyResult<Vec<_>>>()?;
         drop(requests);
         self.with_nowait(py, |state| {
@@ -187,9 +199,11 @@ impl PyConnector {
                     })
                     .collect(),
             };
+            state.handle.check_step(&output)?;
             state.handle.on_step(&output);
-        });
-        Ok(())
+            Ok(())
+        })
+        .map_err(|refused: HookError| PyValueError::new_err(refused.to_string()))
     }
 
     /// Loads that ended since the last call: `(reservation_id, request_id, filled)`;
@@ -216,16 +230,30 @@ impl PyConnector {
             .collect()
     }
 
-    /// Blocks, without the GIL, until a lookup, load or save completes or `timeout_s`
-    /// seconds pass.
+    /// Blocks, without the GIL and without the connector's lock (other threads' hooks
+    /// go on), until a lookup, load or save completes or `timeout_s` seconds pass. Signals
+    /// are checked every [`SIGNAL_CHECK`]: a `KeyboardInterrupt` is raised within it.
     fn wait_for_progress(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
         let timeout = Duration::try_from_secs_f64(timeout_s).map_err(|_| {
             PyValueError::new_err(format!(
                 "timeout_s must be a non-negative number, got {timeout_s}"
             ))
         })?;
-        self.with(py, |state| state.handle.wait_for_progress(timeout));
-        Ok(())
+        let deadline = Instant::now().checked_add(timeout);
+        let waiter = self.with_nowait(py, |state| state.handle.progress_waiter());
+        loop {
+            let now = Instant::now();
+            let slice_end = now + SIGNAL_CHECK;
+            let until = deadline.map_or(slice_end, |deadline| deadline.min(slice_end));
+            if let Some(progress) = py.detach(|| waiter.wait(until)) {
+                self.with_nowait(py, |state| state.handle.accept_progress(progress));
+                return Ok(());
+            }
+            py.check_signals()?;
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Ok(());
+            }
+        }
     }
 
     /// Blocks, without the GIL, until every save enqueued so far is stored, skipped or
@@ -295,10 +323,18 @@ impl PyConnector {
         self.pool_name
     }
 
-    /// The model key segment (the layout fingerprint is appended in keys).
+    /// The model key given (argument, `keys.model_key`, or the layout's name); keys carry
+    /// it with the layout fingerprint appended, as [`pool_model_key`](Self::pool_model_key).
     #[getter]
     fn model_key(&self) -> &str {
         &self.model_key
+    }
+
+    /// The model key segment as it stands in pool keys, `{model_key}.{fingerprint}`: what
+    /// `kv-connector keys --model-key` takes to print the keys `keys()` returns.
+    #[getter]
+    fn pool_model_key(&self) -> String {
+        format!("{}.{}", self.model_key, self.layout.fingerprint())
     }
 
     /// The namespace segment.

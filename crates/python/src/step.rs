@@ -11,19 +11,29 @@ use crate::convert::int_sequence;
 ///
 /// `page_tables` holds one page table per layer group, in layout order: the page index of
 /// every block of the request in that group, `-1` where a window group holds no page.
-#[pyclass(name = "StepRequest", module = "kv_connector", get_all, set_all)]
+///
+/// Attributes may be set after construction; `page_tables` is checked as the constructor
+/// checks it, and `Connector.on_step` checks the rest (the counts' order, every page index
+/// against its group's tensor) before anything of the step is done.
+#[pyclass(name = "StepRequest", module = "kv_connector", get_all)]
 pub struct PyStepRequest {
     /// The request id.
+    #[pyo3(set)]
     pub request_id: u64,
     /// Prompt length in tokens.
+    #[pyo3(set)]
     pub prompt_len: usize,
     /// Tokens computed before this step (loaded ones included).
+    #[pyo3(set)]
     pub computed_before: usize,
     /// Tokens computed by the end of this step: the chunk end (R16).
+    #[pyo3(set)]
     pub computed_after: usize,
     /// A reservation whose pages the engine allocated in this step: its load starts now.
+    #[pyo3(set)]
     pub new_reservation: Option<u64>,
-    /// Page table per group, layout order; `-1` for no page.
+    /// Page table per group, layout order; `-1` for no page (set through
+    /// [`PyStepRequest::set_page_tables`], which checks it).
     pub page_tables: Vec<Vec<i32>>,
 }
 
@@ -41,11 +51,7 @@ impl PyStepRequest {
         new_reservation: Option<u64>,
         page_tables: Option<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<Self> {
-        if computed_after < computed_before {
-            return Err(PyValueError::new_err(format!(
-                "computed_after ({computed_after}) is below computed_before ({computed_before})"
-            )));
-        }
+        check_counts(computed_before, computed_after)?;
         let page_tables = page_tables
             .unwrap_or_default()
             .iter()
@@ -62,6 +68,18 @@ impl PyStepRequest {
         })
     }
 
+    /// Replaces the page tables, checked as the constructor checks them.
+    #[setter]
+    fn set_page_tables(&mut self, page_tables: &Bound<'_, PyAny>) -> PyResult<()> {
+        let tables: Vec<Bound<'_, PyAny>> = page_tables.extract()?;
+        self.page_tables = tables
+            .iter()
+            .enumerate()
+            .map(|(group, table)| page_table(table, group))
+            .collect::<PyResult<_>>()?;
+        Ok(())
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "StepRequest(request_id={}, prompt_len={}, computed_before={}, computed_after={}, \
@@ -75,6 +93,17 @@ impl PyStepRequest {
             self.page_tables.len()
         )
     }
+}
+
+/// The constructor's check of the counts, made again by `on_step` (attributes may have
+/// been set since).
+fn check_counts(computed_before: usize, computed_after: usize) -> PyResult<()> {
+    if computed_after < computed_before {
+        return Err(PyValueError::new_err(format!(
+            "computed_after ({computed_after}) is below computed_before ({computed_before})"
+        )));
+    }
+    Ok(())
 }
 
 /// One group's page table: page indices, `-1` for none.
@@ -113,14 +142,30 @@ pub struct StepCopy {
 }
 
 impl StepCopy {
-    /// A copy of `request`, checked to hold one page table per each of `groups` groups.
-    pub fn of(request: &PyStepRequest, groups: usize) -> PyResult<Self> {
+    /// A copy of `request`, checked to hold one page table per layer group whose every
+    /// page is below that group's `page_counts` entry (the pages of its tensor).
+    pub fn of(request: &PyStepRequest, page_counts: &[u32]) -> PyResult<Self> {
+        let groups = page_counts.len();
         if request.page_tables.len() != groups {
             return Err(PyValueError::new_err(format!(
                 "request {}: {} page tables given, the layout has {groups} groups",
                 request.request_id,
                 request.page_tables.len()
             )));
+        }
+        check_counts(request.computed_before, request.computed_after)?;
+        for (group, (table, &pages)) in request.page_tables.iter().zip(page_counts).enumerate() {
+            let out_of_range =
+                |page: i32| page < -1 || u32::try_from(page).is_ok_and(|page| page >= pages);
+            if let Some(block) = table.iter().position(|&page| out_of_range(page)) {
+                return Err(PyValueError::new_err(format!(
+                    "request {}: page_tables[{group}][{block}] = {} is out of range: group \
+                     {group}'s kv cache tensor has {pages} pages (0 to {}, or -1 for none)",
+                    request.request_id,
+                    table[block],
+                    pages.saturating_sub(1)
+                )));
+            }
         }
         Ok(Self {
             request: RequestId(request.request_id),

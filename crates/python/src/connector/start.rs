@@ -62,6 +62,7 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
         released.push(opened.released);
     }
     let object_lens = object_lens(&layout, &devices)?;
+    let page_counts = page_counts(&layout, &devices)?;
     let pool: Arc<dyn Pool> = match pool {
         Some(shared) => {
             let shared = shared.get();
@@ -91,6 +92,7 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
         layout,
         seed,
         placements,
+        page_counts,
         pool_name: pool.name(),
         model_key,
         namespace,
@@ -127,4 +129,19 @@ fn object_lens(layout: &Layout, devices: &[Device]) -> PyResult<Vec<usize>> {
         }
     }
     Ok(lens)
+}
+
+/// Per layer group, the pages of its tensor on every rank (the fewest, should ranks
+/// differ): what `on_step` checks page tables against.
+fn page_counts(layout: &Layout, devices: &[Device]) -> PyResult<Vec<u32>> {
+    let mut counts = vec![u32::MAX; layout.groups.len()];
+    for device in devices {
+        for (count, group) in counts.iter_mut().zip(&layout.groups) {
+            let spec = device
+                .page_pool(group.id)
+                .map_err(|error| errors::device(&error))?;
+            *count = (*count).min(spec.num_pages);
+        }
+    }
+    Ok(counts)
 }
