@@ -35,7 +35,6 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::validate::ConfigArgs;
-use crate::actors::lookup_planner::{run_lookup, PlannerSettings};
 use crate::config::{Config, ConfigError, LoadedConfig, PoolBackend};
 use crate::core::hash::{hash_blocks, scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
@@ -43,6 +42,7 @@ use crate::core::keys::KeySpace;
 use crate::core::layout::{Layout, LayoutError};
 use crate::replay::workload::{read_mooncake_trace, TraceError};
 use crate::replay::ReplayError;
+use crate::transfer::lookup::{run_lookup, PlannerSettings};
 
 mod pool;
 mod present;

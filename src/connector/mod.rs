@@ -33,7 +33,6 @@ pub mod courier;
 pub mod gate;
 mod handle;
 mod refusal;
-pub mod save_plan;
 mod start;
 
 pub use handle::{ConnectorHandle, Progress, ProgressWaiter};

@@ -16,3 +16,4 @@ pub mod object;
 pub mod planner;
 pub mod pool_health;
 pub mod save_order;
+pub mod save_plan;

@@ -1,5 +1,6 @@
 //! The byte-moving procedures of loaders and the saver, as plain synchronous functions
-//! over a [`Pool`], a [`CopyStream`] and a [`StagingPool`] (R5, R19, R24, R25).
+//! over a [`Pool`], a [`CopyStream`] and a [`StagingPool`] (R5, R19, R24, R25), and the
+//! lookup's probe procedure ([`lookup`], R10-R15).
 //!
 //! The actors own the resources and call these on their own threads (a loader's
 //! Arbiter, the saver's blocking task); keeping the procedures here makes them testable
@@ -41,6 +42,7 @@ use crate::gpu::{PageCopy, StagingPool};
 
 mod grant;
 mod load;
+pub mod lookup;
 mod save;
 
 pub use grant::{CopyPermit, LoadGrant};

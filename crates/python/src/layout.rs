@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use kv_connector::core::layout::{GroupId, Layout};
+use kv_connector::core::layout::{GroupId, LayerGroup, Layout};
+use kv_connector::core::planner;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -34,7 +35,14 @@ impl PyLayout {
 
     /// Page bytes of `group` on one rank.
     pub fn group_page_bytes(layout: &Layout, group: u32) -> PyResult<u64> {
-        let found = layout
+        layout
+            .page_bytes(Self::group(layout, group)?)
+            .map_err(|error| errors::layout(&error))
+    }
+
+    /// The group of id `group`, or a `ValueError` naming the layout's groups.
+    fn group(layout: &Layout, group: u32) -> PyResult<&LayerGroup> {
+        layout
             .groups
             .iter()
             .find(|candidate| candidate.id == GroupId(group))
@@ -45,10 +53,7 @@ impl PyLayout {
                     layout.name,
                     known.join(", ")
                 ))
-            })?;
-        layout
-            .page_bytes(found)
-            .map_err(|error| errors::layout(&error))
+            })
     }
 }
 
@@ -93,6 +98,20 @@ impl PyLayout {
     /// block. A KV cache tensor's `tensor[0]` must hold exactly this many bytes.
     fn page_bytes(&self, group_id: u32) -> PyResult<u64> {
         Self::group_page_bytes(&self.inner, group_id)
+    }
+
+    /// The blocks of group `group_id` that a load resuming at token `end` fills, from token
+    /// `start` on (R15): every block of a full group, the sink blocks and the window of
+    /// `end` for a window group; what the runtime's plans load, so an engine allocates
+    /// pages for exactly these.
+    fn load_blocks(&self, group_id: u32, start: usize, end: usize) -> PyResult<Vec<usize>> {
+        let group = Self::group(&self.inner, group_id)?;
+        Ok(planner::load_blocks(
+            group.attention(),
+            self.inner.tokens_per_block as usize,
+            start,
+            end,
+        ))
     }
 
     /// The layout's name.

@@ -130,6 +130,19 @@ def test_layout_misuse_is_a_python_error():
         kvc.Layout.from_dict(LAYOUT).page_bytes(7)
 
 
+def test_load_blocks_are_what_a_plan_loads():
+    """The runtime's answer to which blocks a load fills (R15), so an engine that bounces
+    window pages (the vLLM worker) allocates exactly those."""
+    lay = kvc.Layout.from_dict(LAYOUT)  # group 0 full, group 1 a 32-token window
+    assert lay.load_blocks(0, 0, 8 * T) == list(range(8))
+    assert lay.load_blocks(0, 2 * T, 8 * T) == list(range(2, 8)), "the engine holds what it computed"
+    assert lay.load_blocks(1, 0, 8 * T) == [6, 7], "the window of e = 8 blocks"
+    sinks = {**LAYOUT, "name": "sinks", "groups": [LAYOUT["groups"][0], {**LAYOUT["groups"][1], "sink_tokens": 4}]}
+    assert kvc.Layout.from_dict(sinks).load_blocks(1, 0, 8 * T) == [0, 6, 7], "sink blocks too"
+    with pytest.raises(ValueError, match="no group 9"):
+        lay.load_blocks(9, 0, T)
+
+
 def test_step_request_converts_and_checks_page_tables():
     import numpy as np
     import torch

@@ -15,12 +15,12 @@
 use std::sync::Arc;
 
 use super::ConnectorHandle;
-use crate::connector::save_plan::{
-    block_ranges_to_save, checkpoint_only_blocks, past_chunk_end, SaveCap, SaveStep,
-};
 use crate::connector::{ScheduledRequest, SchedulerOutput};
 use crate::core::layout::{Attention, GroupKind};
 use crate::core::save_order::SavePriority;
+use crate::core::save_plan::{
+    block_ranges_to_save, checkpoint_only_blocks, past_chunk_end, SaveCap, SaveStep,
+};
 use crate::messages::courier::Outgoing;
 use crate::messages::saver_queue::EnqueueSave;
 use crate::messages::SavesSettled;

@@ -147,11 +147,12 @@ impl Geometry {
     /// ranges, both below `end_block` (`geometry::I3`). Sink blocks at or past `e` are not needed:
     /// the engine computes those tokens.
     pub(super) fn window_ranges(&self, window: WindowSpec, end_block: usize) -> [Range<usize>; 2] {
-        let sinks = 0..window.sink_blocks.min(end_block);
-        let resume_tokens = end_block * self.tokens_per_block;
-        let first = resume_tokens.saturating_sub(window.window_tokens) / self.tokens_per_block;
-        let span = first.max(sinks.end)..end_block;
-        [sinks, span]
+        window_resume_ranges(
+            window.window_tokens,
+            window.sink_blocks,
+            self.tokens_per_block,
+            end_block,
+        )
     }
 
     /// The loads for resuming at `end_block` (R15), one entry per group in request
@@ -223,4 +224,21 @@ fn split_groups(
         }
     }
     Ok((full, windows))
+}
+
+/// The blocks of a window group of `W = window_tokens` and `sink_blocks` sink blocks
+/// needed to resume at end block `end_block` (R12, R15): the sink blocks and the blocks
+/// overlapping `[max(0, e-W), e)`, as two disjoint ascending ranges, both below
+/// `end_block` (`geometry::I3`).
+pub(super) fn window_resume_ranges(
+    window_tokens: usize,
+    sink_blocks: usize,
+    tokens_per_block: usize,
+    end_block: usize,
+) -> [Range<usize>; 2] {
+    let sinks = 0..sink_blocks.min(end_block);
+    let resume_tokens = end_block * tokens_per_block;
+    let first = resume_tokens.saturating_sub(window_tokens) / tokens_per_block;
+    let span = first.max(sinks.end)..end_block;
+    [sinks, span]
 }

@@ -60,6 +60,33 @@ use crate::core::layout::{Attention, GroupId, Layout};
 
 pub use lookup::Lookup;
 
+/// The blocks a load resuming at `end_tokens` fills in a group of `attention` (R15), from
+/// `start_tokens` on (the blocks below are the engine's own): every block for a full
+/// group, the sink blocks and the window of the resume point for a window group; what a
+/// plan's [`GroupLoad::blocks`] holds for that group. `T = tokens_per_block` (at least 1).
+pub fn load_blocks(
+    attention: crate::core::layout::Attention,
+    tokens_per_block: usize,
+    start_tokens: usize,
+    end_tokens: usize,
+) -> Vec<usize> {
+    let t = tokens_per_block.max(1);
+    let (floor, end_block) = (start_tokens.div_ceil(t), end_tokens / t);
+    match attention.kind {
+        crate::core::layout::GroupKind::Full => (floor..end_block).collect(),
+        crate::core::layout::GroupKind::Window => geometry::window_resume_ranges(
+            attention.window_tokens,
+            attention.sink_tokens.div_ceil(t),
+            t,
+            end_block,
+        )
+        .into_iter()
+        .flatten()
+        .filter(|&block| block >= floor)
+        .collect(),
+    }
+}
+
 /// One layer group of the layout, reduced to what the planner needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlannerGroup {

@@ -229,6 +229,25 @@ proptest! {
         }
     }
 
+    /// `planner::P14`: an offering plan loads, per group, exactly `load_blocks` from the
+    /// local match to `e`.
+    #[test]
+    fn test_proptest_load_blocks_is_what_plans_load((request, present) in any_case()) {
+        let trace = run(&request, &present)?;
+        let plan = &trace.plan;
+        if plan.outcome.offers() {
+            for (load, group) in plan.loads.iter().zip(&request.groups) {
+                let expected = super::load_blocks(
+                    group.attention,
+                    request.tokens_per_block,
+                    request.local_match_tokens,
+                    plan.resume_tokens,
+                );
+                prop_assert_eq!(&load.blocks, &expected, "group {}", group.id.0);
+            }
+        }
+    }
+
     /// `planner::P10`: identical input and answers give identical rounds and plans.
     #[test]
     fn test_proptest_stable((request, present) in any_case()) {

@@ -7,13 +7,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::connector::save_plan::{blocks_to_save_capped, past_chunk_end, SaveCap, SaveStep};
 use crate::connector::{
     EngineConnector, FinishedLoad, HookError, ReserveAnswer, ScheduledRequest, SchedulerOutput,
 };
 use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{Attention, GroupId, Layout};
+use crate::core::save_plan::{blocks_to_save_capped, past_chunk_end, SaveCap, SaveStep};
 use crate::gpu::{Device, PagePoolSpec};
 use crate::replay::connectors::{ConnectorReport, ReplayConnector};
 use crate::replay::cost::CostModel;

@@ -38,6 +38,8 @@ class WorkerSide:
         self.pages = engine.pages
         self.plan = engine.pages.plan
         self.t = self.plan.tokens_per_block
+        self.layout = self.conn.layout
+        self.group_ids = [group["id"] for group in self.layout.groups]
         self.loads: dict[int, LoadPlan] = {}  # reservation -> load in flight
         self.load_pages: dict[int, list[tuple[int, int, int]]] = {}  # reservation -> (group, block, page)
         self.refused: list[LoadPlan] = []
@@ -53,10 +55,10 @@ class WorkerSide:
     def _table(self, ids: list[int]) -> list[int]:
         return [-1 if b == NULL_BLOCK else b for b in ids]
 
-    def _window_blocks(self, g, start: int, end: int) -> list[int]:
-        """Blocks of a window group a load resuming at `end` fills (R15), from `start`."""
-        first = max(start, end - g.window_tokens) // self.t
-        return list(range(first, end // self.t))
+    def _window_blocks(self, gi: int, start: int, end: int) -> list[int]:
+        """Blocks of a window group a load resuming at `end` fills (R15), from `start`: the
+        runtime's own answer, so the bounce pages match what its plan loads."""
+        return self.layout.load_blocks(self.group_ids[gi], start, end)
 
     # -- loads -------------------------------------------------------------------------
 
@@ -73,7 +75,7 @@ class WorkerSide:
                     tables.append(self._table(ids))
                     continue
                 table = [-1] * len(ids)
-                for block in self._window_blocks(g, plan.start, plan.end):
+                for block in self._window_blocks(gi, plan.start, plan.end):
                     page = self.pages.take(gi)
                     if page is None:
                         break
