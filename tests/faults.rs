@@ -317,11 +317,8 @@ fn a_fault_replay_is_deterministic_for_its_seed() -> TestResult {
 fn soak_slice_of_the_shared_trace_with_default_faults() -> TestResult {
     let trace = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/traces/mooncake_synthetic_trace.jsonl"
+        "/tests/data/mooncake_synthetic_trace.jsonl"
     );
-    if !std::path::Path::new(trace).exists() {
-        return Err(format!("{trace} is missing; clone next to shared/").into());
-    }
     let report = replay_json(&[
         "--trace",
         trace,

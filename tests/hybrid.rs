@@ -47,7 +47,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const SHARED_TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/traces/mooncake_synthetic_trace.jsonl"
+    "/tests/data/mooncake_synthetic_trace.jsonl"
 );
 
 /// Replay parameters for `preset` on 2 instances with `config`.

@@ -107,8 +107,7 @@ fn scope_args(salt: Option<&str>, lora: Option<i64>, media_hex: &[String]) -> Ve
 }
 
 fn load_cases() -> Result<Vec<Case>, Box<dyn Error>> {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/hash_vectors.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/hash_vectors.json");
     let vectors: Vectors = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     Ok(vectors.cases)
 }

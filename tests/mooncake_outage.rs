@@ -38,7 +38,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/traces/mooncake_synthetic_trace.jsonl"
+    "/tests/data/mooncake_synthetic_trace.jsonl"
 );
 
 fn master(

@@ -17,7 +17,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const SHARED_TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/traces/mooncake_synthetic_trace.jsonl"
+    "/tests/data/mooncake_synthetic_trace.jsonl"
 );
 
 /// Sum of `input_length` over the shared trace, from `../shared/traces/README.md`'s file.
