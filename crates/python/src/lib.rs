@@ -8,6 +8,8 @@
 //! | `tensors` | KV cache tensors: the registration rules and the one `unsafe` call |
 //! | `layout` | `Layout`: from a dict, a TOML file or a preset |
 //! | `config` | the configuration layers (defaults < TOML path or dict < `KVC_*`) |
+//! | `check` | `load_config`: the effective configuration, validated without a connector |
+//! | `logs` | the runtime's log records queued for `forward_logs` (no GIL on logging threads) |
 //! | `pool` | `MemoryPool` and the pool a connector gets from its configuration |
 //! | `step` | `StepRequest`: one request of one engine step |
 //! | `stats` | the statistics as a dict |
@@ -19,11 +21,13 @@
 
 #![deny(unsafe_code)]
 
+mod check;
 mod config;
 mod connector;
 mod convert;
 mod errors;
 mod layout;
+mod logs;
 mod pool;
 mod stats;
 mod step;
@@ -66,6 +70,8 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<step::PyStepRequest>()?;
     module.add_function(wrap_pyfunction!(init_logging, module)?)?;
     module.add_function(wrap_pyfunction!(connector::shutdown_all, module)?)?;
+    module.add_function(wrap_pyfunction!(check::load_config, module)?)?;
+    logs::register(module)?;
     module.add("FEATURES", FEATURES.to_vec())?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(module)?;

@@ -26,8 +26,10 @@ from kv_connector._native import (
     StepRequest,
     __version__,
     init_logging,
+    load_config,
     shutdown_all,
 )
+from kv_connector._logs import forward_logs
 
 __all__ = [
     "FEATURES",
@@ -41,7 +43,9 @@ __all__ = [
     "PoolError",
     "StepRequest",
     "__version__",
+    "forward_logs",
     "init_logging",
+    "load_config",
     "shutdown_all",
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from types import TracebackType
@@ -49,6 +50,8 @@ class Layout:
     @staticmethod
     def preset_names() -> list[str]:
         """The names of the compiled-in presets."""
+    def load_blocks(self, group_id: int, start: int, end: int) -> list[int]:
+        """Blocks of a group a load resuming at token `end` fills, from token `start` (R15)."""
     def page_bytes(self, group_id: int) -> int:
         """Bytes of one page of a group on one rank: all its layers, K and V, one block."""
     @property
@@ -78,7 +81,18 @@ class MemoryPool:
         eviction_high_watermark_ratio: float = 0.95,
         eviction_ratio: float = 0.05,
         kv_lease_ttl_ms: int = 5000,
-    ) -> None: ...
+    ) -> None:
+        """Raises PoolError for a zero capacity or a ratio outside (0, 1], ValueError for a
+        negative capacity or lease. The capacity is taken (and touched) when the first
+        connector starts; a capacity the host cannot give is a PoolError then."""
+    @staticmethod
+    def from_config(config: PathLike | dict[str, Any] | None = None) -> MemoryPool:
+        """A pool with the [pool] settings (capacity_bytes, eviction ratios, kv_lease_ttl_ms)
+        of a configuration loaded exactly as Connector(config=...) loads it (defaults <
+        config < KVC_* environment); ConfigError for what that connector would refuse and
+        for pool.backend = "mooncake"."""
+    @property
+    def capacity_bytes(self) -> int: ...
     def counters(self) -> dict[str, int]:
         """Hits, misses, puts, evictions, bytes written and read, objects and bytes held."""
     def corrupt(self, key_substring: str | None = None, count: int = 1) -> list[str]:
@@ -129,7 +143,8 @@ class Connector:
         (tensor[i] is page i; tensor[0] holds layout.page_bytes(group) bytes), all on the
         CPU or all on one CUDA device; with world size > 1, one such list per rank."""
     def lookup(self, request_id: int, tokens: Tokens, local_match_tokens: int = 0) -> None:
-        """Starts the lookup of a new request's prompt; never blocks."""
+        """Starts the lookup of a new request's prompt; never blocks. ValueError for a live
+        request id (looked up and not ended, or ended with saves pending)."""
     def flush(self) -> None:
         """Sends queued lookups now (optional)."""
     def reserve(
@@ -139,7 +154,9 @@ class Connector:
     def release(self, request_id: int, reservation_id: int, start: int, end: int) -> None:
         """The engine trims or gives up tokens [start, end) of a reservation."""
     def on_step(self, requests: Sequence[StepRequest]) -> None:
-        """Plans saves and starts loads for what the engine scheduled this step."""
+        """Plans saves and starts loads for what the engine scheduled this step. ValueError,
+        and nothing done, for a page outside its group's tensor or a new_reservation that is
+        not the request's latest offer or was reported before."""
     def finished_loads(self) -> list[tuple[int, int, bool]]:
         """(reservation_id, request_id, filled) of loads that ended since the last call."""
     def request_finished(self, request_id: int) -> bool:
@@ -147,7 +164,8 @@ class Connector:
     def finished_saves(self) -> list[int]:
         """Requests whose saves are done or dropped: their pages may be freed."""
     def wait_for_progress(self, timeout_s: float) -> None:
-        """Blocks (GIL released) until something completes or timeout_s passes."""
+        """Blocks (GIL and lock released; signals checked) until something completes or
+        timeout_s passes."""
     def settle_saves(self) -> None:
         """Blocks (GIL released) until every enqueued save is stored, skipped or dropped."""
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -167,6 +185,9 @@ class Connector:
     @property
     def model_key(self) -> str: ...
     @property
+    def pool_model_key(self) -> str:
+        """{model_key}.{layout fingerprint}: the model key segment of pool keys."""
+    @property
     def namespace(self) -> str: ...
     @property
     def closed(self) -> bool:
@@ -180,7 +201,22 @@ class Connector:
     ) -> bool: ...
 
 def init_logging(json: bool = False) -> None:
-    """Sends the runtime's logs (filtered by RUST_LOG) to stderr; call once."""
+    """Sends the runtime's logs (filtered by RUST_LOG) to stderr; call once, and not
+    together with forward_logs (one subscriber per process)."""
+
+def forward_logs(logger: logging.Logger | str | None, level: int | str | None = None) -> None:
+    """Emits the runtime's log records to a Python logger (a daemon thread; the runtime's
+    threads never take the GIL), at `level` and above (default: the logger's effective
+    level); `None` emits what is queued and stops. Not together with init_logging."""
+
+def load_config(
+    config: PathLike | dict[str, Any] | None = None,
+    *,
+    model_key: str | None = None,
+    namespace: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The effective configuration a Connector with these arguments would start with
+    (defaults < config < KVC_* environment), validated as it would be; raises its ConfigError."""
 
 def shutdown_all() -> None:
     """Shuts down every connector still running (registered with atexit on import)."""

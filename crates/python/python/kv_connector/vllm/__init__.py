@@ -9,7 +9,8 @@ connector's scheduler side (`_scheduler`: lookups and reservations at admission)
 worker side (`_worker`: loads, saves, completions) in the engine's process. vLLM's KV
 cache groups become the layout's groups (`_layout`); settings come from
 `kv_connector_extra_config` and the `KVC_*` environment (`_config`); the runtime's
-counters reach vLLM's stats log and Prometheus (`_stats`). docs/VLLM.md is the guide.
+counters reach vLLM's stats log and Prometheus (`_stats`), its log records vLLM's logger
+`vllm.kv_connector` (`kv_connector.forward_logs`; `log_to_vllm`). docs/VLLM.md is the guide.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     SupportsHMA,
 )
+from vllm.logger import init_logger
 
 from . import _engine
-from ._config import settings
+from ._config import check_transfer, settings
 from ._engine import Engine, KvcMetadata
 from ._layout import BLOCK_OUTERMOST_LAYOUTS, UnsupportedVllmSetup, check_parallelism, plan_layout
 from ._pages import WorkerPages
@@ -38,6 +40,19 @@ __all__ = ["KvcConnector", "KvcMetadata", "KvcStats", "UnsupportedVllmSetup"]
 
 # How long shutdown waits for loads in flight before closing the runtime.
 SHUTDOWN_LOAD_WAIT_S = 30.0
+# The logger in vLLM's tree that receives the runtime's log records (its handlers print them).
+LOGGER_NAME = "vllm.kv_connector"
+logger = init_logger(LOGGER_NAME)
+
+
+def _forward_runtime_logs() -> None:
+    """The runtime's records (outages, refused batches, the stats reports) through
+    vLLM's logging, at the level vLLM logs at (VLLM_LOGGING_LEVEL)."""
+    try:
+        kvc.forward_logs(logger)
+    except kvc.KvConnectorError as error:
+        # kvc.init_logging() took them first: they already go to stderr.
+        logger.info("the runtime's logs stay where kv_connector.init_logging sent them (%s)", error)
 
 
 def _segment(text: str) -> str:
@@ -55,7 +70,10 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         check_parallelism(vllm_config)
+        check_transfer(self._kv_transfer_config)
         self._settings = settings(self._kv_transfer_config.kv_connector_extra_config)
+        if self._settings.log_to_vllm:
+            _forward_runtime_logs()
         self._engine_id = self._kv_transfer_config.engine_id
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
@@ -88,8 +106,7 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         s = self._settings
         pool = None
         if s.shared_pool is not None:
-            capacity = s.tree.get("pool", {}).get("capacity_bytes", 1 << 30)
-            pool = _engine.shared_pool(s.shared_pool, capacity)
+            pool = _engine.shared_pool(s.shared_pool, s.config)
         layout_name = self._vllm_config.cache_config.kv_cache_layout or BLOCK_OUTERMOST_LAYOUTS[0]
         conn = kvc.Connector(
             layout=kvc.Layout.from_dict(plan.layout),
