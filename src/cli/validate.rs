@@ -31,8 +31,7 @@ use std::path::PathBuf;
 
 use super::engine_args_file;
 use crate::config::{
-    bytes_text, parse_override, Config, ConfigError, ConfigSources, NodeMemory, PoolBackend, KEYS,
-    MIB,
+    parse_override, Config, ConfigError, ConfigSources, HostMemoryExceeded, PoolBackend, KEYS,
 };
 use crate::core::engine_args::validate_llm_args;
 use crate::core::layout::{Layout, LayoutError};
@@ -159,53 +158,13 @@ impl ValidateError {
 #[error("pool.backend = \"mooncake\" needs a build with `--features mooncake` (scripts/setup-mooncake); use pool.backend = \"memory\" or rebuild")]
 pub struct MooncakeNotBuilt;
 
-/// The configuration takes more memory than the host has (step 4).
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the configuration takes {} of host memory ({} {} + loader staging {} + saver staging \
-     {}), more than this host has ({} MemTotal); lower {fits_key}, e.g. {fits_key}={}MiB",
-    bytes_text(memory.total_bytes()), memory.pool_key, bytes_text(memory.pool_bytes),
-    bytes_text(memory.loader_staging_bytes), bytes_text(memory.saver_staging_bytes),
-    bytes_text(*host_total_bytes), fits_bytes / MIB
-)]
-pub struct HostMemoryExceeded {
-    /// What the configuration takes.
-    pub memory: NodeMemory,
-    /// The host's memory.
-    pub host_total_bytes: u64,
-    /// The key of the largest part.
-    pub fits_key: &'static str,
-    /// A value of that key with which everything fits (whole MiB).
-    pub fits_bytes: u64,
-}
-
-/// Step 4: the configuration's node memory against the host's `host_total` bytes.
+/// Step 4: the configuration's node memory against the host's `host_total` bytes
+/// ([`Config::check_host_memory`]).
 fn check_host_memory(config: &Config, host_total: u64) -> Option<HostMemoryExceeded> {
     let runtime = config.validate().ok()?;
-    let memory = config.node_memory(&runtime);
-    let excess = memory
-        .total_bytes()
-        .checked_sub(host_total)
-        .filter(|&excess| excess > 0)?;
-    let loader_threads = runtime.loaders.load_threads.get() as u64;
-    // The largest part, and how many pools of its key it is.
-    let parts = [
-        (memory.pool_key, memory.pool_bytes, 1),
-        (
-            "loaders.staging_bytes_per_loader",
-            memory.loader_staging_bytes,
-            loader_threads,
-        ),
-        ("saver.staging_bytes", memory.saver_staging_bytes, 1),
-    ];
-    let (fits_key, part_bytes, pools) = parts.into_iter().max_by_key(|part| part.1)?;
-    let per_pool = part_bytes.saturating_sub(excess) / pools;
-    Some(HostMemoryExceeded {
-        memory,
-        host_total_bytes: host_total,
-        fits_key,
-        fits_bytes: (per_pool / MIB).max(1) * MIB,
-    })
+    config
+        .check_host_memory(&runtime, host_total, "MemTotal")
+        .err()
 }
 
 /// One refusal: the step it came from and the error.
@@ -610,7 +569,7 @@ mod tests {
     /// naming its largest part and a value of it that fits; that value passes.
     #[test]
     fn a_configuration_larger_than_the_host_is_refused_naming_a_value_that_fits() -> TestResult {
-        use crate::config::GIB;
+        use crate::config::{GIB, MIB};
         let host = 23 * GIB;
         assert!(check_host_memory(&Config::default(), host).is_none());
         let mut config = Config::default();

@@ -32,6 +32,7 @@
 
 mod actor_sections;
 mod error;
+mod host;
 mod keys;
 mod layers;
 pub mod runtime;
@@ -47,6 +48,7 @@ pub use actor_sections::{
     HandoffConfig, LoadersConfig, PlannerConfig, ReservationsConfig, SaverConfig, StatsConfig,
 };
 pub use error::{bytes_text, ConfigError, ConfigWarning, ValueOrigin};
+pub use host::HostMemoryExceeded;
 pub use keys::{parse_byte_size, KeySpec, LeafKind, KEYS};
 pub use layers::{parse_override, ENV_PREFIX};
 pub use runtime::RuntimeConfig;

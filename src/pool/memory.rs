@@ -64,10 +64,16 @@ use parking_lot::Mutex;
 use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
 use super::{Pool, PoolClock, PoolCounters, PoolError};
+use crate::config::MIB;
 use crate::core::eviction::{EvictionEntry, EvictionError, EvictionPolicy, PoolUsage};
 #[cfg(feature = "faults")]
 use crate::core::object::HEADER_BYTES;
-use crate::gpu::host_memory::{HostArena, HostSlot, SharedSlot};
+use crate::gpu::host_memory::{host_memory, HostArena, HostMemory, HostSlot, SharedSlot};
+
+/// The share of the host's `MemAvailable` a pool may reserve, as `(numerator,
+/// denominator)`: the rest stays for the process's staging pools and the engine's own
+/// memory, which are not part of the pool.
+pub const RESERVE_SHARE_OF_AVAILABLE: (u64, u64) = (7, 8);
 
 /// The embedded memory pool. Cheap to share as `Arc<dyn Pool>`; every method takes `&self`.
 pub struct MemoryPool {
@@ -161,29 +167,102 @@ impl MemoryPool {
     /// bytes, and objects of other sizes still get memory on demand. An empty list
     /// reserves nothing.
     ///
+    /// The memory is checked against the host's ([`host_memory`]) before any is taken:
+    /// what the arena would carve must fit [`RESERVE_SHARE_OF_AVAILABLE`] of
+    /// `MemAvailable`, since heap memory is touched page by page here
+    /// ([`HostArena::reserve`]) and touching more than the host has ends the process.
+    ///
     /// # Errors
     ///
-    /// [`PoolError::Reserve`] when the arena cannot carve the memory; what it carved
-    /// before the failure stays with the pool.
+    /// [`PoolError::ReserveExceedsHost`] when the host cannot give the memory now, naming a
+    /// capacity that fits (nothing taken); [`PoolError::Reserve`] when the arena cannot
+    /// carve it, what it carved before the failure staying with the pool.
     pub fn reserve(&self, object_lens: &[usize]) -> Result<(), PoolError> {
+        self.reserve_within(object_lens, host_memory())
+    }
+
+    /// [`reserve`](Self::reserve) against `host` (`None`: the host's memory is unknown,
+    /// nothing is checked).
+    fn reserve_within(
+        &self,
+        object_lens: &[usize],
+        host: Option<HostMemory>,
+    ) -> Result<(), PoolError> {
+        let shares = self.reserve_shares(object_lens);
+        let arena_error = |len: usize, share: u64| {
+            move |error: crate::gpu::GpuError| PoolError::Reserve {
+                bytes: share,
+                len,
+                cause: error.kind(),
+            }
+        };
+        if let Some(host) = host {
+            let mut reserve_bytes = 0u64;
+            let mut chunk_bytes = 0u64;
+            for &(len, slots, share) in &shares {
+                let bytes = self.arena.reserve_bytes(len, slots);
+                reserve_bytes += bytes.map_err(arena_error(len, share))?;
+                let chunk = self.arena.chunk_bytes(len);
+                chunk_bytes += chunk.map_err(arena_error(len, share))? as u64;
+            }
+            self.check_host(reserve_bytes, chunk_bytes, host)?;
+        }
+        for (len, slots, share) in shares {
+            self.arena
+                .reserve(len, slots)
+                .map_err(arena_error(len, share))?;
+        }
+        Ok(())
+    }
+
+    /// The most a reservation may take of `host`'s memory now:
+    /// [`RESERVE_SHARE_OF_AVAILABLE`] of its `MemAvailable`.
+    pub fn reservable_bytes(host: HostMemory) -> u64 {
+        let (keep, of) = RESERVE_SHARE_OF_AVAILABLE;
+        host.available_bytes / of * keep
+    }
+
+    /// Per object size, `(len, slots, share_bytes)`: the capacity split among the sizes in
+    /// proportion to their bytes ([`reserve`](Self::reserve)).
+    fn reserve_shares(&self, object_lens: &[usize]) -> Vec<(usize, usize, u64)> {
         let total: u128 = object_lens.iter().map(|&len| len as u128).sum();
         let mut per_len: BTreeMap<usize, u128> = BTreeMap::new();
         for &len in object_lens.iter().filter(|&&len| len > 0) {
             *per_len.entry(len).or_default() += len as u128;
         }
         let capacity = u128::from(self.policy.capacity_bytes);
-        for (len, weight) in per_len {
-            let share = capacity * weight / total;
-            let slots = usize::try_from(share.div_ceil(len as u128)).unwrap_or(usize::MAX);
-            self.arena
-                .reserve(len, slots)
-                .map_err(|error| PoolError::Reserve {
-                    bytes: u64::try_from(share).unwrap_or(u64::MAX),
-                    len,
-                    cause: error.kind(),
-                })?;
-        }
-        Ok(())
+        per_len
+            .into_iter()
+            .map(|(len, weight)| {
+                let share = capacity * weight / total;
+                let slots = usize::try_from(share.div_ceil(len as u128)).unwrap_or(usize::MAX);
+                (len, slots, u64::try_from(share).unwrap_or(u64::MAX))
+            })
+            .collect()
+    }
+
+    /// Refuses a reservation of `reserve_bytes` that `host` cannot give now, naming a
+    /// capacity that fits: lowered by the excess and by one chunk per object size
+    /// (`chunk_bytes` together), since the arena carves whole chunks.
+    fn check_host(
+        &self,
+        reserve_bytes: u64,
+        chunk_bytes: u64,
+        host: HostMemory,
+    ) -> Result<(), PoolError> {
+        let limit_bytes = Self::reservable_bytes(host);
+        let Some(excess) = reserve_bytes.checked_sub(limit_bytes).filter(|&e| e > 0) else {
+            return Ok(());
+        };
+        let capacity_bytes = self.policy.capacity_bytes;
+        let fits = capacity_bytes.saturating_sub(excess.saturating_add(chunk_bytes));
+        Err(PoolError::ReserveExceedsHost {
+            capacity_bytes,
+            reserve_bytes,
+            available_bytes: host.available_bytes,
+            limit_bytes,
+            fits_bytes: (fits / MIB).max(1) * MIB,
+        })
     }
 
     /// The policy this pool evicts by.
@@ -592,10 +671,55 @@ mod tests {
         Ok(())
     }
 
+    /// What the host cannot give now is refused before the arena carves (and touches)
+    /// anything, naming a capacity whose reservation does fit.
     #[test]
-    fn a_capacity_the_host_cannot_give_is_a_reserve_error() -> Result<(), PoolError> {
+    fn a_capacity_the_host_cannot_give_now_is_refused_before_any_is_taken() -> Result<(), PoolError>
+    {
+        let host = HostMemory {
+            total_bytes: 256 * MIB,
+            available_bytes: 64 * MIB,
+        };
+        let chunked = |capacity_bytes| {
+            MemoryPool::with_arena(
+                EvictionPolicy::mooncake_defaults(capacity_bytes),
+                Arc::new(ManualClock::new(0)),
+                HostArena::heap_with_chunk_bytes(1 << 20),
+            )
+        };
+        let lens = [4160, 4160, 8256];
+        let pool = chunked(128 * MIB)?;
+        let error = pool.reserve_within(&lens, Some(host)).err();
+        let Some(PoolError::ReserveExceedsHost {
+            fits_bytes,
+            limit_bytes,
+            ..
+        }) = error
+        else {
+            panic!("a 128 MiB pool on 64 MiB available was not refused: {error:?}");
+        };
+        assert_eq!(
+            pool.arena().stats().chunks,
+            0,
+            "nothing carved, nothing touched"
+        );
+        assert_eq!(limit_bytes, 56 * MIB, "seven eighths of what is available");
+        let message = error.map(|error| error.to_string()).unwrap_or_default();
+        assert!(
+            message.contains(&format!("pool.capacity_bytes={}MiB", fits_bytes / MIB)),
+            "{message}"
+        );
+        let fitting = chunked(fits_bytes)?;
+        fitting.reserve_within(&lens, Some(host))?;
+        let carved = fitting.arena().stats().chunk_bytes as u64;
+        assert!(carved >= fits_bytes && carved <= limit_bytes, "{carved}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_capacity_the_allocator_refuses_is_a_reserve_error() -> Result<(), PoolError> {
         let (pool, _) = pool(1 << 51)?;
-        let error = pool.reserve(&[1 << 50]).err();
+        let error = pool.reserve_within(&[1 << 50], None).err();
         assert!(
             matches!(error, Some(PoolError::Reserve { len, .. }) if len == 1 << 50),
             "{error:?}"

@@ -361,6 +361,28 @@ pub enum PoolError {
         /// The arena's error kind (`GpuError::kind`), e.g. `"cuda_driver"`.
         cause: &'static str,
     },
+    /// The embedded pool's capacity needs more host memory than the host can give now:
+    /// refused before any of it is taken or touched.
+    #[error(
+        "pool.capacity_bytes = {} takes {} of host memory up front, more than this host can \
+         give now ({} of its {} MemAvailable; the rest stays free for the process); lower \
+         pool.capacity_bytes, e.g. pool.capacity_bytes={}MiB, or free host memory",
+        crate::config::bytes_text(*.capacity_bytes), crate::config::bytes_text(*.reserve_bytes),
+        crate::config::bytes_text(*.limit_bytes), crate::config::bytes_text(*.available_bytes),
+        .fits_bytes / crate::config::MIB
+    )]
+    ReserveExceedsHost {
+        /// The pool's capacity.
+        capacity_bytes: u64,
+        /// The bytes its reservation would carve (whole arena chunks).
+        reserve_bytes: u64,
+        /// The host's `MemAvailable`.
+        available_bytes: u64,
+        /// The most a reservation may take of it.
+        limit_bytes: u64,
+        /// A capacity whose reservation fits (whole MiB).
+        fits_bytes: u64,
+    },
     /// The pool could not be built: its eviction policy is invalid.
     #[error("invalid pool eviction policy: {source}")]
     InvalidPolicy {
@@ -385,6 +407,7 @@ impl PoolError {
             Self::Unreachable { .. } => "unreachable",
             Self::HostMemory { .. } => "host_memory",
             Self::Reserve { .. } => "reserve",
+            Self::ReserveExceedsHost { .. } => "reserve_exceeds_host",
             Self::InvalidPolicy { .. } => "invalid_policy",
         }
     }
@@ -470,6 +493,13 @@ mod tests {
                 bytes: 64,
                 len: 64,
                 cause: "arena_alloc_failed",
+            },
+            PoolError::ReserveExceedsHost {
+                capacity_bytes: 2,
+                reserve_bytes: 2,
+                available_bytes: 1,
+                limit_bytes: 1,
+                fits_bytes: 1,
             },
             PoolError::from(EvictionPolicyError::ZeroCapacity { working: 1 }),
         ];

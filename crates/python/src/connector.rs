@@ -41,7 +41,7 @@ use pyo3::prelude::*;
 pub use self::lifecycle::shutdown_all;
 use self::lifecycle::State;
 use self::start::StartArgs;
-use crate::convert::int_sequence;
+use crate::convert::{arg, int_sequence};
 use crate::errors;
 use crate::layout::PyLayout;
 use crate::pool::PyMemoryPool;
@@ -106,9 +106,9 @@ impl PyConnector {
     fn lookup(
         &self,
         py: Python<'_>,
-        request_id: u64,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
         tokens: &Bound<'_, PyAny>,
-        local_match_tokens: usize,
+        #[pyo3(from_py_with = arg::local_match_tokens)] local_match_tokens: usize,
     ) -> PyResult<()> {
         let tokens: Arc<[i64]> = int_sequence(tokens, "tokens")?.into();
         self.with_nowait(py, |state| {
@@ -130,9 +130,9 @@ impl PyConnector {
     fn reserve(
         &self,
         py: Python<'_>,
-        request_id: u64,
-        num_computed: usize,
-        reservation_id: u64,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+        #[pyo3(from_py_with = arg::num_computed)] num_computed: usize,
+        #[pyo3(from_py_with = arg::reservation_id)] reservation_id: u64,
     ) -> Option<(usize, bool)> {
         let answer = self.with_nowait(py, |state| {
             state.handle.reserve_prefix(
@@ -154,10 +154,10 @@ impl PyConnector {
     fn release(
         &self,
         py: Python<'_>,
-        request_id: u64,
-        reservation_id: u64,
-        start: usize,
-        end: usize,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+        #[pyo3(from_py_with = arg::reservation_id)] reservation_id: u64,
+        #[pyo3(from_py_with = arg::start)] start: usize,
+        #[pyo3(from_py_with = arg::end)] end: usize,
     ) {
         self.with_nowait(py, |state| {
             state.handle.release_prefix_reservation(
@@ -216,7 +216,11 @@ impl PyConnector {
     }
 
     /// A request ended; `True`: keep its pages until `finished_saves` lists it.
-    fn request_finished(&self, py: Python<'_>, request_id: u64) -> bool {
+    fn request_finished(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+    ) -> bool {
         self.with_nowait(py, |state| {
             state.handle.request_finished(RequestId(request_id))
         })

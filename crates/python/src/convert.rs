@@ -7,8 +7,13 @@
 //! - C1. A dictionary converts to exactly the TOML its keys and values spell: `bool` stays
 //!   a boolean (it is checked before `int`), paths become strings, `None` is refused
 //!   (TOML has no null: leave the key out).
-//! - C2. An integer sequence is one-dimensional; a 64-bit integer array is read from its
-//!   bytes (C order) in one call, anything else element by element.
+//! - C2. An integer sequence is one-dimensional; a numpy array or torch tensor of an
+//!   integer dtype (8 to 64 bits, signed or not) is read from its bytes (C order) in one
+//!   call, anything else element by element. A value outside `i64` is a `ValueError`
+//!   naming its index and value, a non-integer a `TypeError` naming its index.
+//! - C3. An id or count argument (`request_id`, `num_computed`, `capacity_bytes`, ...) is
+//!   a non-negative integer: a negative or too large one is a `ValueError` naming the
+//!   argument and the range ([`arg`]), never pyo3's bare `OverflowError`.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -132,7 +137,7 @@ pub fn to_py<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
 /// or torch tensor of an integer dtype. `what` names the argument in errors.
 pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
-        return value.extract().map_err(|_| not_ints(value, what));
+        return value.extract().map_err(|_| first_bad_element(value, what));
     }
     let Ok(ndim) = value.getattr("ndim").and_then(|ndim| ndim.extract::<i64>()) else {
         return Err(not_ints(value, what));
@@ -143,8 +148,9 @@ pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> 
         )));
     }
     let dtype = value.getattr("dtype")?.str()?.to_string();
-    if dtype == "int64" || dtype == "torch.int64" {
-        let array = if dtype == "torch.int64" {
+    let torch = dtype.starts_with("torch.");
+    if let Some(int_dtype) = IntDtype::of(dtype.trim_start_matches("torch.")) {
+        let array = if torch {
             // `force`: also a CUDA tensor, or one that requires grad (copied to the CPU).
             let kwargs = PyDict::new(value.py());
             kwargs.set_item("force", true)?;
@@ -153,20 +159,100 @@ pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> 
             value.clone()
         };
         let bytes = array.call_method0("tobytes")?;
-        let bytes = bytes.cast::<PyBytes>()?.as_bytes();
-        return Ok(bytes
-            .chunks_exact(8)
-            .map(|word| {
-                let mut le = [0u8; 8];
-                le.copy_from_slice(word);
-                i64::from_le_bytes(le)
-            })
-            .collect());
+        return int_dtype.decode(bytes.cast::<PyBytes>()?.as_bytes(), what);
     }
-    value
-        .call_method0("tolist")?
-        .extract()
-        .map_err(|_| not_ints(value, what))
+    let list = value.call_method0("tolist")?;
+    list.extract().map_err(|_| first_bad_element(&list, what))
+}
+
+/// The integer dtypes read from their bytes (C2), in native (little-endian) order.
+#[derive(Clone, Copy)]
+enum IntDtype {
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+}
+
+impl IntDtype {
+    /// The dtype of a numpy dtype name or a torch one without `torch.` (`int32`, `uint8`).
+    fn of(dtype: &str) -> Option<Self> {
+        Some(match dtype {
+            "int8" => Self::I8,
+            "int16" => Self::I16,
+            "int32" => Self::I32,
+            "int64" => Self::I64,
+            "uint8" => Self::U8,
+            "uint16" => Self::U16,
+            "uint32" => Self::U32,
+            "uint64" => Self::U64,
+            _ => return None,
+        })
+    }
+
+    /// The elements of `raw`; a `uint64` element above `i64::MAX` is refused (C2).
+    fn decode(self, raw: &[u8], what: &str) -> PyResult<Vec<i64>> {
+        Ok(match self {
+            Self::I8 => words(raw).map(i8::from_le_bytes).map(i64::from).collect(),
+            Self::I16 => words(raw).map(i16::from_le_bytes).map(i64::from).collect(),
+            Self::I32 => words(raw).map(i32::from_le_bytes).map(i64::from).collect(),
+            Self::I64 => words(raw).map(i64::from_le_bytes).collect(),
+            Self::U8 => words(raw).map(u8::from_le_bytes).map(i64::from).collect(),
+            Self::U16 => words(raw).map(u16::from_le_bytes).map(i64::from).collect(),
+            Self::U32 => words(raw).map(u32::from_le_bytes).map(i64::from).collect(),
+            Self::U64 => words(raw)
+                .map(u64::from_le_bytes)
+                .enumerate()
+                .map(|(index, value)| {
+                    i64::try_from(value).map_err(|_| out_of_range(what, index, &value))
+                })
+                .collect::<PyResult<_>>()?,
+        })
+    }
+}
+
+/// The `N`-byte words of `raw` (a trailing partial word is left out).
+fn words<const N: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    raw.chunks_exact(N).map(|word| {
+        let mut bytes = [0u8; N];
+        bytes.copy_from_slice(word);
+        bytes
+    })
+}
+
+/// Why a list did not convert: its first element that is not an int (`TypeError`) or does
+/// not fit `i64` (`ValueError`), by index (C2).
+fn first_bad_element(value: &Bound<'_, PyAny>, what: &str) -> PyErr {
+    let Ok(items) = value.try_iter() else {
+        return not_ints(value, what);
+    };
+    for (index, item) in items.enumerate() {
+        let Ok(item) = item else {
+            break;
+        };
+        if item.extract::<i64>().is_ok() {
+            continue;
+        }
+        return match as_integer(&item) {
+            Some(number) => out_of_range(what, index, &number),
+            None => PyTypeError::new_err(format!(
+                "{what}[{index}] must be an int, got {}",
+                type_name(&item)
+            )),
+        };
+    }
+    not_ints(value, what)
+}
+
+fn out_of_range(what: &str, index: usize, value: &dyn std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!(
+        "{what}[{index}] = {value} is out of range: values are signed 64-bit integers \
+         (-2**63 to 2**63 - 1)"
+    ))
 }
 
 fn not_ints(value: &Bound<'_, PyAny>, what: &str) -> PyErr {
@@ -174,6 +260,93 @@ fn not_ints(value: &Bound<'_, PyAny>, what: &str) -> PyErr {
         "{what} must be a list of ints or a 1-D integer array or tensor, got {}",
         type_name(value)
     ))
+}
+
+/// `value` as a Python integer (`operator.index`), for messages; `None` if it is none.
+fn as_integer<'py>(value: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let operator = value.py().import("operator").ok()?;
+    operator.call_method1("index", (value,)).ok()
+}
+
+/// A non-negative integer argument called `name` (C3): a `ValueError` naming it and the
+/// range when negative or too large, a `TypeError` naming it when not an integer.
+pub fn unsigned<T: TryFrom<u64> + Bounded>(value: &Bound<'_, PyAny>, name: &str) -> PyResult<T> {
+    if let Some(number) = value
+        .extract::<u64>()
+        .ok()
+        .and_then(|number| T::try_from(number).ok())
+    {
+        return Ok(number);
+    }
+    match as_integer(value) {
+        Some(number) => Err(PyValueError::new_err(format!(
+            "{name} must be an integer from 0 to {}, got {number}",
+            T::MAX_TEXT
+        ))),
+        None => Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got {}",
+            type_name(value)
+        ))),
+    }
+}
+
+/// The largest value of an unsigned argument type, for messages.
+pub trait Bounded {
+    /// `MAX`, written out.
+    const MAX_TEXT: &'static str;
+}
+
+impl Bounded for u64 {
+    const MAX_TEXT: &'static str = "2**64 - 1";
+}
+
+impl Bounded for usize {
+    const MAX_TEXT: &'static str = if usize::BITS == 64 {
+        "2**64 - 1"
+    } else {
+        "2**32 - 1"
+    };
+}
+
+/// The extractors of the id and count arguments (C3), for `#[pyo3(from_py_with = ...)]`:
+/// each converts one argument and names it in its errors.
+pub mod arg {
+    use pyo3::prelude::*;
+
+    use super::unsigned;
+
+    macro_rules! unsigned_args {
+        ($($name:ident: $ty:ty),* $(,)?) => {
+            $(
+                #[doc = concat!("The `", stringify!($name), "` argument (C3).")]
+                pub fn $name(value: &Bound<'_, PyAny>) -> PyResult<$ty> {
+                    unsigned(value, stringify!($name))
+                }
+            )*
+        };
+    }
+
+    unsigned_args!(
+        request_id: u64,
+        reservation_id: u64,
+        capacity_bytes: u64,
+        kv_lease_ttl_ms: u64,
+        num_computed: usize,
+        local_match_tokens: usize,
+        start: usize,
+        end: usize,
+        prompt_len: usize,
+        computed_before: usize,
+        computed_after: usize,
+    );
+
+    /// The `new_reservation` argument: `None` or a reservation id (C3).
+    pub fn new_reservation(value: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        if value.is_none() {
+            return Ok(None);
+        }
+        unsigned(value, "new_reservation").map(Some)
+    }
 }
 
 /// The Python type name of `value`, for messages.

@@ -2,18 +2,31 @@
 //! by several connectors of one process, and how a connector gets its pool from the
 //! configuration when none is given (a memory pool of `pool.capacity_bytes`, or a Mooncake
 //! client of its own).
+//!
+//! Invariants:
+//! - P1. A memory pool's settings come from one place: its constructor's arguments, or
+//!   the configuration loaded exactly as a connector loads it (`MemoryPool.from_config`,
+//!   the pool of a connector given none). A configuration whose `pool.backend` is
+//!   `mooncake` never makes a memory pool.
+//! - P2. A pool the host cannot hold is refused at its first connector's start, before
+//!   any of it is taken: the configuration with the pool counted as `pool.capacity_bytes`
+//!   must fit what the host can give now (the check `kv-connector validate` makes against
+//!   `MemTotal`, here against the share of `MemAvailable` a pool may reserve), and so must
+//!   what the arena carves (`MemoryPool::reserve`, which then touches every page so that
+//!   the memory is resident at start).
 
 use std::sync::Arc;
 
 use kv_connector::config::{Config, PoolBackend};
 use kv_connector::core::eviction::EvictionPolicy;
-use kv_connector::gpu::host_memory::HostArena;
+use kv_connector::gpu::host_memory::{host_memory, HostArena};
 use kv_connector::gpu::Device;
 use kv_connector::pool::{MemoryPool, Pool, PoolError, SystemClock};
 use pyo3::prelude::*;
 use std::sync::Mutex;
 
-use crate::convert::to_py;
+use crate::config;
+use crate::convert::{arg, to_py};
 use crate::errors;
 
 /// The embedded memory pool. Several connectors given the same pool share its objects, as
@@ -58,6 +71,23 @@ impl PyMemoryPool {
     fn inner(&self) -> PyResult<Arc<MemoryPool>> {
         self.for_device(None, &[])
     }
+
+    /// The host memory the pool holds already: none until it is made.
+    fn held_bytes(&self) -> u64 {
+        let made = self.made.lock().ok().and_then(|made| made.clone());
+        made.map_or(0, |pool| pool.arena().stats().chunk_bytes as u64)
+    }
+
+    /// A pool with `policy`, once it validates.
+    fn with_policy(policy: EvictionPolicy) -> PyResult<Self> {
+        policy
+            .validate()
+            .map_err(|error| errors::pool(&PoolError::from(error)))?;
+        Ok(Self {
+            policy,
+            made: Mutex::new(None),
+        })
+    }
 }
 
 #[pymethods]
@@ -69,24 +99,41 @@ impl PyMemoryPool {
     #[new]
     #[pyo3(signature = (capacity_bytes = 1 << 30, *, eviction_high_watermark_ratio = 0.95, eviction_ratio = 0.05, kv_lease_ttl_ms = 5000))]
     fn new(
-        capacity_bytes: u64,
+        #[pyo3(from_py_with = arg::capacity_bytes)] capacity_bytes: u64,
         eviction_high_watermark_ratio: f64,
         eviction_ratio: f64,
-        kv_lease_ttl_ms: u64,
+        #[pyo3(from_py_with = arg::kv_lease_ttl_ms)] kv_lease_ttl_ms: u64,
     ) -> PyResult<Self> {
-        let policy = EvictionPolicy {
+        Self::with_policy(EvictionPolicy {
             capacity_bytes,
             high_watermark_ratio: eviction_high_watermark_ratio,
             eviction_ratio,
             lease_ttl_ms: kv_lease_ttl_ms,
-        };
-        policy
-            .validate()
-            .map_err(|error| errors::pool(&PoolError::from(error)))?;
-        Ok(Self {
-            policy,
-            made: Mutex::new(None),
         })
+    }
+
+    /// A pool with the `[pool]` settings of a configuration loaded exactly as
+    /// `Connector(config=...)` loads it (P1): `None`, a TOML path or a dict, under the
+    /// `KVC_*` environment. Raises `ConfigError` for what that connector would refuse, and
+    /// for `pool.backend = "mooncake"` (a Mooncake client is not a memory pool).
+    #[staticmethod]
+    #[pyo3(signature = (config = None))]
+    fn from_config(py: Python<'_>, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let config = config::load(py, config)?;
+        if config.pool.backend == PoolBackend::Mooncake {
+            return Err(backend_refusal(
+                "MemoryPool.from_config: pool.backend = \"mooncake\" configures a Mooncake \
+                 client, not a memory pool; give this configuration to Connector(pool=None) \
+                 instead, or set pool.backend = \"memory\"",
+            ));
+        }
+        Self::with_policy(policy_of(&config))
+    }
+
+    /// The capacity in bytes.
+    #[getter]
+    pub fn capacity_bytes(&self) -> u64 {
+        self.policy.capacity_bytes
     }
 
     /// The pool's counters: hits, misses, puts, evictions, bytes, objects held.
@@ -104,7 +151,7 @@ impl PyMemoryPool {
         &self,
         py: Python<'_>,
         key_substring: Option<&str>,
-        count: usize,
+        #[pyo3(from_py_with = count_arg)] count: usize,
     ) -> PyResult<Vec<String>> {
         let pool = self.inner()?;
         py.detach(|| pool.corrupt_payloads(key_substring, count))
@@ -126,6 +173,12 @@ impl PyMemoryPool {
             ),
         }
     }
+}
+
+/// The `count` argument of `corrupt` (a count, named in its errors).
+#[cfg(feature = "faults")]
+fn count_arg(value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    crate::convert::unsigned(value, "count")
 }
 
 /// A memory pool with `policy` on the system clock, in `device`'s host memory, its
@@ -154,16 +207,74 @@ pub fn from_config(
 ) -> PyResult<Arc<dyn Pool>> {
     match config.pool.backend {
         PoolBackend::Memory => {
-            let policy = EvictionPolicy {
-                capacity_bytes: config.pool.capacity_bytes,
-                high_watermark_ratio: config.pool.eviction_high_watermark_ratio,
-                eviction_ratio: config.pool.eviction_ratio,
-                lease_ttl_ms: config.pool.kv_lease_ttl_ms,
-            };
+            let policy = policy_of(config);
             Ok(py.detach(|| memory_pool(policy, device, object_lens))?)
         }
         PoolBackend::Mooncake => mooncake(py, config),
     }
+}
+
+/// The eviction policy of `config`'s `[pool]` section.
+fn policy_of(config: &Config) -> EvictionPolicy {
+    EvictionPolicy {
+        capacity_bytes: config.pool.capacity_bytes,
+        high_watermark_ratio: config.pool.eviction_high_watermark_ratio,
+        eviction_ratio: config.pool.eviction_ratio,
+        lease_ttl_ms: config.pool.kv_lease_ttl_ms,
+    }
+}
+
+/// Refuses a `MemoryPool` given to a connector whose configuration says
+/// `pool.backend = "mooncake"` (P1): one of the two would be dropped without a word.
+pub fn check_given_pool(config: &Config) -> PyResult<()> {
+    if config.pool.backend != PoolBackend::Mooncake {
+        return Ok(());
+    }
+    Err(backend_refusal(
+        "pool.backend = \"mooncake\" but a MemoryPool was given as pool=, which would replace \
+         the Mooncake backend; pass pool=None to use Mooncake, or set pool.backend = \"memory\" \
+         to use the MemoryPool",
+    ))
+}
+
+fn backend_refusal(message: &str) -> PyErr {
+    errors::raise::<errors::ConfigError>("pool_backend", message.to_owned())
+}
+
+/// Refuses, before any pool memory is taken, a configuration that takes more memory than
+/// the host can give now (P2): the check `kv-connector validate` makes, against what a pool
+/// may reserve of `MemAvailable` plus what the `MemoryPool` `given` to the connector (counted
+/// as `pool.capacity_bytes`) holds already, so the value it names also passes the pool's
+/// own check. A refusal that names the pool's capacity is a `PoolError`, one that names
+/// staging a `ConfigError`.
+pub fn check_host_memory(config: &Config, given: Option<&PyMemoryPool>) -> PyResult<()> {
+    let Some(host) = host_memory() else {
+        return Ok(());
+    };
+    let held = given.map_or(0, PyMemoryPool::held_bytes);
+    let can_give = MemoryPool::reservable_bytes(host).saturating_add(held);
+    let runtime = config.validate().map_err(|error| errors::config(&error))?;
+    config
+        .check_host_memory(
+            &runtime,
+            can_give,
+            "available to a pool now, of MemAvailable",
+        )
+        .map_err(|refused| {
+            let mut text = errors::message(&refused);
+            if let Some(pool) = given {
+                text = format!(
+                    "the pool given, MemoryPool(capacity_bytes={}), counts as \
+                     pool.capacity_bytes: {text}",
+                    pool.policy.capacity_bytes
+                );
+            }
+            if refused.fits_key == refused.memory.pool_key {
+                errors::raise::<errors::PoolError>(refused.kind(), text)
+            } else {
+                errors::raise::<errors::ConfigError>(refused.kind(), text)
+            }
+        })
 }
 
 /// A Mooncake client of this connector's own, in the host interpreter. Connecting checks

@@ -5,7 +5,7 @@ use kv_connector::core::ids::{RequestId, ReservationId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::convert::int_sequence;
+use crate::convert::{arg, int_sequence};
 
 /// One request in one engine step.
 ///
@@ -44,11 +44,11 @@ impl PyStepRequest {
     #[new]
     #[pyo3(signature = (request_id, prompt_len, computed_before, computed_after, new_reservation = None, page_tables = None))]
     fn new(
-        request_id: u64,
-        prompt_len: usize,
-        computed_before: usize,
-        computed_after: usize,
-        new_reservation: Option<u64>,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+        #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
+        #[pyo3(from_py_with = arg::computed_before)] computed_before: usize,
+        #[pyo3(from_py_with = arg::computed_after)] computed_after: usize,
+        #[pyo3(from_py_with = arg::new_reservation)] new_reservation: Option<u64>,
         page_tables: Option<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<Self> {
         check_counts(computed_before, computed_after)?;

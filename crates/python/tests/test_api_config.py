@@ -23,6 +23,8 @@ def clean_env(monkeypatch):
     for name in list(os.environ):
         if name.startswith(("KVC_", "TRTLLM_MOONCAKE_STORE_")):
             monkeypatch.delenv(name)
+    # A memory pool takes (touches) its capacity at start: 64 MiB, not the 8 GiB default.
+    monkeypatch.setenv("KVC_POOL_CAPACITY_BYTES", "64MiB")
 
 
 def test_defaults_name_keys_after_the_layout():

@@ -26,6 +26,10 @@
 //!    allocated zeroed and outside the arena's lock.
 //! 3. The owner fills the slot (`DerefMut`, or a DMA through [`HostSlot::as_mut_ptr`]), then
 //!    may [`share`](HostSlot::share) it as a read-only, cloneable [`SharedSlot`].
+//!    A pool that holds its capacity up front instead calls `arena.reserve(len, slots)`
+//!    once, after checking `arena.reserve_bytes(len, slots)` against the host's memory:
+//!    the chunks are carved then, and heap ones prefaulted (touched page by page), so the
+//!    memory is resident before work starts.
 //! 4. Dropping the last owner puts the slot back on its class's free list. Chunks are
 //!    never returned one by one: they are freed when the arena's last handle and its last
 //!    slot are gone (every slot holds the arena's inner state).
@@ -271,7 +275,12 @@ impl HostArena {
     /// hand out without carving (free or never used), so that the next `slots` allocations
     /// of that size touch no allocator: a pool calls it once, before work starts, to hold
     /// its capacity up front (pinning memory takes milliseconds per chunk, and a copy stream
-    /// waiting on it stalls). Returns the chunks carved.
+    /// waiting on it stalls). Heap chunks carved here are prefaulted (one write per page),
+    /// so the memory is the process's when this returns, not when a save first writes it;
+    /// pinned memory is resident once allocated. Nothing here checks the host has the
+    /// memory: a caller asks [`reserve_bytes`](Self::reserve_bytes) first and checks that
+    /// against the host's memory ([`host_memory`]), since touching more than the host has
+    /// ends the process. Returns the chunks carved.
     ///
     /// # Errors
     /// As [`alloc`](Self::alloc); chunks carved before a failure stay in the arena.
@@ -281,10 +290,34 @@ impl HostArena {
         let mut carved = 0;
         while self.inner.state.lock().available(class_bytes) < slots {
             let chunk = Chunk::allocate(&self.inner.source, len, class_bytes, per_chunk)?;
+            chunk.prefault();
             self.inner.state.lock().add_chunk(per_chunk, chunk);
             carved += 1;
         }
         Ok(carved)
+    }
+
+    /// The bytes [`reserve`](Self::reserve)`(len, slots)` would carve now: whole chunks for
+    /// the slots the class cannot hand out yet (0 when it can).
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc) for `len`.
+    pub fn reserve_bytes(&self, len: usize, slots: usize) -> Result<u64, GpuError> {
+        let class_bytes = class_bytes(len)?;
+        let missing = slots.saturating_sub(self.inner.state.lock().available(class_bytes));
+        let chunk_bytes = self.chunk_bytes(len)?;
+        let per_chunk = chunk_bytes / class_bytes;
+        Ok((missing.div_ceil(per_chunk) as u64).saturating_mul(chunk_bytes as u64))
+    }
+
+    /// The bytes of one chunk carved for slots of `len` bytes: as many whole slots as fit
+    /// the arena's chunk size, and at least one.
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc) for `len`.
+    pub fn chunk_bytes(&self, len: usize) -> Result<usize, GpuError> {
+        let class_bytes = class_bytes(len)?;
+        Ok((self.inner.target_chunk_bytes / class_bytes).max(1) * class_bytes)
     }
 
     /// Counts of chunks and slots now.
@@ -457,6 +490,24 @@ impl Chunk {
             class_bytes,
             memory,
         })
+    }
+
+    /// Writes a zero into every page of a heap chunk, so that the kernel backs all of it
+    /// now: `calloc` maps big blocks lazily, and memory first touched by a save, on a host
+    /// that has run out meanwhile, is an OOM kill instead of a refusal at start. Pinned
+    /// memory is resident already. Every 4 KiB is written, which reaches every page of any
+    /// page size Linux uses.
+    fn prefault(&self) {
+        const PAGE_BYTES: usize = 4096;
+        if !matches!(self.memory, ChunkMemory::Heap { .. }) {
+            return;
+        }
+        for offset in (0..self.bytes).step_by(PAGE_BYTES) {
+            // SAFETY: `offset < bytes`, so the byte lies inside the chunk's allocation
+            // (`host_memory::A1`); the chunk is not in the arena yet, so no slot reads or
+            // writes it meanwhile, and it is zero already (`host_memory::A4` holds).
+            unsafe { self.base.add(offset).as_ptr().write_volatile(0) };
+        }
     }
 
     /// The address of slot `place.index` of this chunk, for slots of `class_bytes`.

@@ -65,6 +65,32 @@ fn reserved_slots_are_handed_out_without_carving() -> Result<(), GpuError> {
 }
 
 #[test]
+fn reserve_bytes_is_what_reserve_carves_and_reserved_slots_read_zero() -> Result<(), GpuError> {
+    // Chunks of 4 slots of 1,024 bytes: 10 slots need 3 chunks of 4,096 bytes.
+    let arena = HostArena::heap_with_chunk_bytes(4096);
+    assert_eq!(arena.chunk_bytes(1000)?, 4096);
+    assert_eq!(arena.reserve_bytes(1000, 10)?, 3 * 4096);
+    assert_eq!(arena.stats().chunks, 0, "asking carves nothing");
+    assert_eq!(arena.reserve(1000, 10)?, 3);
+    assert_eq!(arena.stats().chunk_bytes, 3 * 4096);
+    assert_eq!(arena.reserve_bytes(1000, 12)?, 0, "12 slots are there");
+    assert_eq!(arena.reserve_bytes(1000, 13)?, 4096);
+    // A slot larger than the chunk size gets a chunk of its own.
+    assert_eq!(arena.chunk_bytes(10_000)?, 10_048);
+    assert_eq!(arena.reserve_bytes(10_000, 2)?, 2 * 10_048);
+    // Prefaulted chunks keep reading zero (`host_memory::A4`).
+    let slots = (0..12)
+        .map(|_| arena.alloc(1000))
+        .collect::<Result<Vec<_>, _>>()?;
+    assert!(slots.iter().all(|slot| slot.iter().all(|&b| b == 0)));
+    assert!(matches!(
+        arena.reserve_bytes(0, 1),
+        Err(GpuError::EmptyArenaSlot)
+    ));
+    Ok(())
+}
+
+#[test]
 fn zero_length_slots_are_refused() {
     let arena = HostArena::heap();
     assert!(matches!(arena.alloc(0), Err(GpuError::EmptyArenaSlot)));

@@ -1,6 +1,7 @@
-//! Starting a connector: the layout, the configuration, one device per rank on the
-//! engine's tensors, the pool, then the runtime's `ConnectorHandle` (with the GIL released,
-//! G1).
+//! Starting a connector: the layout, the configuration (a `MemoryPool` given counts as
+//! its `pool.capacity_bytes`, and must fit the host with the rest before any pool memory is
+//! taken), one device per rank on the engine's tensors, the pool, then the runtime's
+//! `ConnectorHandle` (with the GIL released, G1).
 
 use std::sync::Arc;
 
@@ -44,7 +45,13 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
     } = args;
     let py = layout.py();
     let layout = PyLayout::from_arg(layout)?;
-    let mut config = config::load(py, config)?;
+    let given = pool.map(Bound::get);
+    let capacity = given.map(PyMemoryPool::capacity_bytes);
+    let mut config = config::load_for_pool(py, config, capacity)?;
+    if given.is_some() {
+        pool::check_given_pool(&config)?;
+    }
+    pool::check_host_memory(&config, given)?;
     if let Some(namespace) = namespace {
         config.keys.namespace = namespace;
     }

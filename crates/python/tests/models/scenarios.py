@@ -45,8 +45,12 @@ def device() -> str:
 def config(base: dict | None = None) -> dict:
     """Connector configuration of every instance: small staging pools, rewind R, over
     `base` (a Mooncake client's configuration, say)."""
+    base = base or {}
     return {
-        **(base or {}),
+        **base,
+        # A pool made from this configuration (vLLM's shared_pool) takes its capacity at
+        # start: 64 MiB, not the runtime's 8 GiB default.
+        "pool": {"capacity_bytes": 64 << 20, **base.get("pool", {})},
         "planner": {"swa_endpoint_rewind_tokens": REWIND},
         "loaders": {"staging_bytes_per_loader": 4 << 20},
         "saver": {"staging_bytes": 4 << 20},

@@ -62,13 +62,15 @@ def lookup(engine_id: str) -> Engine:
     return engine
 
 
-def shared_pool(name: str, capacity_bytes: int):
-    """The process's embedded MemoryPool called `name` (made on first use)."""
+def shared_pool(name: str, config):
+    """The process's embedded MemoryPool called `name`, made on first use from `config`
+    (the connector's: a TOML path, a dict or None) as the runtime loads it, `KVC_*`
+    environment included (`MemoryPool.from_config`); later engines share the first's."""
     import kv_connector as kvc
 
     with _LOCK:
         if name not in _POOLS:
-            _POOLS[name] = kvc.MemoryPool(capacity_bytes=capacity_bytes)
+            _POOLS[name] = kvc.MemoryPool.from_config(config)
         return _POOLS[name]
 
 
