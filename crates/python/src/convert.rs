@@ -300,6 +300,10 @@ impl Bounded for u64 {
     const MAX_TEXT: &'static str = "2**64 - 1";
 }
 
+impl Bounded for u32 {
+    const MAX_TEXT: &'static str = "2**32 - 1";
+}
+
 impl Bounded for usize {
     const MAX_TEXT: &'static str = if usize::BITS == 64 {
         "2**64 - 1"
@@ -338,6 +342,7 @@ pub mod arg {
         prompt_len: usize,
         computed_before: usize,
         computed_after: usize,
+        group_id: u32,
     );
 
     /// The `new_reservation` argument: `None` or a reservation id (C3).

@@ -9,7 +9,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::convert::{fspath, to_py, toml_table};
+use crate::convert::{arg, fspath, to_py, toml_table};
 use crate::errors;
 
 /// A validated KV layout: tokens per block, world size and layer groups.
@@ -96,7 +96,7 @@ impl PyLayout {
 
     /// Bytes of one page of `group_id` on one rank: all layers of the group, K and V, one
     /// block. A KV cache tensor's `tensor[0]` must hold exactly this many bytes.
-    fn page_bytes(&self, group_id: u32) -> PyResult<u64> {
+    fn page_bytes(&self, #[pyo3(from_py_with = arg::group_id)] group_id: u32) -> PyResult<u64> {
         Self::group_page_bytes(&self.inner, group_id)
     }
 
@@ -104,7 +104,12 @@ impl PyLayout {
     /// `start` on (R15): every block of a full group, the sink blocks and the window of
     /// `end` for a window group; what the runtime's plans load, so an engine allocates
     /// pages for exactly these.
-    fn load_blocks(&self, group_id: u32, start: usize, end: usize) -> PyResult<Vec<usize>> {
+    fn load_blocks(
+        &self,
+        #[pyo3(from_py_with = arg::group_id)] group_id: u32,
+        #[pyo3(from_py_with = arg::start)] start: usize,
+        #[pyo3(from_py_with = arg::end)] end: usize,
+    ) -> PyResult<Vec<usize>> {
         let group = Self::group(&self.inner, group_id)?;
         Ok(planner::load_blocks(
             group.attention(),

@@ -12,25 +12,20 @@ use crate::convert::{arg, int_sequence};
 /// `page_tables` holds one page table per layer group, in layout order: the page index of
 /// every block of the request in that group, `-1` where a window group holds no page.
 ///
-/// Attributes may be set after construction; `page_tables` is checked as the constructor
-/// checks it, and `Connector.on_step` checks the rest (the counts' order, every page index
-/// against its group's tensor) before anything of the step is done.
+/// Attributes may be set after construction, each checked as the constructor checks that
+/// argument; `Connector.on_step` checks what concerns several (the counts' order, every
+/// page index against its group's tensor) before anything of the step is done.
 #[pyclass(name = "StepRequest", module = "kv_connector", get_all)]
 pub struct PyStepRequest {
     /// The request id.
-    #[pyo3(set)]
     pub request_id: u64,
     /// Prompt length in tokens.
-    #[pyo3(set)]
     pub prompt_len: usize,
     /// Tokens computed before this step (loaded ones included).
-    #[pyo3(set)]
     pub computed_before: usize,
     /// Tokens computed by the end of this step: the chunk end (R16).
-    #[pyo3(set)]
     pub computed_after: usize,
     /// A reservation whose pages the engine allocated in this step: its load starts now.
-    #[pyo3(set)]
     pub new_reservation: Option<u64>,
     /// Page table per group, layout order; `-1` for no page (set through
     /// [`PyStepRequest::set_page_tables`], which checks it).
@@ -66,6 +61,34 @@ impl PyStepRequest {
             new_reservation,
             page_tables,
         })
+    }
+
+    #[setter]
+    fn set_request_id(&mut self, #[pyo3(from_py_with = arg::request_id)] value: u64) {
+        self.request_id = value;
+    }
+
+    #[setter]
+    fn set_prompt_len(&mut self, #[pyo3(from_py_with = arg::prompt_len)] value: usize) {
+        self.prompt_len = value;
+    }
+
+    #[setter]
+    fn set_computed_before(&mut self, #[pyo3(from_py_with = arg::computed_before)] value: usize) {
+        self.computed_before = value;
+    }
+
+    #[setter]
+    fn set_computed_after(&mut self, #[pyo3(from_py_with = arg::computed_after)] value: usize) {
+        self.computed_after = value;
+    }
+
+    #[setter]
+    fn set_new_reservation(
+        &mut self,
+        #[pyo3(from_py_with = arg::new_reservation)] value: Option<u64>,
+    ) {
+        self.new_reservation = value;
     }
 
     /// Replaces the page tables, checked as the constructor checks them.

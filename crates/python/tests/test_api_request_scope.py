@@ -98,6 +98,11 @@ def test_step_request_attributes_are_checked_like_the_constructor():
     with pytest.raises(ValueError, match="not a page index"):
         request.page_tables = [[0, -5]]
     assert request.page_tables == [[0, 1, 2]]
+    for name in ("request_id", "prompt_len", "computed_before", "computed_after", "new_reservation"):
+        with pytest.raises(ValueError, match=name):
+            setattr(request, name, -1)
+    with pytest.raises(ValueError, match="group_id"):
+        layout().load_blocks(-1, 0, T)
     request.computed_before = 32  # above computed_after now
     pool = kvc.MemoryPool(capacity_bytes=64 << 20)
     a, _kv_a, _b, _kv_b = pair(pool)
