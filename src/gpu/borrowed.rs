@@ -7,9 +7,9 @@
 //!    page 0, the page size and the page count. Page `p` of a group starts at
 //!    `base + p * page_bytes`: pages are back to back, as in a C-contiguous page-major
 //!    tensor.
-//! 2. [`Device::borrow_host`] or [`Device::borrow_cuda`] validates the regions (B1-B3) and
-//!    opens a device on them. Nothing is allocated for pages and nothing is zeroed: the
-//!    pages hold whatever the caller's memory holds.
+//! 2. [`Device::borrow_host`] or [`Device::borrow_cuda`] validates the regions (`borrowed::B1`-B3)
+//!    and opens a device on them. Nothing is allocated for pages and nothing is zeroed: the pages
+//!    hold whatever the caller's memory holds.
 //! 3. From then on the device behaves as one opened with `open_host` / `open_cuda`: loads
 //!    write pages in place, saves read them, checked submissions checksum them, and
 //!    `write_page` / `read_page` work (the copy and checksum contracts of the module docs).
@@ -18,25 +18,28 @@
 //!
 //! # Invariants
 //!
-//! - B1. Every region starts at a non-null address and `base + page_bytes * num_pages`
+//! - `borrowed::B1`. Every region starts at a non-null address and `base + page_bytes * num_pages`
 //!   does not overflow the address space.
-//! - B2. No two regions overlap, so a copy into one group's page never writes another's.
-//! - B3. On CUDA every base is 8-byte aligned and every page size a multiple of 8 (the
+//! - `borrowed::B2`. No two regions overlap, so a copy into one group's page never writes
+//!   another's.
+//! - `borrowed::B3`. On CUDA every base is 8-byte aligned and every page size a multiple of 8 (the
 //!   checksum kernel reads aligned 8-byte words), and every base lies in memory of the
 //!   device whose primary context the device retains.
-//! - B4. The owner box outlives every access: it is the last field of the device's shared
-//!   state, dropped after the backend, which every stream and in-flight copy keeps alive.
+//! - `borrowed::B4`. The owner box outlives every access: it is the last field of the device's
+//!   shared state, dropped after the backend, which every stream and in-flight copy keeps alive.
 
 use std::any::Any;
 
 use crate::core::layout::GroupId;
 
-use super::device::Device;
-use super::error::GpuError;
-use super::pages::{PageGeometry, PagePoolSpec};
+#[cfg(feature = "cuda")]
+use super::backend::cuda::CudaDevice;
+use super::backend::host::HostDevice;
+use super::device::{Backend, Device};
+use super::vocab::{GpuError, PageGeometry, PagePoolSpec};
 
 /// Whatever keeps borrowed page memory alive (tensor references, a mapping); dropped after
-/// the device's last use (B4).
+/// the device's last use (`borrowed::B4`).
 pub type PageOwner = Box<dyn Any + Send + Sync>;
 
 /// One layer group's pages in memory the caller owns: `num_pages` pages of `page_bytes`
@@ -78,21 +81,17 @@ impl Device {
     /// protocol and does not touch them until the connector hands them back.
     ///
     /// # Errors
-    /// The spec errors of [`PageGeometry::new`]; [`GpuError::BorrowedRegionInvalid`] (B1);
-    /// [`GpuError::BorrowedOverlap`] (B2).
+    /// The spec errors of [`PageGeometry::new`]; [`GpuError::BorrowedRegionInvalid`]
+    /// (`borrowed::B1`); [`GpuError::BorrowedOverlap`] (`borrowed::B2`).
     pub unsafe fn borrow_host(
         regions: &[BorrowedPages],
         owner: PageOwner,
     ) -> Result<Self, GpuError> {
         let (geometry, bases) = validate(regions)?;
         // SAFETY: every base addresses its pool's bytes for the device's whole life and the
-        // regions are disjoint (B1, B2; the caller's contract above).
-        let host = unsafe { super::host_device::HostDevice::borrowed(&geometry, &bases) };
-        Ok(Self::from_borrowed(
-            geometry,
-            super::device::Backend::Host(host),
-            owner,
-        ))
+        // regions are disjoint (`borrowed::B1`, `borrowed::B2`; the caller's contract above).
+        let host = unsafe { HostDevice::borrowed(&geometry, &bases) };
+        Ok(Self::from_borrowed(geometry, Backend::Host(host), owner))
     }
 
     /// Opens CUDA device `ordinal` (its primary context, the one frameworks such as torch
@@ -107,7 +106,7 @@ impl Device {
     ///
     /// # Errors
     /// As [`borrow_host`](Self::borrow_host); [`GpuError::BorrowedRegionInvalid`] for an
-    /// unaligned base (B3), [`GpuError::PageBytesUnaligned`],
+    /// unaligned base (`borrowed::B3`), [`GpuError::PageBytesUnaligned`],
     /// [`GpuError::BorrowedWrongDevice`]; the errors of [`Device::open_cuda`] when the
     /// driver or the device is missing; [`GpuError::CudaNotBuilt`] without the `cuda`
     /// feature.
@@ -127,13 +126,9 @@ impl Device {
         #[cfg(feature = "cuda")]
         {
             // SAFETY: the caller's contract above: device memory of `ordinal`, allocated
-            // while the device lives, disjoint regions (B2).
-            let cuda = unsafe { super::cuda::CudaDevice::borrow(ordinal, &geometry, &bases) }?;
-            Ok(Self::from_borrowed(
-                geometry,
-                super::device::Backend::Cuda(cuda),
-                owner,
-            ))
+            // while the device lives, disjoint regions (`borrowed::B2`).
+            let cuda = unsafe { CudaDevice::borrow(ordinal, &geometry, &bases) }?;
+            Ok(Self::from_borrowed(geometry, Backend::Cuda(cuda), owner))
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -143,8 +138,8 @@ impl Device {
     }
 }
 
-/// Checks B1 and B2 and the spec rules; returns the geometry and each pool's base, in the
-/// geometry's pool order.
+/// Checks `borrowed::B1` and `borrowed::B2` and the spec rules; returns the geometry and each
+/// pool's base, in the geometry's pool order.
 fn validate(regions: &[BorrowedPages]) -> Result<(PageGeometry, Vec<u64>), GpuError> {
     let specs: Vec<PagePoolSpec> = regions.iter().map(BorrowedPages::spec).collect();
     let geometry = PageGeometry::new(&specs)?;
@@ -158,7 +153,7 @@ fn validate(regions: &[BorrowedPages]) -> Result<(PageGeometry, Vec<u64>), GpuEr
         if region.base == 0 {
             return Err(invalid("the base address is null"));
         }
-        // P3: the geometry checked that the pool's size fits in usize.
+        // `pages::P3`: the geometry checked that the pool's size fits in usize.
         let bytes = region.spec().pool_bytes().unwrap_or(usize::MAX);
         let end = u64::try_from(bytes)
             .ok()

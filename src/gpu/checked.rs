@@ -28,11 +28,13 @@
 //! - `checked::V4`. Checksum `i` is that of copy `i`'s page range, computed on the device side:
 //!   after the copy for a scatter, before it for a gather.
 
-use super::copy::{locate_page, CopyDirection, PageCopy};
-use super::error::GpuError;
-use super::host_memory::{HostSlot, SharedSlot};
+#[cfg(feature = "cuda")]
+use super::backend::cuda::{ChecksumScratch, PendingCopy};
+use super::backend::host_memory::{HostSlot, SharedSlot};
+use super::device::Device;
 use super::staging::StagingPool;
-use super::stream::{CopyStream, StreamId};
+use super::stream::CopyStream;
+use super::vocab::{locate_page, CopyDirection, GpuError, PageCopy, StreamId};
 
 /// Host memory a checked submission reads payloads from: a [`StagingPool`] (copies name
 /// slots) or a pool's objects (`Vec<SharedSlot>` lent for a load, `Vec<HostSlot>` to fill
@@ -182,11 +184,12 @@ pub(crate) enum CheckedEvent {
     #[cfg(feature = "cuda")]
     Cuda {
         /// The event after everything queued.
-        pending: super::cuda::PendingCopy,
+        pending: PendingCopy,
         /// The kernel's scratch; read after the event, then recycled.
-        scratch: super::cuda::ChecksumScratch,
-        /// Where the scratch goes back to.
-        device: super::Device,
+        scratch: ChecksumScratch,
+        /// Where the scratch goes back to; keeps the page memory alive and is poisoned on a
+        /// sticky error (`cuda::queue::Q3`).
+        device: Device,
     },
 }
 
@@ -226,7 +229,9 @@ impl<M> CheckedInFlight<M> {
                 scratch,
                 device,
             } => {
-                let outcome = pending.wait().map(|()| scratch.checksums(&lens));
+                let outcome = device
+                    .poison_if_sticky(pending.wait())
+                    .map(|()| scratch.checksums(&lens));
                 device.recycle_checksum_scratch(scratch);
                 outcome
             }
@@ -362,7 +367,7 @@ impl CopyStream {
 /// Validates every copy against the device geometry and the host memory (`checked::V1`,
 /// `checked::V3`).
 fn resolve_all(
-    device: &super::Device,
+    device: &Device,
     direction: CopyDirection,
     memory: &dyn HostSide,
     copies: &[PageCopy],

@@ -2,12 +2,13 @@
 //! checksums inside the call; CUDA queues one copy per page, the checksum kernel and the
 //! copy of its results, then records an event (`cuda::K2` as for plain submissions).
 
+#[cfg(feature = "cuda")]
+use super::backend::cuda::{ChecksumScratch, HostCopy, PendingCopy};
+use super::backend::host::HostDevice;
 use super::checked::{CheckedEvent, HostAccess, ResolvedCopy};
-use super::copy::CopyDirection;
 use super::device::{Backend, Device};
-use super::error::GpuError;
-use super::host_device::HostDevice;
-use super::stream::{StreamBackend, StreamId};
+use super::stream::StreamBackend;
+use super::vocab::{CopyDirection, GpuError, StreamId};
 
 impl Device {
     /// Issues validated copies of a checked submission on `stream` (which this device
@@ -43,8 +44,7 @@ impl Device {
                 let issued = cuda.issue_checked(cuda_stream, direction, &raw);
                 let (event, scratch) = self.poison_if_sticky(issued)?;
                 let bytes = copies.iter().map(|copy| copy.len).sum();
-                let pending =
-                    super::cuda::PendingCopy::new(event, self.clone(), id, direction, bytes);
+                let pending = PendingCopy::new(event, id, direction, bytes);
                 Ok(CheckedEvent::Cuda {
                     pending,
                     scratch,
@@ -58,7 +58,7 @@ impl Device {
 
     /// Gives a checksum scratch back for the next submission (CUDA only).
     #[cfg(feature = "cuda")]
-    pub(crate) fn recycle_checksum_scratch(&self, scratch: super::cuda::ChecksumScratch) {
+    pub(crate) fn recycle_checksum_scratch(&self, scratch: ChecksumScratch) {
         if let Backend::Cuda(cuda) = self.backend() {
             cuda.recycle_scratch(scratch);
         }
@@ -90,7 +90,7 @@ fn host_checked(
 /// CUDA: each copy as (pool, page, host pointer, bytes); pointers stay valid while the
 /// in-flight owns `memory` (`checked::V2`).
 #[cfg(feature = "cuda")]
-fn cuda_copies(copies: &[ResolvedCopy], mut memory: HostAccess<'_>) -> Vec<super::cuda::HostCopy> {
+fn cuda_copies(copies: &[ResolvedCopy], mut memory: HostAccess<'_>) -> Vec<HostCopy> {
     copies
         .iter()
         .map(|copy| {
@@ -99,7 +99,7 @@ fn cuda_copies(copies: &[ResolvedCopy], mut memory: HostAccess<'_>) -> Vec<super
                 HostAccess::Read(source) => source.source(copy).as_ptr().cast_mut(),
                 HostAccess::Write(target) => target.target(copy).as_mut_ptr(),
             };
-            super::cuda::HostCopy {
+            HostCopy {
                 pool: copy.pool,
                 page: copy.page,
                 host,

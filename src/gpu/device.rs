@@ -21,17 +21,14 @@ use std::sync::Arc;
 
 use crate::core::layout::GroupId;
 
-use super::borrowed::PageOwner;
-use super::copy::{CopyDirection, CopyRun};
 #[cfg(feature = "cuda")]
-use super::cuda::{CudaDevice, PendingCopy};
-use super::error::GpuError;
-use super::event::InFlight;
-use super::host_device::HostDevice;
-use super::host_memory::HostArena;
-use super::pages::{PageGeometry, PagePoolSpec};
-use super::staging::{StagingGeometry, StagingPool};
-use super::stream::{CopyStream, StreamBackend, StreamId};
+use super::backend::cuda::CudaDevice;
+use super::backend::host::HostDevice;
+use super::backend::host_memory::HostArena;
+use super::borrowed::PageOwner;
+use super::staging::StagingPool;
+use super::stream::{CopyStream, StreamBackend};
+use super::vocab::{GpuError, PageGeometry, PagePoolSpec, StagingGeometry, StreamId};
 
 /// Which backend a device runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -293,9 +290,9 @@ impl Device {
     }
 
     /// Marks the device unusable after an unrecoverable error (for CUDA, a sticky context
-    /// error, which the backend detects by itself). Every later call that starts device work
-    /// fails with [`GpuError::Poisoned`] (`gpu::I7`). Copies already issued still complete or fail
-    /// on their own.
+    /// error, which the device detects by itself in what the backend reports). Every later
+    /// call that starts device work fails with [`GpuError::Poisoned`] (`gpu::I7`). Copies
+    /// already issued still complete or fail on their own.
     pub fn poison(&self) {
         if !self.shared.poisoned.swap(true, Ordering::AcqRel) {
             tracing::error!(device = %self.kind(), "device poisoned; all new device work is rejected");
@@ -334,63 +331,9 @@ impl Device {
             .is_ok()
     }
 
-    /// Issues planned runs of one submission on `stream` (which this device made). The
-    /// host backend copies now, one page lock at a time (`host::H2`); CUDA queues one async copy
-    /// per run and records an event after them (`cuda::K2`). The runs come from `plan_copies`
-    /// against this device (`copy::C1`).
-    ///
-    /// # Errors
-    /// The staging pool and the error when the submission could not be issued; no issued
-    /// copy still touches the pool then (`cuda::K2`). [`GpuError::UnknownGroup`] only if a run
-    /// names a group of another device; on CUDA `GpuError::Driver` (a sticky one poisons).
-    pub(crate) fn issue(
-        &self,
-        stream: &StreamBackend,
-        id: StreamId,
-        direction: CopyDirection,
-        runs: &[CopyRun],
-        mut staging: StagingPool,
-    ) -> Result<InFlight, (StagingPool, GpuError)> {
-        let bytes = runs.iter().map(|run| run.len).sum();
-        // Resolve every pool first, so an error cannot leave a copy half done.
-        let resolved = match self.resolve_runs(runs) {
-            Ok(resolved) => resolved,
-            Err(error) => return Err((staging, error)),
-        };
-        match (&self.shared.backend, stream) {
-            (Backend::Host(host), StreamBackend::Host) => {
-                let bytes_mut = staging.bytes_mut();
-                for (pool, run) in &resolved {
-                    host.copy_run(direction, *pool, run, bytes_mut);
-                }
-                Ok(InFlight::completed(staging, id, direction, bytes, Ok(())))
-            }
-            #[cfg(feature = "cuda")]
-            (Backend::Cuda(cuda), StreamBackend::Cuda(cuda_stream)) => {
-                let queued = cuda.issue(cuda_stream, direction, &resolved, staging.bytes_mut());
-                match self.poison_if_sticky(queued) {
-                    Ok(event) => {
-                        let pending = PendingCopy::new(event, self.clone(), id, direction, bytes);
-                        Ok(InFlight::pending(staging, id, direction, bytes, pending))
-                    }
-                    Err(error) => Err((staging, error)),
-                }
-            }
-            #[cfg(feature = "cuda")]
-            _ => Err((staging, GpuError::BackendMismatch { stream: id })),
-        }
-    }
-
     /// The backend, for the checked submissions of `checked_issue.rs`.
     pub(crate) fn backend(&self) -> &Backend {
         &self.shared.backend
-    }
-
-    /// Resolves each run's group to its pool index (`cuda::K1`), so no copy starts unless all can.
-    fn resolve_runs(&self, runs: &[CopyRun]) -> Result<Vec<(usize, CopyRun)>, GpuError> {
-        runs.iter()
-            .map(|run| Ok((self.shared.geometry.index_of(run.group)?, *run)))
-            .collect()
     }
 
     /// Checks poison, the page address and the buffer length; returns the pool index.
@@ -421,132 +364,6 @@ impl fmt::Debug for Device {
     }
 }
 
+mod issue;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn device() -> Result<Device, GpuError> {
-        Device::open_host(&[
-            PagePoolSpec {
-                group: GroupId(0),
-                page_bytes: 4,
-                num_pages: 2,
-            },
-            PagePoolSpec {
-                group: GroupId(5),
-                page_bytes: 8,
-                num_pages: 1,
-            },
-        ])
-    }
-
-    /// Page pools larger than the heap gives are an error, never an abort.
-    #[test]
-    fn page_pools_the_heap_refuses_are_an_error() {
-        let spec = PagePoolSpec {
-            group: GroupId(0),
-            page_bytes: 1 << 46,
-            num_pages: 2,
-        };
-        // `black_box`: an allocation nothing reads could be optimized away.
-        let refused = std::hint::black_box(Device::open_host(&[spec])).map(|device| device.kind());
-        assert!(
-            matches!(
-                refused,
-                Err(GpuError::HostAllocFailed {
-                    what: "page pool",
-                    ..
-                })
-            ),
-            "{refused:?}"
-        );
-    }
-
-    #[test]
-    fn pages_start_zeroed_and_keep_what_was_written() -> Result<(), GpuError> {
-        let device = device()?;
-        assert_eq!(device.read_page_to_vec(GroupId(5), 0)?, vec![0; 8]);
-        device.write_page(GroupId(0), 1, &[1, 2, 3, 4])?;
-        let clone = device.clone();
-        assert_eq!(clone.read_page_to_vec(GroupId(0), 1)?, vec![1, 2, 3, 4]);
-        assert_eq!(clone.read_page_to_vec(GroupId(0), 0)?, vec![0; 4]);
-        Ok(())
-    }
-
-    #[test]
-    fn page_access_errors_are_typed() -> Result<(), GpuError> {
-        let device = device()?;
-        let mut four = [0_u8; 4];
-        assert!(matches!(
-            device.write_page(GroupId(1), 0, &four),
-            Err(GpuError::UnknownGroup { group: GroupId(1) })
-        ));
-        assert!(matches!(
-            device.read_page(GroupId(0), 2, &mut four),
-            Err(GpuError::PageOutOfRange {
-                page: 2,
-                num_pages: 2,
-                ..
-            })
-        ));
-        assert!(matches!(
-            device.write_page(GroupId(5), 0, &four),
-            Err(GpuError::LengthMismatch {
-                expected: 8,
-                actual: 4,
-                ..
-            })
-        ));
-        Ok(())
-    }
-
-    #[test]
-    fn i7_poisoned_device_rejects_new_work() -> Result<(), GpuError> {
-        let device = device()?;
-        let stream = device.stream()?;
-        device.clone().poison();
-        assert!(device.is_poisoned());
-        assert!(matches!(
-            device.write_page(GroupId(0), 0, &[0; 4]),
-            Err(GpuError::Poisoned)
-        ));
-        assert!(matches!(device.staging_pool(4, 1), Err(GpuError::Poisoned)));
-        assert!(matches!(device.stream(), Err(GpuError::Poisoned)));
-        assert_eq!(stream.id(), StreamId(0));
-        Ok(())
-    }
-
-    #[test]
-    fn h3_injected_failures_are_counted_down() -> Result<(), GpuError> {
-        let device = device()?;
-        assert!(!device.take_copy_failure());
-        device.inject_copy_failures(2);
-        assert!(device.clone().take_copy_failure());
-        assert!(device.take_copy_failure());
-        assert!(!device.take_copy_failure());
-        Ok(())
-    }
-
-    #[test]
-    fn host_devices_have_no_cuda_ordinal_and_unpinned_staging() -> Result<(), GpuError> {
-        let device = device()?;
-        assert_eq!(device.cuda_ordinal(), None);
-        assert!(!device.staging_pool(4, 1)?.is_pinned());
-        assert!(!device.host_arena().is_pinned());
-        assert!(format!("{device:?}").contains("cuda_ordinal: None"));
-        Ok(())
-    }
-
-    #[test]
-    fn streams_get_distinct_ids() -> Result<(), GpuError> {
-        let device = device()?;
-        let ids = [
-            device.stream()?.id(),
-            device.stream()?.id(),
-            device.clone().stream()?.id(),
-        ];
-        assert_eq!(ids, [StreamId(0), StreamId(1), StreamId(2)]);
-        assert_eq!(device.kind().as_str(), "host");
-        Ok(())
-    }
-}
+mod tests;

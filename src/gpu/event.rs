@@ -12,12 +12,16 @@
 //! until the copy is complete. Fields drop in declaration order, and `event` is declared
 //! before `staging`: the CUDA completion's `Drop` synchronizes its event (`cuda::queue::Q1`), so
 //! dropping an `InFlight` without waiting still never frees staging memory under a
-//! running copy.
+//! running copy. On CUDA the event holds the `Device` after the pending copy, so the page
+//! memory outlives the copy too, and `wait` poisons that device when the copy failed with a
+//! sticky error (`cuda::queue::Q3`, `gpu::I7`): the backend's pending copy knows no device.
 
-use super::copy::CopyDirection;
-use super::error::GpuError;
+#[cfg(feature = "cuda")]
+use super::backend::cuda::PendingCopy;
+#[cfg(feature = "cuda")]
+use super::device::Device;
 use super::staging::StagingPool;
-use super::stream::StreamId;
+use super::vocab::{CopyDirection, GpuError, StreamId};
 
 /// How completion is signalled, per backend.
 #[derive(Debug)]
@@ -26,7 +30,14 @@ enum CopyEvent {
     Done(Result<(), GpuError>),
     /// CUDA: copies queued on a stream, an event recorded after them.
     #[cfg(feature = "cuda")]
-    Cuda(super::cuda::PendingCopy),
+    Cuda {
+        /// The event after the copies; declared first so it drops (and synchronizes) first
+        /// (`cuda::queue::Q1`).
+        pending: PendingCopy,
+        /// Keeps the page memory alive while the copy runs; poisoned on a sticky error
+        /// (`cuda::queue::Q3`).
+        device: Device,
+    },
 }
 
 impl CopyEvent {
@@ -35,7 +46,7 @@ impl CopyEvent {
         match self {
             Self::Done(outcome) => outcome,
             #[cfg(feature = "cuda")]
-            Self::Cuda(pending) => pending.wait(),
+            Self::Cuda { pending, device } => device.poison_if_sticky(pending.wait()),
         }
     }
 }
@@ -71,17 +82,19 @@ impl InFlight {
         }
     }
 
-    /// A copy queued on a CUDA stream; `pending` holds the recorded event.
+    /// A copy queued on a CUDA stream; `pending` holds the recorded event, `device` the page
+    /// memory the copy reads or writes.
     #[cfg(feature = "cuda")]
     pub(crate) fn pending(
         staging: StagingPool,
         stream: StreamId,
         direction: CopyDirection,
         bytes: usize,
-        pending: super::cuda::PendingCopy,
+        pending: PendingCopy,
+        device: Device,
     ) -> Self {
         Self {
-            event: CopyEvent::Cuda(pending),
+            event: CopyEvent::Cuda { pending, device },
             staging,
             stream,
             direction,
@@ -94,7 +107,7 @@ impl InFlight {
         match &self.event {
             CopyEvent::Done(_) => true,
             #[cfg(feature = "cuda")]
-            CopyEvent::Cuda(pending) => pending.is_complete(),
+            CopyEvent::Cuda { pending, .. } => pending.is_complete(),
         }
     }
 
@@ -129,7 +142,7 @@ impl InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::staging::StagingGeometry;
+    use crate::gpu::vocab::StagingGeometry;
 
     #[test]
     fn wait_returns_the_same_staging_pool_and_outcome() -> Result<(), GpuError> {

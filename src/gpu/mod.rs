@@ -2,21 +2,41 @@
 //! completion handles (`docs/DESIGN.md` sections 2 and 7). Two backends sit behind
 //! one API: host memory (always built) and CUDA through cudarc (feature `cuda`).
 //!
-//! # The three-layer sandwich
+//! # Three floors
+//!
+//! The files of this folder stand on three floors, and a floor imports only from the
+//! floors below it, never from a floor above (cudarc's sys / result / safe layering):
 //!
 //! ```text
-//!  actors (loaders, saver) and the engine simulator
-//!      | see only: Device, StagingPool, CopyStream, InFlight, PageCopy, GpuError
+//!  actors (loaders, saver), the pool, the engine simulator
+//!      | see only the re-exports below: Device, StagingPool, CopyStream, InFlight, ...
 //!      v
-//!  safe RAII layer (device.rs, staging.rs, stream.rs, event.rs, copy.rs)
+//!  top: the front           device.rs (+ device/), staging.rs, stream.rs, event.rs,
+//!                           checked.rs, checked_issue.rs, borrowed.rs, select.rs
 //!      | owns memory, streams and events; frees them on Drop; validates every address;
-//!      | dispatches over a closed enum of backends (no trait objects, no downcasts)
+//!      | dispatches over closed enums of backends (no trait objects, no downcasts);
+//!      | holds the errors that hand resources back (SubmitError, CheckedSubmitError)
 //!      v
-//!  bottom layer: host_device.rs (memcpy under per-page locks, no unsafe);
-//!                cuda/ (feature `cuda`): cudarc driver calls in cuda/driver.rs, one FFI
-//!                call per `unsafe` block, each with a `// SAFETY:` note, under RAII
-//!                types for context, device memory, pinned memory, streams and events
+//!  middle: the backends     backend/host.rs (memcpy under per-page locks, no unsafe but
+//!                           borrowed pages), backend/cuda/ (feature `cuda`: cudarc driver
+//!                           calls in cuda/driver.rs, one FFI call per `unsafe` block, under
+//!                           RAII types), backend/host_memory/ (the pinned host arena)
+//!      | own device memory, pinned memory, driver streams and events; speak only the
+//!      | vocabulary; know no front type (a CUDA pending copy holds no Device)
+//!      v
+//!  bottom: the vocabulary   vocab/: PagePoolSpec, PageGeometry, StagingGeometry, PageCopy,
+//!                           CopyRun, plan_copies, coalesce, strided runs, StreamId, GpuError
+//!        owns nothing: plain data and pure functions, no unsafe
 //! ```
+//!
+//! The rule, as invariants:
+//! - `gpu::L1`. A file of `vocab/` imports, of the crate, only `core` and `vocab/`.
+//! - `gpu::L2`. A file of `backend/` imports only `core`, `vocab/` and `backend/`; inside
+//!   it, `cuda/` and `host.rs` import neither each other nor `host_memory/` (`backend::F2`).
+//! - `gpu::L3`. The front imports any floor; nothing of `gpu` imports the crate above `core`.
+//!
+//! `tests/gpu_layers.rs` reads the sources of this folder and fails on an import that
+//! breaks `gpu::L1`-L3 (`use` trees and inline paths alike).
 //!
 //! # Layer
 //!
@@ -76,8 +96,8 @@
 //!   (R25).
 //! - `gpu::I7`. [`Device::poison`] marks the device unusable after an unrecoverable error; from
 //!   then on every call that starts device work fails with [`GpuError::Poisoned`]. Poison is never
-//!   cleared (fjall's `PoisonDart`). The CUDA backend poisons by itself when a driver call reports
-//!   a sticky error ([`GpuError::is_sticky`]).
+//!   cleared (fjall's `PoisonDart`). On CUDA the front poisons by itself when a driver call or a
+//!   wait reports a sticky error ([`GpuError::is_sticky`]); the backend only reports it.
 //! - `gpu::I8`. `InFlight::wait` blocks; it runs on a loader's own completion thread or in
 //!   `spawn_blocking`, never on a shared arbiter.
 //!
@@ -100,31 +120,31 @@
 
 #![deny(missing_docs)]
 
+// Bottom floor: the vocabulary.
+mod vocab;
+
+// Middle floor: the backends.
+mod backend;
+
+// Top floor: the front.
 mod borrowed;
 mod checked;
 mod checked_issue;
-mod copy;
-#[cfg(feature = "cuda")]
-mod cuda;
 mod device;
-mod error;
 mod event;
-mod host_device;
-pub mod host_memory;
-mod pages;
 mod select;
 mod staging;
 mod stream;
-#[cfg(any(feature = "cuda", test))]
-mod strided;
 
+pub use backend::host_memory;
 pub use borrowed::{BorrowedPages, PageOwner};
 pub use checked::{CheckedInFlight, CheckedSubmitError, HostSide, HostTarget, ResolvedCopy};
-pub use copy::{coalesce, plan_copies, CopyDirection, CopyRun, PageCopy};
 pub use device::{Device, DeviceKind};
-pub use error::{GpuError, SubmitError};
 pub use event::InFlight;
-pub use pages::{PageGeometry, PagePoolSpec};
 pub use select::{cuda_devices, DeviceRequest};
-pub use staging::{StagingGeometry, StagingPool};
-pub use stream::{CopyStream, StreamCounters, StreamId};
+pub use staging::StagingPool;
+pub use stream::{CopyStream, StreamCounters, SubmitError};
+pub use vocab::{
+    coalesce, plan_copies, CopyDirection, CopyRun, GpuError, PageCopy, PageGeometry, PagePoolSpec,
+    StagingGeometry, StreamId,
+};

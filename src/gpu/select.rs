@@ -15,8 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::device::Device;
-use super::error::GpuError;
-use super::pages::PagePoolSpec;
+use super::vocab::{GpuError, PagePoolSpec};
 
 /// Which backend the configuration asks for: the type of `device.kind` (what a device
 /// turned out to be once open is [`DeviceKind`](super::DeviceKind), which has no `auto`).
@@ -104,7 +103,7 @@ impl Device {
 pub fn cuda_devices() -> Result<u32, GpuError> {
     #[cfg(feature = "cuda")]
     {
-        super::cuda::probe().map(|found| found.devices)
+        super::backend::cuda::probe().map(|found| found.devices)
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -12,78 +12,21 @@
 //!
 //! On the host backend the memory is an ordinary zeroed heap buffer; on CUDA it is zeroed
 //! pinned (page-locked) host memory, cached and never write-combined, so DMA can read and
-//! write it and the CPU reads it at full speed. Slot `i` covers bytes
-//! `i * slot_bytes .. (i + 1) * slot_bytes` of one contiguous buffer, which is what lets
-//! copies of neighbouring slots coalesce.
+//! write it and the CPU reads it at full speed. The pool's shape is the vocabulary's
+//! [`StagingGeometry`] (`staging::S1`); this front type owns the memory behind it, and a
+//! backend sees only the bytes (`&mut [u8]`) of one submission.
 //!
 //! Invariants:
-//! - `staging::S1`. `slot_bytes >= 1`, `slots >= 1`, and `slot_bytes * slots` fits in `usize`.
 //! - `staging::S2`. Only the owner can touch the bytes: the pool is not `Clone`, and shared access
 //!   goes through `&self` / `&mut self` like any owned buffer.
 
 use std::fmt;
-use std::ops::Range;
 use std::slice::ChunksExactMut;
 
-use super::error::GpuError;
-
-/// The shape of a staging pool: slot size and slot count (`staging::S1`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct StagingGeometry {
-    slot_bytes: usize,
-    slots: u32,
-}
-
-impl StagingGeometry {
-    /// Validates a staging shape.
-    ///
-    /// # Errors
-    /// [`GpuError::EmptyStagingPool`] when either number is zero, [`GpuError::SizeOverflow`]
-    /// when the total does not fit in `usize` (`staging::S1`).
-    pub fn new(slot_bytes: usize, slots: u32) -> Result<Self, GpuError> {
-        if slot_bytes == 0 || slots == 0 {
-            return Err(GpuError::EmptyStagingPool { slot_bytes, slots });
-        }
-        if slot_bytes.checked_mul(slots as usize).is_none() {
-            return Err(GpuError::SizeOverflow {
-                what: "staging pool",
-                count: slots,
-                unit_bytes: slot_bytes,
-            });
-        }
-        Ok(Self { slot_bytes, slots })
-    }
-
-    /// Bytes of one slot.
-    pub fn slot_bytes(&self) -> usize {
-        self.slot_bytes
-    }
-
-    /// Number of slots.
-    pub fn slots(&self) -> u32 {
-        self.slots
-    }
-
-    /// Bytes of the whole pool (fits by `staging::S1`).
-    pub fn total_bytes(&self) -> usize {
-        self.slot_bytes * self.slots as usize
-    }
-
-    /// The byte range of `slot` inside the pool's buffer.
-    ///
-    /// # Errors
-    /// [`GpuError::StagingSlotOutOfRange`] if `slot >= slots`.
-    pub fn slot_range(&self, slot: u32) -> Result<Range<usize>, GpuError> {
-        if slot >= self.slots {
-            return Err(GpuError::StagingSlotOutOfRange {
-                slot,
-                slots: self.slots,
-            });
-        }
-        let start = slot as usize * self.slot_bytes;
-        Ok(start..start + self.slot_bytes)
-    }
-}
+#[cfg(feature = "cuda")]
+use super::backend::cuda::PinnedBuffer;
+use super::backend::host::try_zeroed;
+use super::vocab::{GpuError, StagingGeometry};
 
 /// Where the bytes live. A closed enum over backends, not a trait object.
 enum StagingMemory {
@@ -91,7 +34,7 @@ enum StagingMemory {
     Host(Box<[u8]>),
     /// Pinned host memory of a CUDA context; frees itself with the driver on drop.
     #[cfg(feature = "cuda")]
-    Pinned(super::cuda::PinnedBuffer),
+    Pinned(PinnedBuffer),
 }
 
 /// A CPU-accessible buffer of fixed-size slots, owned by value by one loader or the saver.
@@ -110,7 +53,7 @@ impl StagingPool {
     /// [`GpuError::HostAllocFailed`] when the heap refuses the memory (never an abort).
     pub(crate) fn new_host(geometry: StagingGeometry) -> Result<Self, GpuError> {
         let bytes = geometry.total_bytes();
-        let memory = super::host_memory::try_zeroed(bytes).ok_or(GpuError::HostAllocFailed {
+        let memory = try_zeroed(bytes).ok_or(GpuError::HostAllocFailed {
             what: "staging pool",
             bytes,
         })?;
@@ -122,7 +65,7 @@ impl StagingPool {
 
     /// A pool over pinned memory of `geometry.total_bytes()` bytes (CUDA backend).
     #[cfg(feature = "cuda")]
-    pub(crate) fn new_pinned(geometry: StagingGeometry, memory: super::cuda::PinnedBuffer) -> Self {
+    pub(crate) fn new_pinned(geometry: StagingGeometry, memory: PinnedBuffer) -> Self {
         Self {
             geometry,
             memory: StagingMemory::Pinned(memory),
@@ -136,12 +79,12 @@ impl StagingPool {
 
     /// Bytes of one slot.
     pub fn slot_bytes(&self) -> usize {
-        self.geometry.slot_bytes
+        self.geometry.slot_bytes()
     }
 
     /// Number of slots.
     pub fn slots(&self) -> u32 {
-        self.geometry.slots
+        self.geometry.slots()
     }
 
     /// Bytes of the whole buffer, for registering it with a pool transport.
@@ -186,7 +129,7 @@ impl StagingPool {
 
     /// Every slot, writable at once (for a batch get that fills many slots in one call).
     pub fn slots_mut(&mut self) -> ChunksExactMut<'_, u8> {
-        let slot_bytes = self.geometry.slot_bytes;
+        let slot_bytes = self.geometry.slot_bytes();
         self.bytes_mut().chunks_exact_mut(slot_bytes)
     }
 
@@ -222,8 +165,8 @@ impl fmt::Debug for StagingPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let memory = if self.is_pinned() { "pinned" } else { "host" };
         f.debug_struct("StagingPool")
-            .field("slot_bytes", &self.geometry.slot_bytes)
-            .field("slots", &self.geometry.slots)
+            .field("slot_bytes", &self.geometry.slot_bytes())
+            .field("slots", &self.geometry.slots())
             .field("memory", &memory)
             .finish()
     }
@@ -232,22 +175,6 @@ impl fmt::Debug for StagingPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn s1_empty_and_overflowing_shapes_are_rejected() {
-        assert_eq!(
-            StagingGeometry::new(0, 4).unwrap_err().kind(),
-            "empty_staging_pool"
-        );
-        assert_eq!(
-            StagingGeometry::new(4, 0).unwrap_err().kind(),
-            "empty_staging_pool"
-        );
-        assert_eq!(
-            StagingGeometry::new(usize::MAX, 2).unwrap_err().kind(),
-            "size_overflow"
-        );
-    }
 
     /// A staging pool larger than the heap gives is an error naming it, never an abort.
     #[test]

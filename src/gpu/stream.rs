@@ -16,26 +16,18 @@
 //!
 //! Counters count at submission, on the owner's thread, with no atomics;
 //! failures that surface only at `wait` are counted by whoever waits.
+//!
+//! A submission refused before any byte moved comes back as a [`SubmitError`], which owns
+//! the staging pool it hands back; it lives here, with the pool's owner, and wraps the
+//! vocabulary's plain [`GpuError`] (`error::E1`).
 
-use std::fmt;
-
-use super::copy::{plan_copies, CopyDirection, CopyRun, PageCopy};
 #[cfg(feature = "cuda")]
-use super::cuda::CudaStream;
+use super::backend::cuda::CudaStream;
+use super::checked::ResolvedCopy;
 use super::device::Device;
-use super::error::{GpuError, SubmitError};
 use super::event::InFlight;
 use super::staging::StagingPool;
-
-/// Identifies a stream in logs and errors (`s0`, `s1`, ...), unique per device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId(pub u32);
-
-impl fmt::Display for StreamId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "s{}", self.0)
-    }
-}
+use super::vocab::{plan_copies, CopyDirection, CopyRun, GpuError, PageCopy, StreamId};
 
 /// What one stream has submitted, since it was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -84,11 +76,7 @@ impl StreamCounters {
 
 impl StreamCounters {
     /// Records an issued checked submission: one transfer per copy.
-    pub(super) fn record_checked(
-        &mut self,
-        direction: CopyDirection,
-        copies: &[super::checked::ResolvedCopy],
-    ) {
+    pub(super) fn record_checked(&mut self, direction: CopyDirection, copies: &[ResolvedCopy]) {
         let bytes: usize = copies.iter().map(|copy| copy.len).sum();
         self.runs_issued += copies.len() as u64;
         let (page_counter, byte_counter) = match direction {
@@ -97,6 +85,33 @@ impl StreamCounters {
         };
         *page_counter += copies.len() as u64;
         *byte_counter += bytes as u64;
+    }
+}
+
+/// A rejected copy submission: the reason, and the staging pool handed back untouched.
+///
+/// `scatter` and `gather` take the staging pool by value (`gpu::I3`); a rejection must
+/// not lose it, so it travels back inside the error, the way `std::sync::mpsc::SendError`
+/// returns the value it could not send.
+#[derive(Debug, thiserror::Error)]
+#[error("copy submission rejected before any byte moved")]
+pub struct SubmitError {
+    /// The staging pool that was submitted, with its bytes unchanged.
+    pub staging: StagingPool,
+    /// Why the submission was rejected.
+    #[source]
+    pub error: GpuError,
+}
+
+impl SubmitError {
+    /// The label of the underlying [`GpuError`].
+    pub fn kind(&self) -> &'static str {
+        self.error.kind()
+    }
+
+    /// Splits the error into the staging pool and the reason.
+    pub fn into_parts(self) -> (StagingPool, GpuError) {
+        (self.staging, self.error)
     }
 }
 
@@ -317,10 +332,5 @@ mod tests {
             (1, 0)
         );
         Ok(())
-    }
-
-    #[test]
-    fn stream_id_displays_with_prefix() {
-        assert_eq!(StreamId(3).to_string(), "s3");
     }
 }

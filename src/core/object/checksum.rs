@@ -17,7 +17,7 @@
 //!   two or more changed words collide with probability about 2^-64.
 //! - `checksum::C2`. The index enters every term, so swapped or shifted words change the checksum.
 //! - `checksum::C3`. The sum is order-free: a GPU block reduces its threads' partial sums in any
-//!   order and gets the same value (`src/gpu/cuda/checksum.ll` computes exactly this).
+//!   order and gets the same value (`src/gpu/backend/cuda/checksum.ll` computes exactly this).
 //! - `checksum::C4`. The length is folded in, so trailing zero bytes are not silently accepted.
 
 /// Multiplier of the word index in each term's key.

@@ -409,29 +409,6 @@ pub(crate) unsafe fn launch_kernel(
     .result()
 }
 
-/// Whether `error` leaves the context unusable ("sticky"): every later call in the
-/// process fails the same way, so the device must be poisoned (`gpu::I7`).
-pub(crate) fn is_sticky(error: DriverError) -> bool {
-    use sys::CUresult as R;
-    matches!(
-        error.0,
-        R::CUDA_ERROR_ILLEGAL_ADDRESS
-            | R::CUDA_ERROR_LAUNCH_FAILED
-            | R::CUDA_ERROR_LAUNCH_TIMEOUT
-            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
-            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
-            | R::CUDA_ERROR_MISALIGNED_ADDRESS
-            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
-            | R::CUDA_ERROR_INVALID_PC
-            | R::CUDA_ERROR_ASSERT
-            | R::CUDA_ERROR_ECC_UNCORRECTABLE
-            | R::CUDA_ERROR_NVLINK_UNCORRECTABLE
-            | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
-            | R::CUDA_ERROR_DEINITIALIZED
-            | R::CUDA_ERROR_UNKNOWN
-    )
-}
-
 /// Whether `error` is the "still running" answer of [`event_query`].
 pub(crate) fn is_not_ready(error: DriverError) -> bool {
     error.0 == sys::CUresult::CUDA_ERROR_NOT_READY
@@ -442,19 +419,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sticky_errors_are_told_apart_from_recoverable_ones() {
-        assert!(is_sticky(DriverError(
-            sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
-        )));
-        assert!(is_sticky(DriverError(
-            sys::CUresult::CUDA_ERROR_LAUNCH_FAILED
-        )));
-        assert!(!is_sticky(DriverError(
-            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
-        )));
-        assert!(!is_sticky(DriverError(
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE
-        )));
+    fn not_ready_is_told_apart_from_errors() {
         assert!(is_not_ready(DriverError(
             sys::CUresult::CUDA_ERROR_NOT_READY
         )));

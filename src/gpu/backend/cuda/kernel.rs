@@ -27,7 +27,7 @@ use super::driver::{self, DevicePtr, RawFunction, RawModule};
 use super::memory::{DeviceRegion, PinnedBuffer};
 use super::queue::CudaStream;
 use crate::core::object::finish_checksum;
-use crate::gpu::error::GpuError;
+use crate::gpu::vocab::GpuError;
 
 /// The kernel's PTX (generated from `checksum.ll` by `scripts/gen-ptx`), NUL-terminated.
 const CHECKSUM_PTX: &str = concat!(include_str!("checksum.ptx"), "\0");

@@ -20,7 +20,7 @@ use std::ffi::c_int;
 use std::fmt;
 
 use super::driver::{self, RawContext, RawDevice};
-use crate::gpu::error::GpuError;
+use crate::gpu::vocab::GpuError;
 
 /// What [`probe`] found: the driver works and sees `devices` devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,10 +6,13 @@
 //! It lives here, below the pool, because pinning memory and handing its raw pointers to
 //! copy streams is device work that needs `unsafe` (kept inside `gpu`); the embedded pool
 //! (`pool::memory`) only owns an arena and stores its slots. Nothing in this module knows
-//! about pools or keys.
+//! about pools or keys. It sits on the middle floor of `gpu` (the backends): it speaks the
+//! vocabulary (`GpuError`) and takes pinned memory from the CUDA backend, and knows nothing
+//! of the front (`Device` makes arenas, but the arena does not know `Device`). Outside
+//! `gpu` it is reached as `gpu::host_memory`.
 //!
 //! The embedded pool keeps every object in a [`HostSlot`] from one arena. On the CUDA
-//! backend ([`Device::host_arena`](super::Device::host_arena)) the arena's memory is pinned
+//! backend (`Device::host_arena`) the arena's memory is pinned
 //! (`cuMemHostAlloc`, flags 0, cached), so a loader moves a lent object to the device, and a
 //! saver moves pages into a fresh object, without a CPU copy through staging, the way
 //! Mooncake's transfer engine places bytes in registered memory. On the host backend
@@ -57,7 +60,6 @@
 //! clone) until the copy has completed; that keeps the memory allocated and unreused (`host_memory::A1`,
 //! `host_memory::A2`).
 
-use std::alloc::{self, Layout};
 use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
@@ -66,11 +68,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 #[cfg(feature = "cuda")]
-use crate::gpu::cuda::{Context, PinnedBuffer};
-use crate::gpu::error::GpuError;
+use crate::gpu::backend::cuda::Context;
+use crate::gpu::vocab::GpuError;
 
+mod chunk;
 mod meminfo;
 mod slot;
+
+use chunk::Chunk;
 
 pub use meminfo::{host_memory, parse_meminfo, HostMemory};
 use slot::SlotOwner;
@@ -145,53 +150,6 @@ struct FreshRun {
 struct SlotPlace {
     chunk: usize,
     index: usize,
-}
-
-/// One block of host memory, carved into slots of one class.
-struct Chunk {
-    /// The first slot's address: [`SLOT_ALIGN`]-aligned, valid for `bytes` bytes.
-    base: NonNull<u8>,
-    /// Usable bytes from `base`: `slots` slots of `class_bytes`.
-    bytes: usize,
-    /// The size class this chunk is carved into.
-    class_bytes: usize,
-    /// Owns the allocation; frees it on drop.
-    memory: ChunkMemory,
-}
-
-// SAFETY: a chunk owns its allocation like a `Box<[u8]>`; the raw pointers are addresses
-// into it, and heap and pinned memory may be used and freed from any thread.
-unsafe impl Send for Chunk {}
-// SAFETY: `&Chunk` gives no access to the bytes; slots reach them only under `host_memory::A1`-`host_memory::A3`.
-unsafe impl Sync for Chunk {}
-
-/// The allocation behind a chunk.
-enum ChunkMemory {
-    /// From `alloc_zeroed` with `layout`; freed with `dealloc`.
-    Heap { raw: NonNull<u8>, layout: Layout },
-    /// A pinned buffer, which frees itself.
-    #[cfg(feature = "cuda")]
-    Pinned(
-        #[expect(
-            dead_code,
-            reason = "held only for its drop, which frees the pinned memory"
-        )]
-        PinnedBuffer,
-    ),
-}
-
-impl Drop for ChunkMemory {
-    fn drop(&mut self) {
-        match self {
-            Self::Heap { raw, layout } => {
-                // SAFETY: `raw` came from `alloc_zeroed(layout)` and is freed once, here; no
-                // slot uses it, since every slot holds the arena that owns this chunk (`host_memory::A1`).
-                unsafe { alloc::dealloc(raw.as_ptr(), *layout) };
-            }
-            #[cfg(feature = "cuda")]
-            Self::Pinned(_) => {}
-        }
-    }
 }
 
 /// Counts of one arena, for logs and tests.
@@ -422,115 +380,6 @@ impl ArenaState {
         class.free.push(place);
         self.live_slots -= 1;
         self.free_slots += 1;
-    }
-}
-
-/// A zeroed heap buffer of `len` bytes, or `None` when the allocator refuses it: unlike
-/// `vec![0; len]`, a refusal never aborts the process. Alignment 1 lets the allocator use
-/// `calloc`, whose big blocks are zeroed lazily (untouched pages cost no memory).
-pub(crate) fn try_zeroed(len: usize) -> Option<Box<[u8]>> {
-    if len == 0 {
-        return Some(Box::default());
-    }
-    let layout = Layout::array::<u8>(len).ok()?;
-    // SAFETY: `layout` has a non-zero size (`len >= 1`).
-    let raw = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
-    let slice = std::ptr::slice_from_raw_parts_mut(raw.as_ptr(), len);
-    // SAFETY: `raw` points to `len` zeroed (initialized) bytes from the global allocator
-    // with the layout of `[u8; len]`, which is the layout a `Box<[u8]>` of `len` bytes frees
-    // with; the box becomes its only owner.
-    Some(unsafe { Box::from_raw(slice) })
-}
-
-impl Chunk {
-    /// Allocates a zeroed chunk of `slots` slots of `class_bytes` from `source`, starting on
-    /// a [`SLOT_ALIGN`] boundary (`host_memory::A4`, `host_memory::A5`). `slot_len` only labels the error.
-    fn allocate(
-        source: &ChunkSource,
-        slot_len: usize,
-        class_bytes: usize,
-        slots: usize,
-    ) -> Result<Self, GpuError> {
-        // `slots * class_bytes <= max(target, class_bytes)`, so this cannot overflow.
-        let bytes = slots.saturating_mul(class_bytes);
-        let overflow = || GpuError::SizeOverflow {
-            what: "arena chunk",
-            count: 1,
-            unit_bytes: bytes,
-        };
-        // Over-allocate so an aligned start fits whatever alignment the allocator gives.
-        let padded = bytes.checked_add(SLOT_ALIGN - 1).ok_or_else(overflow)?;
-        let (raw, memory) = match source {
-            ChunkSource::Heap => {
-                let layout = Layout::array::<u8>(padded).map_err(|_| overflow())?;
-                // SAFETY: `layout` has a non-zero size (`padded >= SLOT_ALIGN`). Alignment 1
-                // lets the allocator use `calloc`, whose big blocks are zeroed lazily.
-                let raw = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or(
-                    GpuError::ArenaAllocFailed {
-                        len: slot_len,
-                        chunk_bytes: bytes,
-                    },
-                )?;
-                (raw, ChunkMemory::Heap { raw, layout })
-            }
-            #[cfg(feature = "cuda")]
-            ChunkSource::Pinned(context) => {
-                let mut buffer = PinnedBuffer::zeroed(Arc::clone(context), padded)?;
-                let raw = NonNull::from(buffer.as_mut_slice()).cast::<u8>();
-                (raw, ChunkMemory::Pinned(buffer))
-            }
-        };
-        let offset = raw.as_ptr().addr().wrapping_neg() % SLOT_ALIGN;
-        // SAFETY: `offset < SLOT_ALIGN`, so `raw + offset .. raw + offset + bytes` lies in
-        // the allocation of `bytes + SLOT_ALIGN - 1` bytes.
-        let base = unsafe { raw.add(offset) };
-        Ok(Self {
-            base,
-            bytes,
-            class_bytes,
-            memory,
-        })
-    }
-
-    /// Writes a zero into every page of a heap chunk, so that the kernel backs all of it
-    /// now: `calloc` maps big blocks lazily, and memory first touched by a save, on a host
-    /// that has run out meanwhile, is an OOM kill instead of a refusal at start. Pinned
-    /// memory is resident already. Every 4 KiB is written, which reaches every page of any
-    /// page size Linux uses.
-    fn prefault(&self) {
-        const PAGE_BYTES: usize = 4096;
-        if !matches!(self.memory, ChunkMemory::Heap { .. }) {
-            return;
-        }
-        for offset in (0..self.bytes).step_by(PAGE_BYTES) {
-            // SAFETY: `offset < bytes`, so the byte lies inside the chunk's allocation
-            // (`host_memory::A1`); the chunk is not in the arena yet, so no slot reads or
-            // writes it meanwhile, and it is zero already (`host_memory::A4` holds).
-            unsafe { self.base.add(offset).as_ptr().write_volatile(0) };
-        }
-    }
-
-    /// The address of slot `place.index` of this chunk, for slots of `class_bytes`.
-    fn slot_ptr(&self, place: SlotPlace, class_bytes: usize) -> NonNull<u8> {
-        let offset = place.index * class_bytes;
-        debug_assert!(
-            offset + class_bytes <= self.bytes,
-            "A1: slot past its chunk"
-        );
-        // SAFETY: `place.index` is below the chunk's slot count (it came from a fresh run or
-        // a free list of this class), so `offset + class_bytes <= bytes` (`host_memory::A1`).
-        unsafe { self.base.add(offset) }
-    }
-}
-
-impl fmt::Debug for Chunk {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pinned = !matches!(self.memory, ChunkMemory::Heap { .. });
-        f.debug_struct("Chunk")
-            .field("bytes", &self.bytes)
-            .field("class_bytes", &self.class_bytes)
-            .field("pinned", &pinned)
-            .finish_non_exhaustive()
     }
 }
 

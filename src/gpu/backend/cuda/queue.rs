@@ -5,25 +5,30 @@
 //! Workflow of one submission:
 //! 1. `CudaDevice::issue` queues one `cuMemcpy*Async` per planned run on the owner's
 //!    stream and records a fresh event after them.
-//! 2. The `InFlight` holds a [`PendingCopy`]; `wait` sleeps in `cuEventSynchronize` on the
-//!    caller's thread (a loader's own thread), then reports success or the driver error.
+//! 2. The `InFlight` holds a [`PendingCopy`] (and, beside it, the `Device` that keeps the page
+//!    memory alive); `wait` sleeps in `cuEventSynchronize` on the caller's thread (a loader's
+//!    own thread), then reports success or the driver error.
+//!
+//! Only the vocabulary is spoken here: a [`PendingCopy`] knows its stream id, direction and
+//! byte count, never the device it runs on.
 //!
 //! Invariants:
 //! - `cuda::queue::Q1`. A [`PendingCopy`] that is dropped without `wait` still synchronizes its
 //!   event first, so the staging memory it guards is never freed under a running copy (`gpu::I3`).
+//!   Its owner declares it before the device handle and the memory, so it drops first.
 //! - `cuda::queue::Q2`. A [`CudaStream`] synchronizes before it is destroyed, so no copy it queued
 //!   runs after its owner is gone.
-//! - `cuda::queue::Q3`. A sticky driver error seen while waiting poisons the device (`gpu::I7`).
+//! - `cuda::queue::Q3`. A failure seen while waiting comes back as
+//!   `GpuError::CudaCopyFailed` with the driver's error as its source, so whoever waits can tell
+//!   a sticky one (`GpuError::is_sticky`) and poison the device (`gpu::I7`): the front's
+//!   `InFlight` and `CheckedInFlight` do, through `Device::poison_if_sticky`.
 
 use std::fmt;
 use std::sync::Arc;
 
 use super::context::Context;
 use super::driver::{self, RawEvent, RawStream};
-use crate::gpu::copy::CopyDirection;
-use crate::gpu::device::Device;
-use crate::gpu::error::GpuError;
-use crate::gpu::stream::StreamId;
+use crate::gpu::vocab::{CopyDirection, GpuError, StreamId};
 
 /// One non-blocking driver stream, owned by one `CopyStream` (`cuda::queue::Q2`).
 pub(crate) struct CudaStream {
@@ -163,8 +168,6 @@ impl fmt::Debug for CudaEvent {
 #[derive(Debug)]
 pub(crate) struct PendingCopy {
     event: CudaEvent,
-    /// Keeps the page memory alive while the copy runs, and is poisoned on sticky errors.
-    device: Device,
     stream: StreamId,
     direction: CopyDirection,
     bytes: usize,
@@ -176,14 +179,12 @@ impl PendingCopy {
     /// Wraps a recorded event.
     pub(crate) fn new(
         event: CudaEvent,
-        device: Device,
         stream: StreamId,
         direction: CopyDirection,
         bytes: usize,
     ) -> Self {
         Self {
             event,
-            device,
             stream,
             direction,
             bytes,
@@ -196,26 +197,22 @@ impl PendingCopy {
         self.finished || self.event.is_complete()
     }
 
-    /// Blocks on the event, then reports the outcome; poisons on sticky errors (`cuda::queue::Q3`).
+    /// Blocks on the event, then reports the outcome (`cuda::queue::Q3`: the caller poisons
+    /// the device when the error is sticky).
     ///
     /// # Errors
     /// [`GpuError::CudaCopyFailed`] with the driver's error.
     pub(crate) fn wait(mut self) -> Result<(), GpuError> {
         let outcome = self.event.synchronize();
         self.finished = true;
-        outcome.map_err(|error| {
-            if error.is_sticky() {
-                self.device.poison();
-            }
-            match error {
-                GpuError::Driver { source, .. } => GpuError::CudaCopyFailed {
-                    stream: self.stream,
-                    direction: self.direction,
-                    bytes: self.bytes,
-                    source,
-                },
-                other => other,
-            }
+        outcome.map_err(|error| match error {
+            GpuError::Driver { source, .. } => GpuError::CudaCopyFailed {
+                stream: self.stream,
+                direction: self.direction,
+                bytes: self.bytes,
+                source,
+            },
+            other => other,
         })
     }
 }

@@ -1,12 +1,11 @@
-//! Errors of the device layer: [`GpuError`] for every failure, and [`SubmitError`], which
-//! hands the staging pool back when a copy submission is rejected.
+//! The vocabulary's error: [`GpuError`], every failure of the device layer, as plain data.
 //!
 //! Workflow: validation errors (unknown group, page or slot out of range, bad lengths,
-//! overlapping destinations) are found before any byte moves and come back from
-//! `CopyStream::scatter` / `gather` as a [`SubmitError`] together with the untouched staging
-//! pool (`gpu::I4`). Failures of a copy that was issued come back
-//! from `InFlight::wait` as [`GpuError::CopyFailed`]. Once a device is poisoned, every call
-//! fails with [`GpuError::Poisoned`] (`gpu::I7`).
+//! overlapping destinations) are found before any byte moves; `CopyStream::scatter` /
+//! `gather` return them inside the front's `SubmitError`, which also hands back the untouched
+//! staging pool (`gpu::I4`). Failures of a copy that was issued come back from
+//! `InFlight::wait` as [`GpuError::CopyFailed`]. Once a device is poisoned, every call fails
+//! with [`GpuError::Poisoned`] (`gpu::I7`).
 //!
 //! Opening a device reports why CUDA cannot be used ([`GpuError::CudaNotBuilt`],
 //! [`GpuError::CudaDriverMissing`], `GpuError::CudaInit`, [`GpuError::CudaNoDevice`]),
@@ -14,12 +13,23 @@
 //! With the `cuda` feature, driver failures keep `cudarc::driver::DriverError` as their
 //! `#[source]` (`GpuError::Driver`, `GpuError::CudaCopyFailed`); no variant
 //! carries a `String` built from another error.
+//!
+//! Invariants:
+//! - `error::E1`. A [`GpuError`] owns no resource (no buffer, handle or device): it is ids,
+//!   sizes, labels and the driver's error code, so every floor can build, move and drop one.
+//!   An error that must hand a resource back (a refused submission and its staging pool,
+//!   `SubmitError`; a refused checked submission, `CheckedSubmitError`) is a type of the
+//!   floor that owns the resource, wrapping a `GpuError`.
+//!
+//! Labels and stickiness (whether a driver error leaves the context unusable) are decided in
+//! `classify.rs`, from the error alone.
 
 use crate::core::layout::GroupId;
 
 use super::copy::CopyDirection;
-use super::staging::StagingPool;
-use super::stream::StreamId;
+use super::stream_id::StreamId;
+
+mod classify;
 
 /// Any failure of the device layer.
 #[derive(Debug, thiserror::Error)]
@@ -355,145 +365,4 @@ pub enum GpuError {
         /// The device the driver says the memory belongs to.
         actual: i64,
     },
-}
-
-impl GpuError {
-    /// A short, stable label for metrics and logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::NoPagePools => "no_page_pools",
-            Self::DuplicateGroup { .. } => "duplicate_group",
-            Self::EmptyPagePool { .. } => "empty_page_pool",
-            Self::EmptyStagingPool { .. } => "empty_staging_pool",
-            Self::SizeOverflow { .. } => "size_overflow",
-            Self::UnknownGroup { .. } => "unknown_group",
-            Self::PageOutOfRange { .. } => "page_out_of_range",
-            Self::LengthMismatch { .. } => "length_mismatch",
-            Self::CopyLengthInvalid { .. } => "copy_length_invalid",
-            Self::StagingSlotOutOfRange { .. } => "staging_slot_out_of_range",
-            Self::StagingRangeOutOfSlot { .. } => "staging_range_out_of_slot",
-            Self::OverlappingCopies { .. } => "overlapping_copies",
-            Self::EmptyArenaSlot => "empty_arena_slot",
-            Self::ArenaAllocFailed { .. } => "arena_alloc_failed",
-            Self::HostAllocFailed { .. } => "host_alloc_failed",
-            Self::CopyFailed { .. } => "copy_failed",
-            Self::Poisoned => "poisoned",
-            Self::CudaNotBuilt => "cuda_not_built",
-            Self::CudaDriverMissing => "cuda_driver_missing",
-            #[cfg(feature = "cuda")]
-            Self::CudaInit { .. } => "cuda_init",
-            Self::CudaNoDevice { .. } => "cuda_no_device",
-            #[cfg(feature = "cuda")]
-            Self::Driver { .. } => "cuda_driver",
-            #[cfg(feature = "cuda")]
-            Self::BackendMismatch { .. } => "backend_mismatch",
-            #[cfg(feature = "cuda")]
-            Self::CudaCopyFailed { .. } => "cuda_copy_failed",
-            Self::PageBytesUnaligned { .. } => "page_bytes_unaligned",
-            #[cfg(feature = "cuda")]
-            Self::ChecksumKernelInvalid { .. } => "checksum_kernel_invalid",
-            Self::ObjectOutOfRange { .. } => "object_out_of_range",
-            Self::ObjectRangeOutOfObject { .. } => "object_range_out_of_object",
-            Self::BorrowedRegionInvalid { .. } => "borrowed_region_invalid",
-            Self::BorrowedOverlap { .. } => "borrowed_overlap",
-            Self::BorrowedWrongDevice { .. } => "borrowed_wrong_device",
-        }
-    }
-
-    /// Whether the error is a sticky CUDA error that leaves the context unusable, so the
-    /// device must be poisoned (`gpu::I7`). Always `false` without the `cuda` feature.
-    pub fn is_sticky(&self) -> bool {
-        match self {
-            #[cfg(feature = "cuda")]
-            Self::Driver { source, .. } | Self::CudaCopyFailed { source, .. } => {
-                super::cuda::is_sticky(*source)
-            }
-            _ => false,
-        }
-    }
-
-    /// Maps a driver error of the driver function `op` to [`GpuError::Driver`].
-    #[cfg(feature = "cuda")]
-    pub(crate) fn driver(op: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
-        move |source| Self::Driver { op, source }
-    }
-}
-
-/// A rejected copy submission: the reason, and the staging pool handed back untouched.
-///
-/// `scatter` and `gather` take the staging pool by value (`gpu::I3`); a rejection must
-/// not lose it, so it travels back inside the error, the way `std::sync::mpsc::SendError`
-/// returns the value it could not send.
-#[derive(Debug, thiserror::Error)]
-#[error("copy submission rejected before any byte moved")]
-pub struct SubmitError {
-    /// The staging pool that was submitted, with its bytes unchanged.
-    pub staging: StagingPool,
-    /// Why the submission was rejected.
-    #[source]
-    pub error: GpuError,
-}
-
-impl SubmitError {
-    /// The label of the underlying [`GpuError`].
-    pub fn kind(&self) -> &'static str {
-        self.error.kind()
-    }
-
-    /// Splits the error into the staging pool and the reason.
-    pub fn into_parts(self) -> (StagingPool, GpuError) {
-        (self.staging, self.error)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn messages_are_lower_case_and_name_the_values() {
-        let err = GpuError::PageOutOfRange {
-            group: GroupId(3),
-            page: 9,
-            num_pages: 4,
-        };
-        let text = err.to_string();
-        assert!(text.starts_with("page 9 of layer group 3"), "{text}");
-        assert!(text.contains("4 pages"), "{text}");
-        assert_eq!(err.kind(), "page_out_of_range");
-    }
-
-    #[test]
-    fn cuda_refusals_name_the_setting_that_works() {
-        for err in [
-            GpuError::CudaNotBuilt,
-            GpuError::CudaDriverMissing,
-            GpuError::CudaNoDevice {
-                ordinal: 1,
-                devices: 1,
-            },
-        ] {
-            let text = err.to_string();
-            assert!(text.contains("device.kind = \"host\""), "{text}");
-            assert!(!err.is_sticky());
-        }
-        assert!(GpuError::CudaNotBuilt
-            .to_string()
-            .contains("--features cuda"));
-        assert_eq!(GpuError::CudaDriverMissing.kind(), "cuda_driver_missing");
-    }
-
-    #[test]
-    fn copy_failed_names_stream_and_direction() {
-        let err = GpuError::CopyFailed {
-            stream: StreamId(2),
-            direction: CopyDirection::HostToDevice,
-            bytes: 64,
-        };
-        assert_eq!(
-            err.to_string(),
-            "host-to-device copy of 64 bytes on stream s2 failed"
-        );
-        assert_eq!(err.kind(), "copy_failed");
-    }
 }

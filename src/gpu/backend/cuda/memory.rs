@@ -20,8 +20,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::driver::{self, DevicePtr};
-use crate::gpu::error::GpuError;
-use crate::gpu::pages::PagePoolSpec;
+use crate::gpu::vocab::{GpuError, PagePoolSpec};
 
 /// One layer group's page memory on the device (`cuda::memory::M1`).
 pub(crate) struct DeviceRegion {

@@ -2,11 +2,13 @@
 //! completion at once. It is the CPU backend behind the same API as CUDA, and what every
 //! actor test and the replay simulator run on.
 //!
-//! This is the bottom layer of the sandwich for the host backend; the CUDA backend's bottom
-//! layer is `cuda/driver.rs` (cudarc driver calls) instead. Callers above (`Device`,
-//! `CopyStream`) have already bounds-checked every access (`gpu::I1`, `copy::C1`), so nothing here
-//! re-validates. Pages are owned boxes, or windows into memory the caller owns
-//! (`Device::borrow_host`, [`PageMemory::Borrowed`]); only the latter needs `unsafe`.
+//! It sits on the middle floor of `gpu`, beside the CUDA backend, and speaks only the
+//! vocabulary (page geometry, copy runs, `GpuError`): the front (`Device`, `CopyStream`) has
+//! already bounds-checked every access (`gpu::I1`, `copy::C1`), so nothing here re-validates.
+//! It also holds [`try_zeroed`], the heap allocation that refuses instead of aborting, which
+//! the front's host staging pools use too. Pages are owned boxes, or windows into memory the
+//! caller owns (`Device::borrow_host`, [`PageMemory::Borrowed`]); only the latter needs
+//! `unsafe`.
 //!
 //! Invariants:
 //! - `host::H1`. Each page has its own lock; concurrent work on different pages never contends,
@@ -16,15 +18,14 @@
 //!   for every backend) is taken before any byte moves, so a failed copy leaves its destination
 //!   unchanged (`gpu::I6`).
 
+use std::alloc::{self, Layout};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 
 use parking_lot::RwLock;
 
-use super::copy::{CopyDirection, CopyRun};
-use super::error::GpuError;
-use super::host_memory::try_zeroed;
-use super::pages::{PageGeometry, PagePoolSpec};
+use crate::gpu::vocab::{CopyDirection, CopyRun, GpuError, PageGeometry, PagePoolSpec};
 
 /// One group's pages. Each page has its own lock (`host::H1`).
 struct HostPagePool {
@@ -205,12 +206,27 @@ impl fmt::Debug for HostDevice {
     }
 }
 
+/// A zeroed heap buffer of `len` bytes, or `None` when the allocator refuses it: unlike
+/// `vec![0; len]`, a refusal never aborts the process. Alignment 1 lets the allocator use
+/// `calloc`, whose big blocks are zeroed lazily (untouched pages cost no memory).
+pub(crate) fn try_zeroed(len: usize) -> Option<Box<[u8]>> {
+    if len == 0 {
+        return Some(Box::default());
+    }
+    let layout = Layout::array::<u8>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size (`len >= 1`).
+    let raw = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+    let slice = std::ptr::slice_from_raw_parts_mut(raw.as_ptr(), len);
+    // SAFETY: `raw` points to `len` zeroed (initialized) bytes from the global allocator
+    // with the layout of `[u8; len]`, which is the layout a `Box<[u8]>` of `len` bytes frees
+    // with; the box becomes its only owner.
+    Some(unsafe { Box::from_raw(slice) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::core::layout::GroupId;
-    use crate::gpu::error::GpuError;
-    use crate::gpu::pages::PagePoolSpec;
 
     fn device() -> Result<HostDevice, GpuError> {
         let geometry = PageGeometry::new(&[PagePoolSpec {
