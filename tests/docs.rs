@@ -1,10 +1,14 @@
 //! The docs are references a newcomer can follow inside the repository:
 //!
-//! - every rule `R<n>` cited in `src/`, `tests/`, `docs/`, `examples/`, `benches/`,
-//!   `config/` or `README.md` is defined in `docs/DESIGN.md`, where a definition is a line
-//!   that starts (after indentation) with `- R<n>.`;
-//! - no file under `src/` or `docs/`, and not `README.md`, names an issue number, a
-//!   session or a style-guide item (the patterns of [`history_mentions`]);
+//! - every rule `R<n>` cited in [`CITING`] (the sources and docs of `src/`, `crates/`,
+//!   `tests/`, `docs/` and the other folders there) or `README.md` is defined in
+//!   `docs/DESIGN.md`, where a definition is a line that starts (after indentation) with
+//!   `- R<n>.`;
+//! - every invariant label `module::Xn` cited there is defined exactly once, by a list item
+//!   ``- `module::Xn`. ...`` where its module documents it, and no other list item defines a
+//!   bare `X<n>` (the syntax: [`labels`]);
+//! - no file under `src/`, `crates/` or `docs/`, and not `README.md`, names an issue
+//!   number, a session or a style-guide item (the patterns of [`history_mentions`]);
 //! - every relative link of a Markdown file (`[text](path#anchor)`, resolved from the
 //!   file's folder) and every backticked repository path in one (`` `docs/...` ``,
 //!   `` `src/...` ``, `` `tests/...` `` and the other top-level folders, resolved from the
@@ -13,6 +17,11 @@
 //!
 //! Each check is a function from file contents to the violations it finds; the scanner
 //! tests feed them known-bad text, so a scanner that finds nothing cannot pass unnoticed.
+//! Hidden folders, `__pycache__` and `target` (caches and build output) are not scanned,
+//! nor files holding a NUL byte (binaries).
+
+#[path = "docs/labels.rs"]
+mod labels;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -32,16 +41,37 @@ const REPO_FOLDERS: [&str; 8] = [
     "fuzz/",
 ];
 
+/// The folders whose files may cite rules and labels (with `README.md`).
+const CITING: [&str; 8] = [
+    "src",
+    "crates",
+    "tests",
+    "docs",
+    "examples",
+    "benches",
+    "config",
+    "fuzz/fuzz_targets",
+];
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every file under `dir` (relative to the repository root), sorted.
+/// Whether a folder holds caches or build output rather than sources.
+fn is_skipped(folder: &Path) -> bool {
+    folder
+        .file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with('.') || name == "__pycache__" || name == "target")
+}
+
+/// Every file under `dir` (relative to the repository root), sorted, outside hidden,
+/// `__pycache__` and `target` folders.
 fn files_under(dir: &str) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![root().join(dir)];
     while let Some(path) = stack.pop() {
-        if path.is_dir() {
+        if path.is_dir() && !is_skipped(&path) {
             for entry in fs::read_dir(&path).with_context(|| format!("{}", path.display()))? {
                 stack.push(entry?.path());
             }
@@ -53,13 +83,26 @@ fn files_under(dir: &str) -> anyhow::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// A file's text; bytes that are not UTF-8 are replaced, which no pattern here matches.
-fn text(path: &Path) -> anyhow::Result<String> {
+/// A file's text; bytes that are not UTF-8 are replaced, which no pattern here matches,
+/// and a binary (a file holding a NUL byte) reads as empty.
+pub(crate) fn text(path: &Path) -> anyhow::Result<String> {
     let bytes = fs::read(path).with_context(|| format!("{}", path.display()))?;
+    if bytes.contains(&0) {
+        return Ok(String::new());
+    }
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-fn relative(path: &Path) -> String {
+/// `README.md` and every file under [`CITING`].
+pub(crate) fn citing_files() -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = vec![root().join("README.md")];
+    for dir in CITING {
+        files.extend(files_under(dir)?);
+    }
+    Ok(files)
+}
+
+pub(crate) fn relative(path: &Path) -> String {
     path.strip_prefix(root())
         .unwrap_or(path)
         .display()
@@ -125,7 +168,7 @@ fn defined_rules(design: &str) -> BTreeSet<u32> {
 
 /// Lines of `text` that name an issue, a session or a style-guide item: `issue 3`,
 /// `issues 3`, `issue #3`, `session 4`, `STYLE G1` and any whole word `G<1-2 digits>`
-/// (case-insensitive), as `line: text`.
+/// (case-insensitive) but the tail of a label (`python::connector::G1`), as `line: text`.
 fn history_mentions(text: &str) -> Vec<String> {
     let patterns: [(&str, &[&str]); 4] = [
         ("issue", &[" ", "s", " ", "#"]),
@@ -138,7 +181,9 @@ fn history_mentions(text: &str) -> Vec<String> {
         let hit = patterns.iter().any(|(word, gap)| {
             numbered(line, word, gap, true)
                 .iter()
-                .any(|(_, digits)| *word != "g" || digits.len() <= 2)
+                .any(|(start, digits)| {
+                    *word != "g" || (digits.len() <= 2 && !line[..*start].ends_with("::"))
+                })
         });
         if hit {
             out.push(format!("{}: {}", number + 1, line.trim()));
@@ -252,7 +297,7 @@ fn broken_references(file: &Path, markdown: &str) -> anyhow::Result<Vec<String>>
 fn markdown_files() -> anyhow::Result<Vec<PathBuf>> {
     let mut files = vec![root().join("README.md")];
     for dir in [
-        "docs", "src", "tests", "examples", "benches", "config", "scripts",
+        "docs", "src", "crates", "tests", "examples", "benches", "config", "scripts",
     ] {
         files.extend(
             files_under(dir)?
@@ -266,12 +311,8 @@ fn markdown_files() -> anyhow::Result<Vec<PathBuf>> {
 #[test]
 fn every_cited_rule_is_defined_in_design_md() -> anyhow::Result<()> {
     let defined = defined_rules(&text(&root().join("docs/DESIGN.md"))?);
-    let mut files = vec![root().join("README.md")];
-    for dir in ["src", "tests", "docs", "examples", "benches", "config"] {
-        files.extend(files_under(dir)?);
-    }
     let mut missing = Vec::new();
-    for file in &files {
+    for file in &citing_files()? {
         for rule in cited_rules(&text(file)?).difference(&defined) {
             missing.push(format!("{}: R{rule}", relative(file)));
         }
@@ -288,8 +329,9 @@ fn every_cited_rule_is_defined_in_design_md() -> anyhow::Result<()> {
 #[test]
 fn docs_and_code_name_no_issue_session_or_style_item() -> anyhow::Result<()> {
     let mut files = vec![root().join("README.md")];
-    files.extend(files_under("src")?);
-    files.extend(files_under("docs")?);
+    for dir in ["src", "crates", "docs"] {
+        files.extend(files_under(dir)?);
+    }
     let mut found = Vec::new();
     for file in &files {
         for mention in history_mentions(&text(file)?) {
@@ -335,7 +377,8 @@ fn rule_scanners_find_citations_and_definitions() {
 fn history_scanner_finds_issues_sessions_and_style_items() {
     let bad = "fixed in issue 8\nsee Issues #12\nsession 4 notes\nper STYLE G11\nG9 here\n";
     assert_eq!(history_mentions(bad).len(), 5);
-    let good = "an issue queue\nsessions 4 and session-level\nG100 or dG1 or eg1\ntissue 3\n";
+    let good = "an issue queue\nsessions 4 and session-level\nG100 or dG1 or eg1\ntissue 3\n\
+                the label `python::connector::G1`\n";
     assert_eq!(history_mentions(good), Vec::<String>::new());
 }
 
@@ -345,7 +388,7 @@ fn reference_scanner_finds_missing_files_and_anchors() -> anyhow::Result<()> {
     let markdown = "[ok](DESIGN.md#9-configuration) [gone](NOWHERE.md) \
                     [bad anchor](DESIGN.md#no-such-heading) [web](https://example.com) \
                     `src/lib.rs` `src/nowhere.rs` `tests/docs.rs::a_test` \
-                    `src/gpu/cuda/checksum.{ll,missing}` `fuzz/seeds/<target>`";
+                    `src/gpu/backend/cuda/checksum.{ll,missing}` `fuzz/seeds/<target>`";
     let broken = broken_references(&file, markdown)?;
     assert_eq!(
         broken,
@@ -353,7 +396,7 @@ fn reference_scanner_finds_missing_files_and_anchors() -> anyhow::Result<()> {
             "NOWHERE.md: no such file",
             "DESIGN.md#no-such-heading: no heading with this anchor",
             "`src/nowhere.rs`: no such file",
-            "`src/gpu/cuda/checksum.missing`: no such file",
+            "`src/gpu/backend/cuda/checksum.missing`: no such file",
         ]
     );
     Ok(())

@@ -31,13 +31,13 @@
 //! by a batch, not moved, and survives a panic.
 //!
 //! Invariants:
-//! - P1. Every batch run through a [`StagingSupervisor`] ends in exactly one
+//! - `supervisor::P1`. Every batch run through a [`StagingSupervisor`] ends in exactly one
 //!   [`Batch`]: `Done` with the batch's own answer, or `Panicked`, which its owner
-//!   reports as failed work (L1 of the loader, A1 of the saver).
-//! - P2. The staging pool is held by the supervisor, lent to exactly one batch, or gone
-//!   with a retired owner; a retired supervisor never lends again.
-//! - P3. A staging pool the supervisor rebuilt is registered with the pool while it lives
-//!   and unregistered when it is replaced or the supervisor is dropped.
+//!   reports as failed work (`loader::L1`, `saver_queue::A1`).
+//! - `supervisor::P2`. The staging pool is held by the supervisor, lent to exactly one batch, or
+//!   gone with a retired owner; a retired supervisor never lends again.
+//! - `supervisor::P3`. A staging pool the supervisor rebuilt is registered with the pool while it
+//!   lives and unregistered when it is replaced or the supervisor is dropped.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -78,7 +78,7 @@ pub fn catch<T>(work: impl FnOnce() -> T) -> Result<T, Panicked> {
     })
 }
 
-/// What a supervised batch came to (P1).
+/// What a supervised batch came to (`supervisor::P1`).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Batch<T> {
     /// The batch returned this answer.
@@ -88,7 +88,7 @@ pub enum Batch<T> {
     Panicked,
 }
 
-/// The staging pool lent to one batch (P2); [`Lent::run`] runs the batch.
+/// The staging pool lent to one batch (`supervisor::P2`); [`Lent::run`] runs the batch.
 pub struct Lent(StagingPool);
 
 /// A lent batch's end: the staging pool and the answer, or the panic that lost them. Give it
@@ -124,7 +124,7 @@ pub struct StagingSupervisor {
     pinned: bool,
     retired: bool,
     /// Start address of the staging pool this supervisor rebuilt and registered itself
-    /// (the connector unregisters only the ones it made), P3.
+    /// (the connector unregisters only the ones it made), `supervisor::P3`.
     rebuilt_registration: Option<usize>,
     /// Panics survived by rebuilding, for the log.
     restarts: u64,
@@ -156,7 +156,8 @@ impl StagingSupervisor {
         self.geometry.slots()
     }
 
-    /// Lends the staging pool to one batch; `None` once retired or while it is lent (P2).
+    /// Lends the staging pool to one batch; `None` once retired or while it is lent
+    /// (`supervisor::P2`).
     pub fn lend(&mut self) -> Option<Lent> {
         self.staging.take().map(Lent)
     }
@@ -230,7 +231,7 @@ impl StagingSupervisor {
         );
     }
 
-    /// Unregisters the staging pool this supervisor rebuilt (idempotent, P3).
+    /// Unregisters the staging pool this supervisor rebuilt (idempotent, `supervisor::P3`).
     fn release_rebuilt(&mut self) {
         if let Some(start) = self.rebuilt_registration.take() {
             if let Err(err) = self.pool.unregister_staging(start) {
@@ -241,7 +242,7 @@ impl StagingSupervisor {
 }
 
 impl Drop for StagingSupervisor {
-    /// P3: the rebuilt pool is unregistered before its memory is freed.
+    /// `supervisor::P3`: the rebuilt pool is unregistered before its memory is freed.
     fn drop(&mut self) {
         self.release_rebuilt();
     }
@@ -274,8 +275,8 @@ mod tests {
         assert_eq!(panicked.as_ref().map(Panicked::message), Some("boom 3"));
     }
 
-    /// P1, P2: a batch that panics is answered `Panicked`, the host staging pool is rebuilt
-    /// with the same shape, and the next batch runs on it.
+    /// `supervisor::P1`, `supervisor::P2`: a batch that panics is answered `Panicked`, the host
+    /// staging pool is rebuilt with the same shape, and the next batch runs on it.
     #[test]
     fn a_panicking_batch_rebuilds_a_host_staging_pool() -> TestResult {
         let geometry = StagingGeometry::new(64, 3)?;
@@ -291,7 +292,7 @@ mod tests {
         Ok(())
     }
 
-    /// P2: a lent staging pool is lent once; after `retire` it is never lent again.
+    /// `supervisor::P2`: a lent staging pool is lent once; after `retire` it is never lent again.
     #[test]
     fn a_lent_or_retired_supervisor_lends_nothing() -> TestResult {
         let mut supervisor = supervisor(StagingPool::new_host(StagingGeometry::new(64, 1)?)?)?;

@@ -49,20 +49,20 @@
 //!
 //! # Invariants
 //!
-//! - **`ledger::I1`** No page is reserved twice: each `(group, page)` is held by at most one live
+//! - `ledger::I1`. No page is reserved twice: each `(group, page)` is held by at most one live
 //!   reservation, and the holder index lists exactly the pages of live reservations.
-//! - **`ledger::I2`** For every group, `free + reserved == capacity`, where `reserved` counts the
+//! - `ledger::I2`. For every group, `free + reserved == capacity`, where `reserved` counts the
 //!   pages of live reservations in that group (so `reserved <= capacity`).
-//! - **`ledger::I3`** A request has at most one live reservation, and the request index agrees with
+//! - `ledger::I3`. A request has at most one live reservation, and the request index agrees with
 //!   it.
-//! - **`ledger::I4`** A live reservation's token ranges are non-empty, sorted and disjoint, and
+//! - `ledger::I4`. A live reservation's token ranges are non-empty, sorted and disjoint, and
 //!   every page it holds belongs to a block that overlaps them.
-//! - **`ledger::I5`** The finished set is exactly the live reservations in `Filled` or `Failed`, in
+//! - `ledger::I5`. The finished set is exactly the live reservations in `Filled` or `Failed`, in
 //!   completion order; [`Ledger::take_finished`] drains it and removes those reservations.
-//! - **`ledger::I6`** States only move `Reserved -> Loading -> Filled | Failed`.
-//! - **`ledger::I7`** A completion is accepted only for a live `Loading` reservation of the
+//! - `ledger::I6`. States only move `Reserved -> Loading -> Filled | Failed`.
+//! - `ledger::I7`. A completion is accepted only for a live `Loading` reservation of the
 //!   ticket's generation; any other completion is stale and changes nothing but a counter (R26).
-//! - **`ledger::I8`** A call that returns an error changes nothing.
+//! - `ledger::I8`. A call that returns an error changes nothing.
 //!
 //! [`Ledger::check_invariants`] checks `ledger::I1`-I5; tests check `ledger::I6`-I8 by behaviour.
 //!

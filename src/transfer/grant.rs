@@ -16,10 +16,11 @@
 //!   never for a pool call over the network (`transfer::load_pages`). A release that takes
 //!   no page back does not wait.
 //!
-//! Invariant `grant::W1`: a page is written only by a copy that began while its block was
-//! lent, and a copy that began before a release has landed by the time that release
-//! returns. Together: no write reaches a page after the release that took it back
-//! returned.
+//! Invariant:
+//!
+//! - `grant::W1`. A page is written only by a copy that began while its block was lent,
+//!   and a copy that began before a release has landed by the time that release returns.
+//!   Together: no write reaches a page after the release that took it back returned.
 //!
 //! Blocks follow the ledger's rule ([`crate::core::ledger::overlaps`]): a block stays lent
 //! while any of its tokens is reserved, so a release need not be block aligned.

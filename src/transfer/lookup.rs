@@ -7,9 +7,9 @@
 //! it is testable without an actor system.
 //!
 //! Invariants:
-//! - `lookup::L1` every shard key of an item is probed, and the item is present only if
-//!   all are (R3); a probe thread that panicked counts its keys absent: a miss, never KV;
-//! - `lookup::L2` a lookup past its deadline, or a probe call whose every key answered that
+//! - `lookup::L1`. Every shard key of an item is probed, and the item is present only if
+//!   all are (R3); a probe thread that panicked counts its keys absent: a miss, never KV.
+//! - `lookup::L2`. A lookup past its deadline, or a probe call whose every key answered that
 //!   the pool is unreachable or late, ends with nothing offered, marked lost to an outage
 //!   (R30).
 

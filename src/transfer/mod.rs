@@ -91,8 +91,11 @@ pub enum SaveResult {
     Stored,
     /// Already present (probe or put said so): nothing written (R19).
     SkippedPresent,
-    /// Could not be stored (pool error, no space, failed copy).
+    /// Could not be stored (pool error, failed copy).
     Failed,
+    /// Refused by the pool for want of room (a full pool, or no segment mounted yet):
+    /// failed, and counted apart as well (`saves_no_space`).
+    NoSpace,
     /// Not stored because the pool was unreachable or missed a deadline (R30): dropped
     /// and counted as an outage loss.
     Outage,

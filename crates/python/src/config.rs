@@ -3,7 +3,7 @@
 //!
 //! Workflow ([`load`]):
 //! 1. `None`: no TOML layer. A `str` / `os.PathLike`: the file, read by the runtime's loader.
-//!    A `dict`: converted to TOML (`convert`, C1) and loaded as if it were a file named
+//!    A `dict`: converted to TOML (`python::convert::C1`) and loaded as if it were a file named
 //!    `<dict>`.
 //! 2. The process environment's `KVC_*` and legacy `TRTLLM_MOONCAKE_STORE_*` variables apply
 //!    over it ([`ConfigSources::from_process_env`]; `os.environ` changes are seen).

@@ -3,24 +3,24 @@
 //!
 //! # Threads and the GIL
 //!
-//! - G1. A hook converts its Python arguments while holding the GIL, then releases it
-//!   (`detach`) before it takes the connector's lock and calls the runtime, so a hook that
-//!   waits (`settle_saves`, `stats`, `shutdown`) never holds the GIL meanwhile;
-//!   `wait_for_progress` holds neither the GIL nor the lock while it waits (a
-//!   `ProgressWaiter`), so other threads' hooks go on and signals are seen. The hooks of the engine step (`lookup`, `flush`, `reserve`, `release`,
-//!   `on_step`, `finished_loads`, `request_finished`, `finished_saves`) are the exception:
-//!   they never wait for the actors (under the lock they only try-send to and try-receive
-//!   from channels), so they keep the GIL when the lock is free at once (releasing and
-//!   re-taking it would cost more than their work) and release it only to wait for the
-//!   lock. Either way a thread holding the GIL never waits, for the lock or for an actor:
-//!   the lock-then-GIL order of the Mooncake backend (whose client threads take the GIL
-//!   for their Python calls) holds.
-//! - G2. Loaders and savers never take the GIL; only the Mooncake client does, on the
-//!   actor threads that call it.
-//! - G3. A connector dropped without `shutdown` is shut down then, with the GIL released
-//!   when the interpreter is still running. Connectors still live at interpreter exit are
-//!   shut down by an `atexit` hook ([`shutdown_all`], registered by `__init__.py`) before
-//!   the interpreter finalizes, while a Mooncake client's threads can still take the GIL.
+//! - `python::connector::G1`. A hook converts its Python arguments while holding the GIL, then
+//!   releases it (`detach`) before it takes the connector's lock and calls the runtime, so a hook
+//!   that waits (`settle_saves`, `stats`, `shutdown`) never holds the GIL meanwhile;
+//!   `wait_for_progress` holds neither the GIL nor the lock while it waits (a `ProgressWaiter`), so
+//!   other threads' hooks go on and signals are seen. The hooks of the engine step (`lookup`,
+//!   `flush`, `reserve`, `release`, `on_step`, `finished_loads`, `request_finished`,
+//!   `finished_saves`) are the exception: they never wait for the actors (under the lock they only
+//!   try-send to and try-receive from channels), so they keep the GIL when the lock is free at once
+//!   (releasing and re-taking it would cost more than their work) and release it only to wait for
+//!   the lock. Either way a thread holding the GIL never waits, for the lock or for an actor: the
+//!   lock-then-GIL order of the Mooncake backend (whose client threads take the GIL for their
+//!   Python calls) holds.
+//! - `python::connector::G2`. Loaders and savers never take the GIL; only the Mooncake client does,
+//!   on the actor threads that call it.
+//! - `python::connector::G3`. A connector dropped without `shutdown` is shut down then, with the
+//!   GIL released when the interpreter is still running. Connectors still live at interpreter exit
+//!   are shut down by an `atexit` hook ([`shutdown_all`], registered by `__init__.py`) before the
+//!   interpreter finalizes, while a Mooncake client's threads can still take the GIL.
 
 mod lifecycle;
 mod start;
@@ -55,7 +55,8 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 /// The connector of one serving instance (module docs: threads and the GIL).
 #[pyclass(name = "Connector", module = "kv_connector", frozen)]
 pub struct PyConnector {
-    /// The handle and the final report; locked only with the GIL released (G1).
+    /// The handle and the final report; locked only with the GIL released
+    /// (`python::connector::G1`).
     state: Arc<Mutex<State>>,
     layout: Layout,
     /// Scope seed of every chain (R1): the salt's.
@@ -376,13 +377,13 @@ impl PyConnector {
 }
 
 impl PyConnector {
-    /// Runs `f`, which may wait, on the state with the GIL released (G1).
+    /// Runs `f`, which may wait, on the state with the GIL released (`python::connector::G1`).
     fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R + Send) -> R {
         py.detach(|| f(&mut self.state.lock()))
     }
 
     /// Runs `f`, which never waits, on the state: with the GIL held when the lock is free,
-    /// else as [`with`](Self::with) (G1).
+    /// else as [`with`](Self::with) (`python::connector::G1`).
     fn with_nowait<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> R + Send) -> R {
         match self.state.try_lock() {
             Some(mut state) => f(&mut state),

@@ -4,22 +4,22 @@
 //! integer sequences (tokens, page tables) from lists, numpy arrays or torch tensors.
 //!
 //! Invariants:
-//! - C1. A dictionary converts to exactly the TOML its keys and values spell: `bool` stays
-//!   a boolean (it is checked before `int`), paths become strings, `None` is refused
+//! - `python::convert::C1`. A dictionary converts to exactly the TOML its keys and values spell:
+//!   `bool` stays a boolean (it is checked before `int`), paths become strings, `None` is refused
 //!   (TOML has no null: leave the key out).
-//! - C2. An integer sequence is one-dimensional; a numpy array or torch tensor of an
-//!   integer dtype (8 to 64 bits, signed or not) is read from its bytes (C order) in one
-//!   call, anything else element by element. A value outside `i64` is a `ValueError`
-//!   naming its index and value, a non-integer a `TypeError` naming its index.
-//! - C3. An id or count argument (`request_id`, `num_computed`, `capacity_bytes`, ...) is
-//!   a non-negative integer: a negative or too large one is a `ValueError` naming the
-//!   argument and the range ([`arg`]), never pyo3's bare `OverflowError`.
+//! - `python::convert::C2`. An integer sequence is one-dimensional; a numpy array or torch tensor
+//!   of an integer dtype (8 to 64 bits, signed or not) is read from its bytes (C order) in one
+//!   call, anything else element by element. A value outside `i64` is a `ValueError` naming its
+//!   index and value, a non-integer a `TypeError` naming its index.
+//! - `python::convert::C3`. An id or count argument (`request_id`, `num_computed`,
+//!   `capacity_bytes`, ...) is a non-negative integer: a negative or too large one is a
+//!   `ValueError` naming the argument and the range ([`arg`]), never pyo3's bare `OverflowError`.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-/// A Python mapping as a TOML table (C1); `origin` names the argument in errors.
+/// A Python mapping as a TOML table (`python::convert::C1`); `origin` names the argument in errors.
 pub fn toml_table(value: &Bound<'_, PyAny>, origin: &str) -> PyResult<toml::Table> {
     match toml_value(value, origin)? {
         toml::Value::Table(table) => Ok(table),
@@ -30,7 +30,7 @@ pub fn toml_table(value: &Bound<'_, PyAny>, origin: &str) -> PyResult<toml::Tabl
     }
 }
 
-/// A Python value as a TOML value (C1); `path` names where it sits, for errors.
+/// A Python value as a TOML value (`python::convert::C1`); `path` names where it sits, for errors.
 fn toml_value(value: &Bound<'_, PyAny>, path: &str) -> PyResult<toml::Value> {
     if value.is_instance_of::<PyBool>() {
         return Ok(toml::Value::Boolean(value.extract()?));
@@ -133,8 +133,8 @@ pub fn to_py<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
     json_to_py(py, &json)
 }
 
-/// A one-dimensional integer sequence (C2): a list or tuple of ints, or a 1-D numpy array
-/// or torch tensor of an integer dtype. `what` names the argument in errors.
+/// A one-dimensional integer sequence (`python::convert::C2`): a list or tuple of ints, or a 1-D
+/// numpy array or torch tensor of an integer dtype. `what` names the argument in errors.
 pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
         return value.extract().map_err(|_| first_bad_element(value, what));
@@ -165,7 +165,8 @@ pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> 
     list.extract().map_err(|_| first_bad_element(&list, what))
 }
 
-/// The integer dtypes read from their bytes (C2), in native (little-endian) order.
+/// The integer dtypes read from their bytes (`python::convert::C2`), in native (little-endian)
+/// order.
 #[derive(Clone, Copy)]
 enum IntDtype {
     I8,
@@ -194,7 +195,8 @@ impl IntDtype {
         })
     }
 
-    /// The elements of `raw`; a `uint64` element above `i64::MAX` is refused (C2).
+    /// The elements of `raw`; a `uint64` element above `i64::MAX` is refused
+    /// (`python::convert::C2`).
     fn decode(self, raw: &[u8], what: &str) -> PyResult<Vec<i64>> {
         Ok(match self {
             Self::I8 => words(raw).map(i8::from_le_bytes).map(i64::from).collect(),
@@ -225,7 +227,7 @@ fn words<const N: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
 }
 
 /// Why a list did not convert: its first element that is not an int (`TypeError`) or does
-/// not fit `i64` (`ValueError`), by index (C2).
+/// not fit `i64` (`ValueError`), by index (`python::convert::C2`).
 fn first_bad_element(value: &Bound<'_, PyAny>, what: &str) -> PyErr {
     let Ok(items) = value.try_iter() else {
         return not_ints(value, what);
@@ -268,8 +270,8 @@ fn as_integer<'py>(value: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
     operator.call_method1("index", (value,)).ok()
 }
 
-/// A non-negative integer argument called `name` (C3): a `ValueError` naming it and the
-/// range when negative or too large, a `TypeError` naming it when not an integer.
+/// A non-negative integer argument called `name` (`python::convert::C3`): a `ValueError` naming it
+/// and the range when negative or too large, a `TypeError` naming it when not an integer.
 pub fn unsigned<T: TryFrom<u64> + Bounded>(value: &Bound<'_, PyAny>, name: &str) -> PyResult<T> {
     if let Some(number) = value
         .extract::<u64>()
@@ -312,8 +314,8 @@ impl Bounded for usize {
     };
 }
 
-/// The extractors of the id and count arguments (C3), for `#[pyo3(from_py_with = ...)]`:
-/// each converts one argument and names it in its errors.
+/// The extractors of the id and count arguments (`python::convert::C3`), for
+/// `#[pyo3(from_py_with = ...)]`: each converts one argument and names it in its errors.
 pub mod arg {
     use pyo3::prelude::*;
 
@@ -322,7 +324,7 @@ pub mod arg {
     macro_rules! unsigned_args {
         ($($name:ident: $ty:ty),* $(,)?) => {
             $(
-                #[doc = concat!("The `", stringify!($name), "` argument (C3).")]
+                #[doc = concat!("The `", stringify!($name), "` argument (`python::convert::C3`).")]
                 pub fn $name(value: &Bound<'_, PyAny>) -> PyResult<$ty> {
                     unsigned(value, stringify!($name))
                 }
@@ -345,7 +347,7 @@ pub mod arg {
         group_id: u32,
     );
 
-    /// The `new_reservation` argument: `None` or a reservation id (C3).
+    /// The `new_reservation` argument: `None` or a reservation id (`python::convert::C3`).
     pub fn new_reservation(value: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
         if value.is_none() {
             return Ok(None);

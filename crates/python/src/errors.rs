@@ -9,12 +9,12 @@
 //! ```
 //!
 //! Invariants:
-//! - E1. The message is the Rust error's `Display` followed by its `source()` chain, each
-//!   joined with `": "`, so nothing the runtime said is lost.
-//! - E2. Every raised exception carries `kind`, the runtime error's stable `kind()` label
-//!   (`"unknown_key"`, `"borrowed_overlap"`, ...), or a label of this package.
-//! - E3. Misuse of the Python API itself (a wrong argument type) raises the built-in
-//!   `TypeError` / `ValueError`, not these classes.
+//! - `python::errors::E1`. The message is the Rust error's `Display` followed by its `source()`
+//!   chain, each joined with `": "`, so nothing the runtime said is lost.
+//! - `python::errors::E2`. Every raised exception carries `kind`, the runtime error's stable
+//!   `kind()` label (`"unknown_key"`, `"borrowed_overlap"`, ...), or a label of this package.
+//! - `python::errors::E3`. Misuse of the Python API itself (a wrong argument type) raises the
+//!   built-in `TypeError` / `ValueError`, not these classes.
 
 use std::error::Error as StdError;
 
@@ -70,7 +70,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// `error`'s message with its source chain (E1).
+/// `error`'s message with its source chain (`python::errors::E1`).
 pub fn message(error: &(dyn StdError + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -85,7 +85,7 @@ pub fn message(error: &(dyn StdError + 'static)) -> String {
     text
 }
 
-/// An exception of class `T` with `message` and the `kind` attribute (E2).
+/// An exception of class `T` with `message` and the `kind` attribute (`python::errors::E2`).
 pub fn raise<T: PyTypeInfo>(kind: &str, message: String) -> PyErr {
     let error = PyErr::new::<T, _>(message);
     Python::attach(|py| {

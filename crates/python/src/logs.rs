@@ -18,10 +18,11 @@
 //!    which drains what is queued and stops.
 //!
 //! Invariants:
-//! - L1. A thread that logs never takes the GIL and never waits: formatting is plain Rust
-//!   and the send is a `try_send` (the loaders and savers never take the GIL, connector G2).
-//! - L2. The queue holds at most [`LOG_QUEUE_CAPACITY`] records. When it is full the new
-//!   record is dropped and counted ([`log_records_dropped`]); the reader reports the count
+//! - `python::logs::L1`. A thread that logs never takes the GIL and never waits: formatting is
+//!   plain Rust and the send is a `try_send` (the loaders and savers never take the GIL,
+//!   `python::connector::G2`).
+//! - `python::logs::L2`. The queue holds at most [`LOG_QUEUE_CAPACITY`] records. When it is full
+//!   the new record is dropped and counted ([`log_records_dropped`]); the reader reports the count
 //!   as a warning of its own. Logging never slows the runtime down.
 
 use std::io::Write;
@@ -41,10 +42,10 @@ use tracing_subscriber::{reload, Registry};
 
 use crate::errors::{self, KvConnectorError};
 
-/// Records the queue holds before it drops new ones (L2): a stats report is two records
-/// per connector per interval and an outage or a refused batch one, so only a storm of
-/// warnings (thousands between two reads of the reader, which reads every record as soon
-/// as it arrives) fills it; at a few hundred bytes a record it stays under about 2 MiB.
+/// Records the queue holds before it drops new ones (`python::logs::L2`): a stats report is two
+/// records per connector per interval and an outage or a refused batch one, so only a storm of
+/// warnings (thousands between two reads of the reader, which reads every record as soon as it
+/// arrives) fills it; at a few hundred bytes a record it stays under about 2 MiB.
 pub const LOG_QUEUE_CAPACITY: usize = 4096;
 
 /// The most records one [`next_log_records`] call returns, so the reader holds the GIL for
@@ -74,7 +75,7 @@ enum Item {
     Wake,
 }
 
-/// The bounded queue between the logging threads and the Python reader (L2).
+/// The bounded queue between the logging threads and the Python reader (`python::logs::L2`).
 struct LogQueue {
     sender: flume::Sender<Item>,
     receiver: flume::Receiver<Item>,
@@ -121,7 +122,7 @@ fn level_filter(level: Option<i64>) -> LevelFilter {
 /// Makes one [`QueueLine`] per event, carrying the event's metadata.
 struct QueueWriter;
 
-/// One event's formatted text; queued when the formatter drops it (L1).
+/// One event's formatted text; queued when the formatter drops it (`python::logs::L1`).
 struct QueueLine {
     level: Level,
     target: String,
@@ -178,8 +179,8 @@ impl Drop for QueueLine {
             line: self.line,
             text,
         };
-        // Full: the record is dropped and counted (L2); the receiver lives in the static,
-        // so the queue is never disconnected.
+        // Full: the record is dropped and counted (`python::logs::L2`); the receiver lives in the
+        // static, so the queue is never disconnected.
         if QUEUE.sender.try_send(Item::Record(record)).is_err() {
             QUEUE.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -281,7 +282,7 @@ pub fn wake_log_reader() {
     let _ = QUEUE.sender.try_send(Item::Wake);
 }
 
-/// Records dropped so far because the queue was full (L2).
+/// Records dropped so far because the queue was full (`python::logs::L2`).
 #[pyfunction]
 #[pyo3(name = "_log_records_dropped")]
 pub fn log_records_dropped() -> u64 {

@@ -4,16 +4,16 @@
 //! client of its own).
 //!
 //! Invariants:
-//! - P1. A memory pool's settings come from one place: its constructor's arguments, or
-//!   the configuration loaded exactly as a connector loads it (`MemoryPool.from_config`,
-//!   the pool of a connector given none). A configuration whose `pool.backend` is
-//!   `mooncake` never makes a memory pool.
-//! - P2. A pool the host cannot hold is refused at its first connector's start, before
-//!   any of it is taken: the configuration with the pool counted as `pool.capacity_bytes`
+//! - `python::pool::P1`. A memory pool's settings come from one place: its constructor's arguments,
+//!   or the configuration loaded exactly as a connector loads it (`MemoryPool.from_config`, the
+//!   pool of a connector given none). A configuration whose `pool.backend` is `mooncake` never
+//!   makes a memory pool.
+//! - `python::pool::P2`. A pool the host cannot hold is refused at its first connector's start,
+//!   before any of it is taken: the configuration with the pool counted as `pool.capacity_bytes`
 //!   must fit what the host can give now (the check `kv-connector validate` makes against
-//!   `MemTotal`, here against the share of `MemAvailable` a pool may reserve), and so must
-//!   what the arena carves (`MemoryPool::reserve`, which then touches every page so that
-//!   the memory is resident at start).
+//!   `MemTotal`, here against the share of `MemAvailable` a pool may reserve), and so must what the
+//!   arena carves (`MemoryPool::reserve`, which then touches every page so that the memory is
+//!   resident at start).
 
 use std::sync::Arc;
 
@@ -113,9 +113,9 @@ impl PyMemoryPool {
     }
 
     /// A pool with the `[pool]` settings of a configuration loaded exactly as
-    /// `Connector(config=...)` loads it (P1): `None`, a TOML path or a dict, under the
-    /// `KVC_*` environment. Raises `ConfigError` for what that connector would refuse, and
-    /// for `pool.backend = "mooncake"` (a Mooncake client is not a memory pool).
+    /// `Connector(config=...)` loads it (`python::pool::P1`): `None`, a TOML path or a dict, under
+    /// the `KVC_*` environment. Raises `ConfigError` for what that connector would refuse, and for
+    /// `pool.backend = "mooncake"` (a Mooncake client is not a memory pool).
     #[staticmethod]
     #[pyo3(signature = (config = None))]
     fn from_config(py: Python<'_>, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
@@ -224,8 +224,8 @@ fn policy_of(config: &Config) -> EvictionPolicy {
     }
 }
 
-/// Refuses a `MemoryPool` given to a connector whose configuration says
-/// `pool.backend = "mooncake"` (P1): one of the two would be dropped without a word.
+/// Refuses a `MemoryPool` given to a connector whose configuration says `pool.backend = "mooncake"`
+/// (`python::pool::P1`): one of the two would be dropped without a word.
 pub fn check_given_pool(config: &Config) -> PyResult<()> {
     if config.pool.backend != PoolBackend::Mooncake {
         return Ok(());
@@ -241,12 +241,11 @@ fn backend_refusal(message: &str) -> PyErr {
     errors::raise::<errors::ConfigError>("pool_backend", message.to_owned())
 }
 
-/// Refuses, before any pool memory is taken, a configuration that takes more memory than
-/// the host can give now (P2): the check `kv-connector validate` makes, against what a pool
-/// may reserve of `MemAvailable` plus what the `MemoryPool` `given` to the connector (counted
-/// as `pool.capacity_bytes`) holds already, so the value it names also passes the pool's
-/// own check. A refusal that names the pool's capacity is a `PoolError`, one that names
-/// staging a `ConfigError`.
+/// Refuses, before any pool memory is taken, a configuration that takes more memory than the host
+/// can give now (`python::pool::P2`): the check `kv-connector validate` makes, against what a pool
+/// may reserve of `MemAvailable` plus what the `MemoryPool` `given` to the connector (counted as
+/// `pool.capacity_bytes`) holds already, so the value it names also passes the pool's own check. A
+/// refusal that names the pool's capacity is a `PoolError`, one that names staging a `ConfigError`.
 pub fn check_host_memory(config: &Config, given: Option<&PyMemoryPool>) -> PyResult<()> {
     let Some(host) = host_memory() else {
         return Ok(());

@@ -4,16 +4,18 @@
 //! `dtype`, `untyped_storage()`), so the package needs no torch headers or libraries.
 //!
 //! Rules, per layer group in layout order (module docs of the package repeat them):
-//! - T1. One strided tensor per group, page-major: dim 0 is the page index, `tensor[i]` is
-//!   exactly one page, so `numel(tensor[0]) * element_size == layout.page_bytes(group)`;
-//!   any dtype whose pages come out at that size.
-//! - T2. C-contiguous, at least one page, and its bytes lie inside its storage.
-//! - T3. All tensors of a rank on one device: the CPU (host backend on borrowed memory) or
-//!   one CUDA device (its primary context, the one torch uses).
-//! - T4. The device keeps a reference to every tensor and to its storage until its last use
-//!   (the device's owner box); the engine must not resize or re-point a registered tensor.
-//! - T5. The references are dropped with the device's last clone; [`Released`] tells the
-//!   connector's shutdown when that happened, so shutdown returns with the tensors free.
+//! - `python::tensors::T1`. One strided tensor per group, page-major: dim 0 is the page index,
+//!   `tensor[i]` is exactly one page, so
+//!   `numel(tensor[0]) * element_size == layout.page_bytes(group)`; any dtype whose pages come out
+//!   at that size.
+//! - `python::tensors::T2`. C-contiguous, at least one page, and its bytes lie inside its storage.
+//! - `python::tensors::T3`. All tensors of a rank on one device: the CPU (host backend on borrowed
+//!   memory) or one CUDA device (its primary context, the one torch uses).
+//! - `python::tensors::T4`. The device keeps a reference to every tensor and to its storage until
+//!   its last use (the device's owner box); the engine must not resize or re-point a registered
+//!   tensor.
+//! - `python::tensors::T5`. The references are dropped with the device's last clone; [`Released`]
+//!   tells the connector's shutdown when that happened, so shutdown returns with the tensors free.
 //!
 //! Anything else is a `LayoutError` naming the group, the expected page bytes and what was
 //! given.
@@ -30,7 +32,7 @@ use pyo3::types::{PyList, PyTuple};
 use crate::convert::type_name;
 use crate::errors::{self, LayoutError};
 
-/// Where a rank's tensors live (T3).
+/// Where a rank's tensors live (`python::tensors::T3`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// CPU tensors: the host backend.
@@ -55,11 +57,12 @@ struct CheckedTensor {
     placement: Placement,
 }
 
-/// What keeps a rank's borrowed memory alive (T4): the tensors and their storages.
+/// What keeps a rank's borrowed memory alive (`python::tensors::T4`): the tensors and their
+/// storages.
 struct TensorRefs {
     /// Held only so that the memory outlives every copy; dropped after the device.
     held: Vec<Py<PyAny>>,
-    /// Told when the references go (T5).
+    /// Told when the references go (`python::tensors::T5`).
     released: Arc<Released>,
 }
 
@@ -74,8 +77,8 @@ impl Drop for TensorRefs {
     }
 }
 
-/// Whether a device's tensor references are gone (T5): the device's last clone can drop
-/// on an actor thread shortly after the connector's shutdown returned, so shutdown waits
+/// Whether a device's tensor references are gone (`python::tensors::T5`): the device's last clone
+/// can drop on an actor thread shortly after the connector's shutdown returned, so shutdown waits
 /// for this.
 #[derive(Default)]
 pub struct Released {
@@ -146,7 +149,8 @@ pub fn per_rank<'py>(
     Ok(ranks)
 }
 
-/// A device on one rank's tensors, where they live, and the signal of their release (T5).
+/// A device on one rank's tensors, where they live, and the signal of their release
+/// (`python::tensors::T5`).
 pub struct RankDevice {
     /// The device on the tensors' memory.
     pub device: Device,
@@ -156,7 +160,8 @@ pub struct RankDevice {
     pub released: Arc<Released>,
 }
 
-/// Checks one rank's tensors (T1-T3) and opens a device on their memory (T4, T5).
+/// Checks one rank's tensors (`python::tensors::T1`-T3) and opens a device on their memory
+/// (`python::tensors::T4`, `python::tensors::T5`).
 pub fn open_device(
     layout: &Layout,
     rank: usize,
@@ -201,11 +206,12 @@ pub fn open_device(
         reason = "the one place the package hands tensor memory to the device layer"
     )]
     // SAFETY: each region is the exact byte range of a C-contiguous tensor (its data_ptr
-    // and numel * element_size, checked inside its storage, T1, T2) on the CPU or on CUDA
-    // device `ordinal` (T3); the owner box holds the tensor and its storage, and the device
-    // drops it only after its last use, so the memory stays allocated (T4); the engine
-    // hands a page to the connector only through the reservation protocol and leaves it
-    // alone until the connector hands it back (package docs, "Threads and the GIL").
+    // and numel * element_size, checked inside its storage, `python::tensors::T1`,
+    // `python::tensors::T2`) on the CPU or on CUDA device `ordinal` (`python::tensors::T3`);
+    // the owner box holds the tensor and its storage, and the device drops it only after its
+    // last use, so the memory stays allocated (`python::tensors::T4`); the engine hands a page
+    // to the connector only through the reservation protocol and leaves it alone until the
+    // connector hands it back (package docs, "Threads and the GIL").
     let device = unsafe {
         match placement {
             Placement::Host => Device::borrow_host(&regions, owner),
@@ -220,7 +226,8 @@ pub fn open_device(
     })
 }
 
-/// Checks one group's tensor (T1, T2) and reads its region and placement.
+/// Checks one group's tensor (`python::tensors::T1`, `python::tensors::T2`) and reads its region
+/// and placement.
 fn check(group: GroupId, page_bytes: u64, tensor: &Bound<'_, PyAny>) -> PyResult<CheckedTensor> {
     let what = format!("the kv cache of group {group}");
     let expect = |given: String| {
@@ -296,7 +303,7 @@ fn check(group: GroupId, page_bytes: u64, tensor: &Bound<'_, PyAny>) -> PyResult
     })
 }
 
-/// T2: `base..base + bytes` lies inside the tensor's storage.
+/// `python::tensors::T2`: `base..base + bytes` lies inside the tensor's storage.
 fn check_in_storage(
     tensor: &Bound<'_, PyAny>,
     base: u64,

@@ -101,7 +101,7 @@ def serve(conn: kvc.Connector, kv: list[torch.Tensor], rid: int, tokens: list[in
     computed = 0
     if extra > 0:
         conn.on_step([kvc.StepRequest(rid, len(tokens), 0, 0, new_reservation=rid, page_tables=tables)])
-        loads = wait_until(lambda: [l for l in conn.finished_loads() if l[0] == rid], conn, f"the load of {rid}")
+        loads = wait_until(lambda: [ld for ld in conn.finished_loads() if ld[0] == rid], conn, f"the load of {rid}")
         assert loads[0][1] == rid
         filled = loads[0][2]
         if filled:
@@ -160,7 +160,7 @@ def mooncake_master_binary() -> Path | None:
     spec = importlib.util.find_spec("mooncake")
     if spec is None or not spec.submodule_search_locations:
         return None
-    binary = Path(list(spec.submodule_search_locations)[0]) / "mooncake_master"
+    binary = Path(next(iter(spec.submodule_search_locations))) / "mooncake_master"
     return binary if binary.is_file() else None
 
 

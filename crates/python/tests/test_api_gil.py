@@ -13,7 +13,18 @@ import pytest
 import torch
 
 import kv_connector as kvc
-from api_support import SMALL_STAGING, T, caches, fill, layout, mooncake_master, needs_mooncake, prompt, serve, wait_until  # noqa: F401 (fixture)
+from api_support import (  # noqa: F401 (fixture)
+    SMALL_STAGING,
+    T,
+    caches,
+    fill,
+    layout,
+    mooncake_master,
+    needs_mooncake,
+    prompt,
+    serve,
+    wait_until,
+)
 
 WATCHDOG_S = 900
 BUSY_THREADS = 3
@@ -85,7 +96,7 @@ def test_hooks_complete_while_python_threads_hold_the_gil_memory_pool(busy_gil):
 
 
 @needs_mooncake
-def test_hooks_complete_while_python_threads_hold_the_gil_mooncake(busy_gil, mooncake_master):
+def test_hooks_complete_while_python_threads_hold_the_gil_mooncake(busy_gil, mooncake_master):  # noqa: F811 (fixture)
     kv_a, kv_b = caches(), caches()
     config = mooncake_master.config()
     with (

@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
 
 import kv_connector as kvc
 from api_support import PAGES, PATIENCE_S, SMALL_STAGING, T, caches, fill, layout, prompt, serve, wait_until
@@ -51,7 +50,7 @@ def test_a_second_lookup_of_a_live_request_is_refused_and_publishes_nothing():
 
 def test_only_the_latest_offer_is_loaded_and_only_once():
     pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    a, kv_a, b, kv_b = pair(pool)
+    a, kv_a, b, _kv_b = pair(pool)
     with a, b:
         tokens = prompt(6 * T + 1)
         serve(a, kv_a, 1, tokens, pages=list(range(7)))
@@ -73,7 +72,7 @@ def test_only_the_latest_offer_is_loaded_and_only_once():
 
 def test_a_page_table_outside_its_tensor_refuses_the_whole_step():
     pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    a, kv_a, _b, _kv_b = pair(pool)
+    a, _kv_a, _b, _kv_b = pair(pool)
     with a:
         good, bad = prompt(2 * T + 1, start=10), prompt(2 * T + 1, start=50_000)
         for rid, tokens in ((1, good), (2, bad)):

@@ -10,7 +10,6 @@ import torch
 import kv_connector as kvc
 from api_support import SMALL_STAGING, T, caches, layout, prompt, serve, wait_until
 
-
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -42,7 +42,7 @@ def test_fake_conversation_and_shared_prefix(name):
 @pytest.mark.parametrize("name", HYBRID)
 def test_fake_walk_back(name):
     pair = scenarios.make_pair(fake, SPECS[name])
-    checked, live, final = scenarios.run_and_close(pair, scenarios.walk_back)
+    checked, live, _final = scenarios.run_and_close(pair, scenarios.walk_back)
     for c in checked:
         scenarios.assert_matches(c)
     assert [scenarios.stat(live[1], o) for o in ("full", "rewound", "recovered")] == [0, 1, 1]

@@ -8,10 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-import kv_connector as kvc  # noqa: E402
-from api_support import PATIENCE_S, import_vllm, mooncake_master, needs_mooncake  # noqa: E402,F401 (fixture)
+from api_support import PATIENCE_S, import_vllm, mooncake_master, needs_mooncake  # noqa: F401 (fixture)
 
 import_vllm()
 
@@ -66,7 +63,7 @@ class EngineProcess:
         assert self.process.wait(timeout=PATIENCE_S) == 0, self.log.read_text()[-3000:]
 
 
-def test_two_engine_processes_share_a_prefix_through_mooncake(mooncake_master, tmp_path):
+def test_two_engine_processes_share_a_prefix_through_mooncake(mooncake_master, tmp_path):  # noqa: F811 (fixture)
     from models import scenarios
 
     config = {**mooncake_master.config(), "planner": {"swa_endpoint_rewind_tokens": scenarios.REWIND}}

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
+import torch
+from transformers import DynamicCache
 
-from models.engine import chunk_bounds, forward  # noqa: E402
-from models.paged import RecordingCache  # noqa: E402
-from models.tiny import TOKENS_PER_BLOCK, ModelSpec  # noqa: E402
+from models.engine import chunk_bounds, forward
+from models.paged import RecordingCache
+from models.tiny import TOKENS_PER_BLOCK, ModelSpec
 
 T = TOKENS_PER_BLOCK
 STEP_LIMIT = 2000  # a hang guard for loops over scheduler steps, not a timing check
@@ -45,8 +45,15 @@ def write_model_dir(spec: ModelSpec, path) -> str:
 
 def vllm_config(model_dir: str, *, extra: dict, engine_id: str | None = None, budget: int = 40,
                 max_seqs: int = 4, prefix_caching: bool = False):
-    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                             ParallelConfig, SchedulerConfig, VllmConfig)
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
 
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=1024, seed=0)
     kt = KVTransferConfig(

@@ -3,12 +3,12 @@
 //! Everything here is arithmetic on block indices; it knows nothing of what is present.
 //! Invariants, established by [`Geometry::new`]:
 //!
-//! - `geometry::I1`: `tokens_per_block >= 1`, `probe_chunk_items >= 1`, at least one group, group
+//! - `geometry::I1`. `tokens_per_block >= 1`, `probe_chunk_items >= 1`, at least one group, group
 //!   ids unique, every window `W >= 1` with `S < W`.
-//! - `geometry::I2`: `first_candidate <= candidate_end`, and `candidate_end * T <= P - 1` whenever
+//! - `geometry::I2`. `first_candidate <= candidate_end`, and `candidate_end * T <= P - 1` whenever
 //!   there is a candidate, so no resume point reaches the block holding the last prompt
 //!   token.
-//! - `geometry::I3`: every block a window span of an end block `k <= candidate_end` names is below
+//! - `geometry::I3`. Every block a window span of an end block `k <= candidate_end` names is below
 //!   `k`, so every probe item lies in `[0, candidate_end)`.
 
 use std::ops::Range;

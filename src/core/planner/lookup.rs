@@ -27,13 +27,13 @@
 //!
 //! Invariants (cited in the code and the tests):
 //!
-//! - `lookup::I1`: an item goes `Unprobed -> InFlight -> Present | Absent`, never back, so it is
+//! - `lookup::I1`. An item goes `Unprobed -> InFlight -> Present | Absent`, never back, so it is
 //!   issued in at most one round (R14, `planner::P6`).
-//! - `lookup::I2`: at most one round is outstanding; [`Lookup::next_round`] returns it again
+//! - `lookup::I2`. At most one round is outstanding; [`Lookup::next_round`] returns it again
 //!   until it is recorded.
-//! - `lookup::I3`: after the initial round is recorded every full item is known, so `H` never
+//! - `lookup::I3`. After the initial round is recorded every full item is known, so `H` never
 //!   changes again and the walk needs at most one more round.
-//! - `lookup::I4`: every fallback round but the last holds exactly `probe_chunk_items` items.
+//! - `lookup::I4`. Every fallback round but the last holds exactly `probe_chunk_items` items.
 
 use super::geometry::Geometry;
 use super::{

@@ -39,23 +39,23 @@
 //!
 //! # Invariants
 //!
-//! - **`save_order::I1`** `len() <= capacity()` after every call.
-//! - **`save_order::I2`** [`SaveQueue::pop`] returns the queued entry with the smallest
+//! - `save_order::I1`. `len() <= capacity()` after every call.
+//! - `save_order::I2`. [`SaveQueue::pop`] returns the queued entry with the smallest
 //!   [`SaveKey`].
-//! - **`save_order::I3`** `seq` grows by one with every push, so keys are unique and a class is
+//! - `save_order::I3`. `seq` grows by one with every push, so keys are unique and a class is
 //!   first in first out.
-//! - **`save_order::I4`** Accounting, per priority: `pushed == popped + dropped + removed +
+//! - `save_order::I4`. Accounting, per priority: `pushed == popped + dropped + removed +
 //!   queued`; every pushed item leaves exactly once, and every dropped or removed item is handed
 //!   back.
-//! - **`save_order::I5`** A push sheds only when the queue is full, and then exactly one
+//! - `save_order::I5`. A push sheds only when the queue is full, and then exactly one
 //!   request, the oldest, whole: every queued entry of it leaves, of every priority; when that
 //!   is the incoming item's own request, the incoming item is dropped with it.
-//! - **`save_order::I6`** With `window_first` off, window and full-attention saves share one class;
+//! - `save_order::I6`. With `window_first` off, window and full-attention saves share one class;
 //!   the counters still use each item's own priority.
-//! - **`save_order::I7`** A request shed since it last ended ([`SaveQueue::request_ended`]) has
+//! - `save_order::I7`. A request shed since it last ended ([`SaveQueue::request_ended`]) has
 //!   no entry queued: each later push of it is dropped. So no window page is ever queued
 //!   without the blocks of its chain that were shed.
-//! - **`save_order::I8`** The index by request holds exactly the queued entries' keys, so
+//! - `save_order::I8`. The index by request holds exactly the queued entries' keys, so
 //!   finding the oldest request and shedding it cost O(log n) per entry.
 
 use std::collections::{BTreeMap, HashSet};

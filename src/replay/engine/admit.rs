@@ -9,15 +9,15 @@
 //! An offer counts from `L` and is cut to whole blocks that end before the last prompt
 //! token (the engine must compute at least one token); the cut part is released at once.
 //!
-//! `admit::A1`. Token budget: a request is considered (looked up, then admitted) only while the
-//! prompt tokens ahead of it (what admitted requests still compute, plus the prompts of
-//! requests whose lookup is pending) are fewer than one step's `max_num_tokens`. vLLM and
-//! TensorRT-LLM schedule a waiting request only into a step with tokens left for it, so
-//! its lookup sees the KV of the prompts computed before it. Admitting whatever fits the
-//! KV cache instead looked up a saturated instance's whole queue at once (every request
-//! behind a pending lookup was asked too): prompts were looked up before the earlier
-//! turns of their conversations were computed, and reuse depended on queue length rather
-//! than on what the pool held when the request started.
+//! - `admit::A1`. Token budget: a request is considered (looked up, then admitted) only while the
+//!   prompt tokens ahead of it (what admitted requests still compute, plus the prompts of
+//!   requests whose lookup is pending) are fewer than one step's `max_num_tokens`. vLLM and
+//!   TensorRT-LLM schedule a waiting request only into a step with tokens left for it, so
+//!   its lookup sees the KV of the prompts computed before it. Admitting whatever fits the
+//!   KV cache instead looked up a saturated instance's whole queue at once (every request
+//!   behind a pending lookup was asked too): prompts were looked up before the earlier
+//!   turns of their conversations were computed, and reuse depended on queue length rather
+//!   than on what the pool held when the request started.
 
 use std::time::{Duration, Instant};
 
@@ -166,16 +166,16 @@ impl Engine {
         self.active.iter().map(Active::tokens_left).sum()
     }
 
-    /// `admit::A2`. A lookup takes no simulated time: after a pass has started lookups (all of
-    /// them, back to back, as an engine sends them; the pass ends with `flush_lookups`, so
-    /// a connector may send them as one batch), the engine waits in real time (up to
-    /// its `lookup_wait`, [`lookup_wait`] in replays) for their answers, and a second pass
-    /// admits them. Where a request is admitted then does not depend on how fast the pool
-    /// answers in real time: the replay is deterministic, and the embedded pool and
-    /// Mooncake give the same schedule. A real engine would go on stepping meanwhile; a
-    /// lookup's milliseconds are small against the steps the cost model charges. The asks
-    /// while waiting are not charged to the step's connector time (a real engine asks once
-    /// per step); a lookup still pending after the wait is asked again at the next step.
+    /// - `admit::A2`. A lookup takes no simulated time: after a pass has started lookups (all of
+    ///   them, back to back, as an engine sends them; the pass ends with `flush_lookups`, so
+    ///   a connector may send them as one batch), the engine waits in real time (up to
+    ///   its `lookup_wait`, [`lookup_wait`] in replays) for their answers, and a second pass
+    ///   admits them. Where a request is admitted then does not depend on how fast the pool
+    ///   answers in real time: the replay is deterministic, and the embedded pool and
+    ///   Mooncake give the same schedule. A real engine would go on stepping meanwhile; a
+    ///   lookup's milliseconds are small against the steps the cost model charges. The asks
+    ///   while waiting are not charged to the step's connector time (a real engine asks once
+    ///   per step); a lookup still pending after the wait is asked again at the next step.
     fn await_lookups(&mut self, started: &[(RequestId, usize, ReservationId)]) {
         let deadline = Instant::now() + self.lookup_wait;
         for &(request, local_tokens, reservation) in started {

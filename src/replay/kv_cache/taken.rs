@@ -7,9 +7,11 @@
 //! request gets a fresh page for that block when it computes it ([`KvCache::ensure_block`]);
 //! [`KvCache::give_back`] frees the stand-in's page once the load settled.
 //!
-//! Invariant `kv_cache::taken::T1`: a stand-in's page is promised like a request's quota,
-//! so `kv_cache::K2` holds with pages taken back (the request's quota still covers the
-//! fresh pages it takes instead).
+//! Invariant:
+//!
+//! - `kv_cache::taken::T1`. A stand-in's page is promised like a request's quota, so
+//!   `kv_cache::K2` holds with pages taken back (the request's quota still covers the
+//!   fresh pages it takes instead).
 
 use super::{KvCache, RequestPages};
 

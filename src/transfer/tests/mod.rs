@@ -354,4 +354,20 @@ fn a_put_without_answers_counts_the_saves_failed() {
     assert_eq!(results, [SaveResult::Failed, SaveResult::Failed]);
 }
 
+/// A pool too small for the object refuses it for want of room: `NoSpace`, not `Failed`,
+/// so the saver counts it apart (`saves_no_space`).
+#[test]
+fn a_page_the_pool_has_no_room_for_is_no_space() {
+    let mut rig = rig(2);
+    rig.pool = MemoryPool::new(
+        EvictionPolicy::mooncake_defaults(64),
+        Arc::new(SystemClock::new()),
+    )
+    .unwrap();
+    rig.device
+        .write_page(GroupId(0), 0, &page_bytes(1))
+        .unwrap();
+    assert_eq!(rig.save(&[page_ref(1, 0)]), [SaveResult::NoSpace]);
+}
+
 mod batches;

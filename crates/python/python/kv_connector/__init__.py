@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 
+from kv_connector._logs import forward_logs
 from kv_connector._native import (
     FEATURES,
     ConfigError,
@@ -29,7 +30,6 @@ from kv_connector._native import (
     load_config,
     shutdown_all,
 )
-from kv_connector._logs import forward_logs
 
 __all__ = [
     "FEATURES",

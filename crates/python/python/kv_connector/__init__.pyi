@@ -147,9 +147,7 @@ class Connector:
         request id (looked up and not ended, or ended with saves pending)."""
     def flush(self) -> None:
         """Sends queued lookups now (optional)."""
-    def reserve(
-        self, request_id: int, num_computed: int, reservation_id: int
-    ) -> tuple[int, bool] | None:
+    def reserve(self, request_id: int, num_computed: int, reservation_id: int) -> tuple[int, bool] | None:
         """None while the lookup runs; else (extra_tokens, is_async). Starts no transfer."""
     def release(self, request_id: int, reservation_id: int, start: int, end: int) -> None:
         """The engine trims or gives up tokens [start, end) of a reservation."""
@@ -181,7 +179,7 @@ class Connector:
         """Each rank's device as torch names it ("cpu", "cuda:0")."""
     @property
     def pool_backend(self) -> str:
-        """"memory" or "mooncake"."""
+        """The pool backend: "memory" or "mooncake"."""
     @property
     def model_key(self) -> str: ...
     @property

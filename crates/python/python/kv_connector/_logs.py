@@ -17,7 +17,7 @@ import sys
 import threading
 import traceback
 
-from kv_connector import _native
+import kv_connector._native as _native
 
 # How long one wait for records lasts (with the GIL released) before the thread looks
 # again: how soon a change of the logger's level applies (a stop wakes it at once).

@@ -1,6 +1,6 @@
 //! The end of a connector: `shutdown` once (idempotent), the wait for the tensors'
-//! release (`tensors` T5), the shutdown of a dropped connector, and of every live one at
-//! interpreter exit (G3).
+//! release (`python::tensors::T5`), the shutdown of a dropped connector, and of every live one at
+//! interpreter exit (`python::connector::G3`).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -13,8 +13,8 @@ use pyo3::prelude::*;
 use super::PyConnector;
 use crate::tensors::Released;
 
-/// Every connector's state that may still be running, for [`shutdown_all`] (G3). Locked
-/// only briefly, never while waiting for the GIL.
+/// Every connector's state that may still be running, for [`shutdown_all`]
+/// (`python::connector::G3`). Locked only briefly, never while waiting for the GIL.
 static LIVE: Mutex<Vec<Weak<Mutex<State>>>> = Mutex::new(Vec::new());
 
 /// What the hooks change.
@@ -22,7 +22,7 @@ pub(super) struct State {
     pub handle: ConnectorHandle,
     /// The report of `shutdown`, returned again by later calls.
     pub final_stats: Option<ConnectorStats>,
-    /// Per rank: told when the device lets go of the tensors (`tensors` T5).
+    /// Per rank: told when the device lets go of the tensors (`python::tensors::T5`).
     released: Vec<Arc<Released>>,
 }
 
@@ -48,8 +48,8 @@ impl State {
         }
     }
 
-    /// Shuts the handle down once and waits until the tensors are released (T5); returns
-    /// the final report (idempotent).
+    /// Shuts the handle down once and waits until the tensors are released (`python::tensors::T5`);
+    /// returns the final report (idempotent).
     pub(super) fn close(&mut self) -> ConnectorStats {
         if self.final_stats.is_none() {
             self.final_stats = Some(self.handle.close());
@@ -67,7 +67,8 @@ impl State {
 }
 
 impl Drop for PyConnector {
-    /// G3: shut down a connector the engine forgot, without holding the GIL if possible.
+    /// `python::connector::G3`: shut down a connector the engine forgot, without holding the GIL if
+    /// possible.
     fn drop(&mut self) {
         let close = || drop(self.state.lock().close());
         if Python::try_attach(|py| py.detach(close)).is_none() {
@@ -76,7 +77,7 @@ impl Drop for PyConnector {
     }
 }
 
-/// Shuts down every connector still running (G3), with the GIL released.
+/// Shuts down every connector still running (`python::connector::G3`), with the GIL released.
 #[pyfunction]
 pub fn shutdown_all(py: Python<'_>) {
     let live: Vec<Arc<Mutex<State>>> = LIVE

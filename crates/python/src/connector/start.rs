@@ -1,7 +1,7 @@
 //! Starting a connector: the layout, the configuration (a `MemoryPool` given counts as
 //! its `pool.capacity_bytes`, and must fit the host with the rest before any pool memory is
 //! taken), one device per rank on the engine's tensors, the pool, then the runtime's
-//! `ConnectorHandle` (with the GIL released, G1).
+//! `ConnectorHandle` (with the GIL released, `python::connector::G1`).
 
 use std::sync::Arc;
 

@@ -251,7 +251,7 @@ class Instance:
                 self._ensure(req, gi, block)
         cache = self.paged.build_cache(self.model.config, req.tables, start, self.zeros_for_missing)
         if first_cache is not None and not first_cache:
-            first_cache.extend((l.keys, l.values) for l in cache.layers)
+            first_cache.extend((layer.keys, layer.values) for layer in cache.layers)
         logits = forward(self.model, tokens, start, cache, self.device)
         self.paged.write(req.tables, start, cache.added)
         self._step(req, start, end)
@@ -326,7 +326,7 @@ def native_run(model, tokens: list[int], *, chunk: int, decode: int = 16, snapsh
     rows, snapshot = [], None
     for lo, hi in chunk_bounds(0, len(tokens), chunk):
         if lo == snapshot_at:
-            snapshot = [(l.keys.clone(), l.values.clone()) for l in cache.layers]
+            snapshot = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
         rows.append(forward(model, tokens[lo:hi], lo, cache, device))
     generated = [int(rows[-1][-1].argmax())]
     for i in range(decode):

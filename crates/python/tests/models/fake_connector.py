@@ -38,7 +38,7 @@ class Layout:
         self.t = d["tokens_per_block"]
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Layout":
+    def from_dict(cls, d: dict) -> Layout:
         return cls(d)
 
     def page_bytes(self, group_id: int) -> int:

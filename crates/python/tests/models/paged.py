@@ -80,7 +80,7 @@ class PagedKv:
         for gi, group in enumerate(self.groups):
             # [layers, 2, n, kv_heads, head_dim]
             kv = torch.stack(
-                [torch.stack([added[l][0][0], added[l][1][0]]).transpose(1, 2) for l in group["layers"]]
+                [torch.stack([added[layer][0][0], added[layer][1][0]]).transpose(1, 2) for layer in group["layers"]]
             )
             for block in range(start // self.t, (start + n - 1) // self.t + 1):
                 page = tables[gi][block]

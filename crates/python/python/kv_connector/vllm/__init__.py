@@ -16,9 +16,8 @@ counters reach vLLM's stats log and Prometheus (`_stats`), its log records vLLM'
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
-import kv_connector as kvc
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
@@ -26,6 +25,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.logger import init_logger
+
+import kv_connector as kvc
 
 from . import _engine
 from ._config import check_transfer, settings
@@ -74,7 +75,8 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         self._settings = settings(self._kv_transfer_config.kv_connector_extra_config)
         if self._settings.log_to_vllm:
             _forward_runtime_logs()
-        self._engine_id = self._kv_transfer_config.engine_id
+        # vLLM fills the id in (a uuid unless the configuration gives one).
+        self._engine_id = cast(str, self._kv_transfer_config.engine_id)
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._reported: dict[str, int] = {}
@@ -94,6 +96,10 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         return False  # a dropped save is a later cache miss, never an error
 
     # ---- worker side ---------------------------------------------------------------
+
+    def _metadata(self) -> KvcMetadata:
+        # The scheduler side builds every step's metadata (`build_connector_meta`).
+        return cast(KvcMetadata, self._get_connector_metadata())
 
     def register_kv_caches(self, kv_caches: dict[str, Any]):
         if self._kv_cache_config is None:
@@ -129,7 +135,7 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         if self._worker is not None:
-            self._worker.start_loads(self._get_connector_metadata().loads)
+            self._worker.start_loads(self._metadata().loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads fill blocks of parked requests only; no layer waits on them
@@ -139,7 +145,7 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self):
         if self._worker is not None:
-            self._worker.report_chunks(self._get_connector_metadata().chunks)
+            self._worker.report_chunks(self._metadata().chunks)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         if self._worker is None:
@@ -184,25 +190,30 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- scheduler side ------------------------------------------------------------
 
+    @property
+    def _scheduler(self) -> SchedulerSide:
+        # vLLM calls the scheduler-side hooks only on the scheduler's connector, which has one.
+        return cast(SchedulerSide, self._sched)
+
     def bind_kv_cache_manager(self, kv_cache_manager) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         if self._sched is not None:
             self._sched.kv_cache_manager = kv_cache_manager
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        return self._sched.matched_tokens(request, num_computed_tokens)
+        return self._scheduler.matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
-        self._sched.after_alloc(request, blocks, num_external_tokens)
+        self._scheduler.after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> KvcMetadata:
-        return self._sched.build_meta(scheduler_output)
+        return self._scheduler.build_meta(scheduler_output)
 
     def update_connector_output(self, connector_output):
-        self._sched.connector_output(connector_output)
+        self._scheduler.connector_output(connector_output)
 
     def request_finished(self, request, block_ids):
-        return self._sched.finished(request)
+        return self._scheduler.finished(request)
 
     def request_finished_all_groups(self, request, block_ids):
-        return self._sched.finished(request)
+        return self._scheduler.finished(request)

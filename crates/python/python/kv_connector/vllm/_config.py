@@ -61,13 +61,13 @@ def check_transfer(kv_transfer_config) -> None:
     if role != "kv_both":
         raise UnsupportedVllmSetup(
             f"kv_role={role!r}: the connector is a prefix cache that saves and loads on every "
-            "engine, not a disaggregated prefill/decode hand-off; use \"kv_role\": \"kv_both\""
+            'engine, not a disaggregated prefill/decode hand-off; use "kv_role": "kv_both"'
         )
     policy = getattr(kv_transfer_config, "kv_load_failure_policy", "fail")
     if policy != "recompute":
         raise UnsupportedVllmSetup(
             f"kv_load_failure_policy={policy!r}: a load the connector refuses (an evicted or "
-            "corrupt object) would fail the request; use \"kv_load_failure_policy\": \"recompute\""
+            'corrupt object) would fail the request; use "kv_load_failure_policy": "recompute"'
         )
 
 
@@ -105,7 +105,7 @@ def _path(extra: dict) -> str | None:
     if not isinstance(value, (str, os.PathLike)):
         raise UnsupportedVllmSetup(
             f"{EXTRA}.config={value!r}: give the path of a kv_connector TOML file as a string, "
-            "e.g. \"/etc/kv_connector.toml\""
+            'e.g. "/etc/kv_connector.toml"'
         )
     return os.fspath(value)
 
@@ -152,8 +152,7 @@ def settings(extra: dict[str, Any] | None) -> Settings:
     path, tree = _path(extra), extra.get("kvc")
     if tree is not None and not isinstance(tree, dict):
         raise UnsupportedVllmSetup(
-            f"{EXTRA}.kvc={tree!r}: give a dict with the TOML tree, e.g. "
-            "{\"pool\": {\"capacity_bytes\": 8589934592}}"
+            f'{EXTRA}.kvc={tree!r}: give a dict with the TOML tree, e.g. {{"pool": {{"capacity_bytes": 8589934592}}}}'
         )
     log_to_vllm = extra.get("log_to_vllm", True)
     if not isinstance(log_to_vllm, bool):

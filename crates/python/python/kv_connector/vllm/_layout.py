@@ -109,13 +109,11 @@ def _check_spec(spec, index: int, block_size: int) -> None:
         )
     if spec.kv_quant_mode != KVQuantMode.NONE:
         raise UnsupportedVllmSetup(
-            f"KV cache group {index} is quantized ({spec.kv_quant_mode.name}); "
-            "use --kv-cache-dtype auto"
+            f"KV cache group {index} is quantized ({spec.kv_quant_mode.name}); use --kv-cache-dtype auto"
         )
     if spec.head_size_v != spec.head_size:
         raise UnsupportedVllmSetup(
-            f"KV cache group {index}: K and V head sizes differ ({spec.head_size} and "
-            f"{spec.head_size_v})"
+            f"KV cache group {index}: K and V head sizes differ ({spec.head_size} and {spec.head_size_v})"
         )
     if spec.page_size_padded is not None or spec.num_head_slots is not None:
         raise UnsupportedVllmSetup(f"KV cache group {index}: padded or packed pages are not supported")

@@ -16,8 +16,9 @@ tensor per layout group, and no two of them may overlap. So:
   per prompt (R15, R17), so the bounce pool stays small.
 
 Invariants:
-- `pages::P1` a bounce page is in at most one owner's list, or free;
-- `pages::P2` a bounce page handed to the runtime (a load or a save) is not reused
+
+- `vllm::pages::P1`. A bounce page is in at most one owner's list, or free.
+- `vllm::pages::P2`. A bounce page handed to the runtime (a load or a save) is not reused
   before that load is reported or that request's saves settle.
 """
 
@@ -41,7 +42,9 @@ def _layer_block_bytes(view: torch.Tensor, num_blocks: int, page_bytes: int, nam
     """`[num_blocks, page_bytes]` uint8 over one layer's cache: row b holds block b's
     bytes in memory order. Refuses a layer whose page is not one dense run."""
     if view.dim() < 2 or view.shape[0] != num_blocks:
-        raise UnsupportedVllmSetup(f"layer {name}: KV cache of shape {tuple(view.shape)}, expected {num_blocks} blocks in dim 0")
+        raise UnsupportedVllmSetup(
+            f"layer {name}: KV cache of shape {tuple(view.shape)}, expected {num_blocks} blocks in dim 0"
+        )
     elt = view.element_size()
     span = 1 + sum(s * (n - 1) for s, n in zip(view.stride()[1:], view.shape[1:]))
     if span * elt != page_bytes or math.prod(view.shape[1:]) * elt != page_bytes:

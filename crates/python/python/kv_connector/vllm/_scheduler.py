@@ -10,8 +10,9 @@ no saves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from ._engine import ChunkPlan, Ended, KvcMetadata, LoadPlan, lookup
+from ._engine import ChunkPlan, Ended, Engine, KvcMetadata, LoadPlan, lookup
 
 
 @dataclass
@@ -40,11 +41,12 @@ def keyable(request) -> bool:
 class SchedulerSide:
     def __init__(self, engine_id: str):
         self.engine_id = engine_id
-        self._engine = None
+        self._engine: Engine | None = None
         self.reqs: dict[str, _Req] = {}
         self.loads: list[LoadPlan] = []
         self.ended: list[Ended] = []
-        self.kv_cache_manager = None
+        # vLLM's KVCacheManager, bound before the first step is scheduled.
+        self.kv_cache_manager: Any = None
 
     @property
     def engine(self):

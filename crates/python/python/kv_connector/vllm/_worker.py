@@ -8,12 +8,13 @@ current stream is synchronized first, since the runtime's saver copies on its ow
 stream), `get_transfer_results`, `get_block_ids_with_load_errors`.
 
 Invariants:
-- `worker::W1` blocks handed to the runtime are not freed by vLLM before the runtime is
+
+- `vllm::worker::W1`. Blocks handed to the runtime are not freed by vLLM before the runtime is
   done with them: a finished request is reported in finished_sending only once its saves
   settled (`finished_saves`), an aborted request with a load in flight in
   finished_recving only once the load settled, and a preempted request's saves are
-  waited for in `handle_preemptions`, before the forward pass can overwrite its blocks;
-- `worker::W2` a load reported not filled is never reported as computed: with one KV
+  waited for in `handle_preemptions`, before the forward pass can overwrite its blocks.
+- `vllm::worker::W2`. A load reported not filled is never reported as computed: with one KV
   cache group its blocks come back through `get_block_ids_with_load_errors`, with
   several the request through `failed_recving` (vLLM's rule for hybrid layouts); vLLM
   computes those tokens.
@@ -191,7 +192,9 @@ class WorkerSide:
             self._saves_done(rid)
 
     def transfer_results(self, ended: list[Ended]):
-        recving, failed, sending = set(), set(), set()
+        recving: set[str] = set()
+        failed: set[str] = set()
+        sending: set[str] = set()
         loading = {p.rid for p in self.loads.values()} | {p.rid for p in self.refused}
         for e in ended:
             if e.rid in loading:
