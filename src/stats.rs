@@ -13,7 +13,8 @@
 //!
 //! - `stats::A1`. `saves_enqueued = saves_done + saves_skipped_present + saves_dropped +
 //!   saves_failed` (pages a full saver mailbox refused count as enqueued and dropped, and so
-//!   do pages lost to a pool outage, also counted in `saves_outage`, R30);
+//!   do pages lost to a pool outage, also counted in `saves_outage`, R30; pages the pool
+//!   refused for want of room are failed, also counted in `saves_no_space`);
 //! - `stats::A2`. `loads_started = loads_done + loads_failed + stale_completions` (loads the handle
 //!   failed at once count as started and failed; a stale completion, R26, is a load whose
 //!   reservation the engine released first, and is 0 when the engine waits for every load).
@@ -230,6 +231,10 @@ pub struct SaveStats {
     pub saves_refreshed: u64,
     /// Pages that could not be stored.
     pub saves_failed: u64,
+    /// Pages the pool refused for want of room: full, or no segment mounted yet (a
+    /// restarted Mooncake master, until the clients' segments are mounted again); also
+    /// counted in `saves_failed`.
+    pub saves_no_space: u64,
     /// Payload bytes stored.
     pub bytes_saved: u64,
     /// Largest queue depth seen.
@@ -253,6 +258,7 @@ impl SaveStats {
         self.saves_outage += other.saves_outage;
         self.saves_refreshed += other.saves_refreshed;
         self.saves_failed += other.saves_failed;
+        self.saves_no_space += other.saves_no_space;
         self.bytes_saved += other.bytes_saved;
         self.max_queue_depth = self.max_queue_depth.max(other.max_queue_depth);
         self.published_past_chunk_end += other.published_past_chunk_end;

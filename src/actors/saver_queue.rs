@@ -21,7 +21,8 @@
 //!
 //! - `saver_queue::A1`. Every enqueued page ends in exactly one of `saves_done`,
 //!   `saves_skipped_present`, `saves_dropped` or `saves_failed` (pages lost to a pool outage,
-//!   R30, are dropped and also counted in `saves_outage`), and is settled to the engine once
+//!   R30, are dropped and also counted in `saves_outage`; pages refused for want of room are
+//!   failed and also counted in `saves_no_space`), and is settled to the engine once
 //!   (so its pages can go): `saves_enqueued = done + skipped_present + dropped + failed` once the
 //!   queue is drained and no batch is in flight.
 //!
@@ -275,6 +276,10 @@ impl SaverQueue {
                 Some(SaveResult::Outage) => {
                     self.stats.saves_dropped += 1;
                     self.stats.saves_outage += 1;
+                }
+                Some(SaveResult::NoSpace) => {
+                    self.stats.saves_failed += 1;
+                    self.stats.saves_no_space += 1;
                 }
                 Some(SaveResult::Failed) | None => self.stats.saves_failed += 1,
             }

@@ -178,6 +178,7 @@ fn log_interval(
         saves_dropped = saves.saves_dropped,
         saves_outage = saves.saves_outage,
         saves_failed = saves.saves_failed,
+        saves_no_space = saves.saves_no_space,
         bytes_saved = saves.bytes_saved,
         save_gbps = rate(saves.bytes_saved) / 1e9,
         save_pages_per_s = rate(saves.saves_done),

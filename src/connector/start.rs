@@ -3,8 +3,8 @@
 //! Every loader's and every saver's staging pool is registered with the pool as soon as it
 //! is made ([`Pool::register_staging`]), so a backend with registered-memory transfers
 //! (Mooncake) moves pages without an extra copy. [`StagingRegistrations`] remembers them
-//! and unregisters them when the connector stops (after its actor thread has ended) or when
-//! start fails, so the memory can be freed and reused.
+//! and unregisters them, all at once, when the connector stops (after its actor thread has
+//! ended) or when start fails, so the memory can be freed and reused.
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::actors::loader::Loader;
-use crate::actors::lookup_planner::{LookupPlanner, PlannerSettings};
+use crate::actors::lookup_planner::LookupPlanner;
 use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
 use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
@@ -27,6 +27,7 @@ use crate::gpu::host_memory::host_memory;
 use crate::gpu::{Device, GpuError, StagingPool};
 use crate::messages::EngineInbox;
 use crate::pool::{ActorFaults, GuardSettings, GuardedPool, HealthView, Pool, PoolError};
+use crate::transfer::lookup::PlannerSettings;
 
 /// What a connector is started with.
 pub struct ConnectorParams {
@@ -117,29 +118,54 @@ impl StagingRegistrations {
         Ok(())
     }
 
-    /// Unregisters every staging pool (idempotent). Called once the pools' owners have
-    /// stopped; a refusal is logged, since nothing is left to retry it: at DEBUG while the
-    /// pool is unreachable (the outage was logged once already, R30; the backend drops the
-    /// registrations when its client closes), else at WARN.
+    /// Unregisters every staging pool (idempotent), all at once: against a pool whose calls
+    /// may block (an unregister waits about 3 s on a frozen Mooncake master) the stop then
+    /// waits for one pool call, not one per staging pool (the shutdown bound of
+    /// `docs/RELIABILITY.md`). Called once the pools' owners have stopped, so no transfer
+    /// uses the memory any more. A refusal is logged, since nothing is left to retry it: at
+    /// DEBUG while the pool is unreachable (the outage was logged once already, R30; the
+    /// backend drops the registrations when its client closes), else at WARN.
     pub(super) fn release(&mut self) {
-        for start in self.starts.drain(..) {
-            match self.pool.unregister_staging(start) {
-                Ok(()) => {}
-                Err(err @ PoolError::Unreachable { .. }) => tracing::debug!(
-                    pool = self.pool.name(),
-                    addr = start,
-                    error = %err,
-                    "staging pool left registered: the pool is unreachable"
-                ),
-                Err(err) => tracing::warn!(
-                    pool = self.pool.name(),
-                    addr = start,
-                    error = %err,
-                    kind = err.kind(),
-                    "could not unregister a staging pool"
-                ),
+        let starts = std::mem::take(&mut self.starts);
+        let pool = self.pool.as_ref();
+        if starts.len() < 2 || !pool.calls_may_block() {
+            for start in starts {
+                unregister_staging(pool, start);
             }
+            return;
         }
+        std::thread::scope(|scope| {
+            for start in starts {
+                let spawned = std::thread::Builder::new()
+                    .name("kvc-unregister".into())
+                    .spawn_scoped(scope, move || unregister_staging(pool, start));
+                if spawned.is_err() {
+                    // No thread to spare: this one waits in place.
+                    unregister_staging(pool, start);
+                }
+            }
+        });
+    }
+}
+
+/// Unregisters the staging pool at `start` from `pool`, logging a refusal
+/// ([`StagingRegistrations::release`]).
+fn unregister_staging(pool: &dyn Pool, start: usize) {
+    match pool.unregister_staging(start) {
+        Ok(()) => {}
+        Err(err @ PoolError::Unreachable { .. }) => tracing::debug!(
+            pool = pool.name(),
+            addr = start,
+            error = %err,
+            "staging pool left registered: the pool is unreachable"
+        ),
+        Err(err) => tracing::warn!(
+            pool = pool.name(),
+            addr = start,
+            error = %err,
+            kind = err.kind(),
+            "could not unregister a staging pool"
+        ),
     }
 }
 

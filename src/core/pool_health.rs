@@ -1,5 +1,6 @@
 //! The pool's health as one connector sees it (R30): healthy, degraded or unreachable,
-//! and the schedule of the background probes that find it again after an outage.
+//! and the schedule of the background probes that find it again after an outage. A pool
+//! that answers but refuses to store puts is degraded too.
 //!
 //! # Workflow
 //!
@@ -8,10 +9,16 @@
 //! 2. After a call it reports what came back with [`HealthMachine::record`]:
 //!    [`CallOutcome::Answered`] when the pool answered anything (even "absent" or an
 //!    error about one key), [`CallOutcome::Failed`] when it could not be reached or
-//!    missed the call's deadline.
+//!    missed the call's deadline; for a put that was answered, [`CallOutcome::PutStored`]
+//!    when it stored something and [`CallOutcome::PutRefused`] when it stored nothing it
+//!    was asked to (no room: a full pool, or a restarted Mooncake master before the
+//!    segments are mounted again; or another refusal).
 //! 3. `unreachable_after` failed calls in a row (no answered call between them) mark the
 //!    pool unreachable: [`Transition::BecameUnreachable`], which the adapter logs once at
-//!    WARN. An answered call before that returns it to healthy.
+//!    WARN. An answered call before that returns it to healthy, unless puts are refused.
+//!    A refused put makes the pool degraded at once; only a put that stores makes it
+//!    healthy again (answered probes in between do not: the pool is reachable, but it
+//!    is not storing).
 //! 4. While unreachable, one background probe at a time runs when
 //!    [`HealthMachine::probe_due`] says it is due ([`HealthMachine::begin_probe`], then
 //!    [`HealthMachine::record_probe`]). A failed probe doubles the wait before the next,
@@ -26,12 +33,16 @@
 //! - `pool_health::H1`. Calls are refused only while unreachable, and every call is
 //!   refused then.
 //! - `pool_health::H2`. The pool becomes unreachable only after `unreachable_after`
-//!   failed calls in a row; an answered call outside an outage always makes it healthy.
+//!   failed calls in a row; an answered call outside an outage makes it healthy, unless
+//!   the last put was refused (H6).
 //! - `pool_health::H3`. Outages alternate: one [`Transition::BecameUnreachable`], then one
 //!   [`Transition::Recovered`], and so on; only an answered probe recovers.
 //! - `pool_health::H4`. At most one probe runs at a time, and only while unreachable.
 //! - `pool_health::H5`. The waits between the probes of one outage start at
 //!   `retry_initial`, double after each failed probe and never exceed `retry_max`.
+//! - `pool_health::H6`. Outside an outage, a refused put makes the pool degraded, and it
+//!   stays degraded (or becomes unreachable) until a put stores; after an outage the
+//!   refusals before it are forgotten.
 
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
@@ -41,7 +52,8 @@ use std::time::{Duration, Instant};
 pub enum PoolHealth {
     /// The last call was answered.
     Healthy,
-    /// Some calls in a row failed, fewer than `unreachable_after`; calls still go out.
+    /// Some calls in a row failed, fewer than `unreachable_after`, or the last put was
+    /// refused; calls still go out.
     Degraded,
     /// `unreachable_after` calls in a row failed: calls are refused until a probe is
     /// answered.
@@ -77,6 +89,11 @@ pub enum CallOutcome {
     Answered,
     /// The pool could not be reached, or the call missed its deadline.
     Failed,
+    /// A put the pool answered and that stored at least one object.
+    PutStored,
+    /// A put the pool answered without storing anything it was asked to store: every key
+    /// it did not hold already was refused (no room, or another per-key error).
+    PutRefused,
 }
 
 /// Whether a call may go to the pool now.
@@ -94,9 +111,10 @@ pub enum Gate {
 /// A change of state worth telling the operator about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transition {
-    /// A call failed after answered ones: the pool is degraded.
+    /// A call failed after answered ones, or a put was refused: the pool is degraded.
     Degraded,
-    /// A degraded pool answered again before it was marked unreachable.
+    /// A degraded pool answered again (and stored a put, if puts were refused) before it
+    /// was marked unreachable.
     Healthy,
     /// The pool is now unreachable (WARN, once per outage).
     BecameUnreachable {
@@ -121,6 +139,8 @@ pub struct HealthMachine {
     state: PoolHealth,
     /// Failed calls in a row (outside an outage).
     failures: u32,
+    /// The last put was refused (outside an outage; `pool_health::H6`).
+    puts_refused: bool,
     /// During an outage: when it began.
     down_since: Option<Instant>,
     /// During an outage: when the next probe is due.
@@ -144,6 +164,7 @@ impl HealthMachine {
             policy,
             state: PoolHealth::Healthy,
             failures: 0,
+            puts_refused: false,
             down_since: None,
             next_probe: None,
             backoff: policy.retry_initial,
@@ -175,24 +196,40 @@ impl HealthMachine {
     /// `pool_health::H3`).
     pub fn record(&mut self, now: Instant, outcome: CallOutcome) -> Option<Transition> {
         match (self.state, outcome) {
-            (PoolHealth::Unreachable, _) | (PoolHealth::Healthy, CallOutcome::Answered) => None,
-            (PoolHealth::Degraded, CallOutcome::Answered) => {
-                self.failures = 0;
-                self.state = PoolHealth::Healthy;
-                Some(Transition::Healthy)
-            }
+            (PoolHealth::Unreachable, _) => None,
             (_, CallOutcome::Failed) => {
                 self.failures = self.failures.saturating_add(1);
                 if self.failures >= self.policy.unreachable_after.get() {
                     Some(self.become_unreachable(now))
-                } else if self.state == PoolHealth::Healthy {
-                    self.state = PoolHealth::Degraded;
-                    Some(Transition::Degraded)
+                } else {
+                    self.degrade()
+                }
+            }
+            (_, answered) => {
+                self.failures = 0;
+                match answered {
+                    CallOutcome::PutRefused => self.puts_refused = true,
+                    CallOutcome::PutStored => self.puts_refused = false,
+                    CallOutcome::Answered | CallOutcome::Failed => {}
+                }
+                if self.puts_refused {
+                    self.degrade()
+                } else if self.state == PoolHealth::Degraded {
+                    self.state = PoolHealth::Healthy;
+                    Some(Transition::Healthy)
                 } else {
                     None
                 }
             }
         }
+    }
+
+    /// A healthy pool becomes degraded; otherwise nothing changes.
+    fn degrade(&mut self) -> Option<Transition> {
+        (self.state == PoolHealth::Healthy).then(|| {
+            self.state = PoolHealth::Degraded;
+            Transition::Degraded
+        })
     }
 
     fn become_unreachable(&mut self, now: Instant) -> Transition {
@@ -239,13 +276,14 @@ impl HealthMachine {
         }
         self.probing = false;
         match outcome {
-            CallOutcome::Answered => {
+            CallOutcome::Answered | CallOutcome::PutStored | CallOutcome::PutRefused => {
                 let down_for = self
                     .down_since
                     .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
                 let failed_probes = self.failed_probes;
                 self.state = PoolHealth::Healthy;
                 self.failures = 0;
+                self.puts_refused = false;
                 self.down_since = None;
                 self.next_probe = None;
                 Some(Transition::Recovered {

@@ -175,6 +175,13 @@ pub const COUNTERS: &[CounterFamily] = &[
         series: &[("", |s| s.saves.saves_outage)],
     },
     CounterFamily {
+        name: "save_no_space_pages",
+        help: "Pages the pool refused for want of room (full, or no segment mounted yet); also counted as failed.",
+        unit: None,
+        label: None,
+        series: &[("", |s| s.saves.saves_no_space)],
+    },
+    CounterFamily {
         name: "save_refreshed_pages",
         help: "Re-saved pages found present and refreshed (R20); also counted as skipped.",
         unit: None,

@@ -94,6 +94,8 @@ pub struct ConnectorReport {
     pub saves_enqueued: u64,
     /// Save pages that could not be stored.
     pub saves_failed: u64,
+    /// Save pages the pool refused for want of room; also counted in `saves_failed`.
+    pub saves_no_space: u64,
     /// Loads started; accounting: `loads_started = loads_done + loads_failed`.
     pub loads_started: u64,
     /// Loads handed to the engine filled.
@@ -119,6 +121,7 @@ impl ConnectorReport {
         self.saves_outage += other.saves_outage;
         self.saves_enqueued += other.saves_enqueued;
         self.saves_failed += other.saves_failed;
+        self.saves_no_space += other.saves_no_space;
         self.loads_started += other.loads_started;
         self.loads_done += other.loads_done;
         self.loads_failed += other.loads_failed;

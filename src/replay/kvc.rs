@@ -82,6 +82,7 @@ fn connector_report(stats: &crate::stats::ConnectorStats) -> ConnectorReport {
         saves_outage: stats.saves.saves_outage,
         saves_enqueued: stats.saves.saves_enqueued,
         saves_failed: stats.saves.saves_failed,
+        saves_no_space: stats.saves.saves_no_space,
         loads_started: stats.loads.loads_started,
         loads_done: stats.loads.loads_done,
         loads_failed: stats.loads.loads_failed + stats.loads.stale_completions,

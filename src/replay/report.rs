@@ -20,7 +20,8 @@
 //! unreachable or late, R30; part of `saves_dropped`), `pool_health` {`state`, `outages`,
 //! `unreachable_ms`, `calls_refused`, `calls_timed_out`}, `saves_enqueued`,
 //! `checkpoint_pages_enqueued` (window pages enqueued for window checkpoints alone, R28;
-//! part of `saves_enqueued`), `saves_done`, `saves_failed`, `loads_started`,
+//! part of `saves_enqueued`), `saves_done`, `saves_failed`, `saves_no_space` (refused by
+//! the pool for want of room; part of `saves_failed`), `loads_started`,
 //! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `loads_released_in_flight`,
 //! `pages_released_in_flight` (`--release-during-loads`: loads the engines released half
@@ -250,6 +251,9 @@ pub struct ReplayReport {
     pub saves_done: u64,
     /// Save pages that could not be stored.
     pub saves_failed: u64,
+    /// Save pages the pool refused for want of room (full, or no segment mounted yet); part
+    /// of `saves_failed`.
+    pub saves_no_space: u64,
     /// Loads the connectors started (accounting, module docs).
     pub loads_started: u64,
     /// Loads the connectors handed over filled.
@@ -534,6 +538,13 @@ impl ReplayReport {
             "  saves skip/drop/fail{:>14} / {} / {}",
             self.saves_skipped_present, self.saves_dropped, self.saves_failed
         )?;
+        if self.saves_no_space > 0 {
+            writeln!(
+                out,
+                "  saves no space      {:>14} pages (part of failed: the pool had no room)",
+                self.saves_no_space
+            )?;
+        }
         writeln!(
             out,
             "  loads filled/failed {:>14} / {}",

@@ -191,6 +191,7 @@ pub(super) fn summarize(
         checkpoint_pages_enqueued: connector.checkpoint_pages_enqueued,
         saves_done: connector.pages_saved,
         saves_failed: connector.saves_failed,
+        saves_no_space: connector.saves_no_space,
         loads_started: connector.loads_started,
         loads_done: connector.loads_done,
         loads_filled: counters.loads_filled,

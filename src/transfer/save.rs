@@ -13,6 +13,10 @@
 //! ends the save there: the rest of the items are [`SaveResult::Outage`] without a copy or
 //! a put, so a saver facing an unreachable pool drops its queue at once. A put or commit
 //! that answers such an error for a key makes that key `Outage` too.
+//!
+//! No room: a key the pool refused for want of room ([`PoolError::NoSpace`], or Mooncake's
+//! `NO_AVAILABLE_HANDLE`: a full pool, or no segment mounted yet after a master restart) is
+//! [`SaveResult::NoSpace`], so it is counted apart from other failures.
 
 use super::{batch_len, page_copies, PageRef, SaveResult};
 use crate::core::object;
@@ -50,7 +54,7 @@ pub fn save_pages(
             .map(|(_, item)| object::object_len(item.payload_len))
             .collect();
         let next = if let Some(allocated) = pool.alloc_objects(&lens) {
-            submit_into_objects(stream, absent, allocated)
+            submit_into_objects(stream, absent, allocated, &mut results)
         } else {
             for part in absent.chunks(slots) {
                 staging = save_through_staging(pool, stream, staging, part, &mut results);
@@ -135,11 +139,13 @@ struct ObjectBatch<'a> {
 }
 
 /// Zero-copy: submits the gather into the pool's fresh objects (refused allocations stay
-/// failed). `None` when nothing was submitted.
+/// failed, or [`SaveResult::NoSpace`] when refused for room). `None` when nothing was
+/// submitted.
 fn submit_into_objects<'a>(
     stream: &mut CopyStream,
     absent: Vec<(usize, &'a PageRef)>,
     allocated: Vec<Result<HostSlot, PoolError>>,
+    results: &mut [SaveResult],
 ) -> Option<ObjectBatch<'a>> {
     if allocated.len() != absent.len() {
         tracing::warn!(
@@ -152,9 +158,13 @@ fn submit_into_objects<'a>(
     let mut objects = Vec::with_capacity(absent.len());
     let mut kept = Vec::with_capacity(absent.len());
     for (entry, object) in absent.into_iter().zip(allocated) {
-        if let Ok(object) = object {
-            objects.push(object);
-            kept.push(entry);
+        match object {
+            Ok(object) => {
+                objects.push(object);
+                kept.push(entry);
+            }
+            Err(error) if no_room(&error) => results[entry.0] = SaveResult::NoSpace,
+            Err(_) => {}
         }
     }
     // Any fresh object of the right length can hold any page of that length: pairing pages
@@ -245,7 +255,28 @@ fn record(
             Some(Ok(())) => SaveResult::Stored,
             Some(Err(PoolError::AlreadyExists)) => SaveResult::SkippedPresent,
             Some(Err(error)) if error.is_outage() => SaveResult::Outage,
+            Some(Err(error)) if no_room(error) => SaveResult::NoSpace,
             _ => SaveResult::Failed,
         };
     }
+}
+
+/// Whether a put's error says the pool had no room for the object (module docs).
+fn no_room(error: &PoolError) -> bool {
+    matches!(error, PoolError::NoSpace { .. }) || backend_no_room(error)
+}
+
+/// Mooncake's no-room answer, `NO_AVAILABLE_HANDLE`: no mounted segment has room.
+#[cfg(feature = "mooncake")]
+fn backend_no_room(error: &PoolError) -> bool {
+    *error
+        == PoolError::Backend {
+            code: crate::pool::mooncake::error::NO_AVAILABLE_HANDLE,
+        }
+}
+
+/// Without the Mooncake backend no backend answers a no-room code.
+#[cfg(not(feature = "mooncake"))]
+fn backend_no_room(_: &PoolError) -> bool {
+    false
 }

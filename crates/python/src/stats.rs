@@ -46,6 +46,7 @@ pub fn to_dict<'py>(py: Python<'py>, stats: &ConnectorStats) -> PyResult<Bound<'
             "saves_outage": saves.saves_outage,
             "saves_refreshed": saves.saves_refreshed,
             "saves_failed": saves.saves_failed,
+            "saves_no_space": saves.saves_no_space,
             "bytes_saved": saves.bytes_saved,
             "max_queue_depth": saves.max_queue_depth,
             "published_past_chunk_end": saves.published_past_chunk_end,

@@ -10,7 +10,7 @@ from api_support import T, caches, layout, mooncake_master, needs_mooncake, prom
 pytestmark = needs_mooncake
 
 
-def test_save_then_load_through_mooncake_is_byte_identical(mooncake_master):
+def test_save_then_load_through_mooncake_is_byte_identical(mooncake_master):  # noqa: F811 (fixture)
     lay = layout()
     kv_a, kv_b = caches(), caches()
     a = kvc.Connector(layout=lay, kv_caches=kv_a, config=mooncake_master.config(), model_key="mc")
@@ -32,7 +32,7 @@ def test_save_then_load_through_mooncake_is_byte_identical(mooncake_master):
     assert a.closed and b.closed
 
 
-def test_a_namespace_keeps_deployments_apart_on_one_master(mooncake_master):
+def test_a_namespace_keeps_deployments_apart_on_one_master(mooncake_master):  # noqa: F811 (fixture)
     lay = layout(full_only=True)
     kv_a, kv_b = caches(1), caches(1)
     config = mooncake_master.config()

@@ -1,5 +1,5 @@
-//! Unit tests of the health machine, and property tests of `pool_health::H1`-H5 over
-//! random sequences of calls, probes and elapsed time (fixed seed).
+//! Unit tests of the health machine, and property tests of `pool_health::H1`-H6 over
+//! random sequences of calls, puts, probes and elapsed time (fixed seed).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
@@ -45,6 +45,42 @@ fn three_failures_in_a_row_make_the_pool_unreachable_and_an_answer_in_between_re
     assert_eq!(
         health.gate(start + ms(30)),
         Gate::Refuse { retry_in: ms(70) }
+    );
+}
+
+#[test]
+fn a_refused_put_degrades_until_a_put_stores_h6() {
+    let start = Instant::now();
+    let mut health = HealthMachine::new(policy(3, 100, 1000));
+    assert_eq!(
+        health.record(start, CallOutcome::PutRefused),
+        Some(Transition::Degraded)
+    );
+    assert_eq!(health.record(start, CallOutcome::Answered), None);
+    assert_eq!(
+        health.state(),
+        PoolHealth::Degraded,
+        "an answered probe does not make a pool that refuses puts healthy"
+    );
+    assert_eq!(health.record(start, CallOutcome::PutRefused), None);
+    assert_eq!(
+        health.record(start, CallOutcome::PutStored),
+        Some(Transition::Healthy)
+    );
+    health.record(start, CallOutcome::PutRefused);
+    for _ in 0..2 {
+        health.record(start, CallOutcome::Failed);
+    }
+    assert!(matches!(
+        health.record(start, CallOutcome::Failed),
+        Some(Transition::BecameUnreachable { failures: 3, .. })
+    ));
+    assert!(health.begin_probe(start + ms(100)));
+    health.record_probe(start + ms(100), CallOutcome::Answered);
+    assert_eq!(
+        health.state(),
+        PoolHealth::Healthy,
+        "refusals before an outage are forgotten"
     );
 }
 
@@ -112,7 +148,7 @@ enum Step {
     /// Time passes.
     Wait(u64),
     /// An ordinary call ends.
-    Call(bool),
+    Call(CallOutcome),
     /// The prober tries to start a probe, which then ends.
     Probe(bool),
 }
@@ -120,7 +156,14 @@ enum Step {
 fn steps() -> impl Strategy<Value = Vec<Step>> {
     let step = prop_oneof![
         2 => (0u64..400).prop_map(Step::Wait),
-        3 => any::<bool>().prop_map(Step::Call),
+        3 => prop::sample::select(vec![
+            CallOutcome::Answered,
+            CallOutcome::Failed,
+            CallOutcome::Failed,
+            CallOutcome::PutStored,
+            CallOutcome::PutRefused,
+        ])
+        .prop_map(Step::Call),
         2 => any::<bool>().prop_map(Step::Probe),
     ];
     prop::collection::vec(step, 0..120)
@@ -146,8 +189,8 @@ fn config() -> Config {
 proptest! {
     #![proptest_config(config())]
 
-    /// H1-H5 against a naive model: a counter of failures in a row, the list of
-    /// transitions, and the probe waits of each outage.
+    /// H1-H6 against a naive model: a counter of failures in a row, whether the last put
+    /// was refused, the list of transitions, and the probe waits of each outage.
     #[test]
     fn the_machine_keeps_h1_to_h5(
         unreachable_after in 1u32..5,
@@ -159,6 +202,7 @@ proptest! {
         let mut health = HealthMachine::new(policy);
         let mut now = Instant::now();
         let mut in_a_row = 0u32;
+        let mut refused = false;
         let mut down = false;
         let mut waits: Vec<Duration> = Vec::new();
         for step in history {
@@ -168,13 +212,20 @@ proptest! {
             prop_assert_eq!(health.state() == PoolHealth::Unreachable, down);
             match step {
                 Step::Wait(millis) => now += ms(millis),
-                Step::Call(answered) => {
-                    let transition = health.record(now, outcome(answered));
+                Step::Call(call) => {
+                    let transition = health.record(now, call);
                     if down {
                         prop_assert_eq!(transition, None);
-                    } else if answered {
+                    } else if call != CallOutcome::Failed {
                         in_a_row = 0;
-                        prop_assert_eq!(health.state(), PoolHealth::Healthy);
+                        match call {
+                            CallOutcome::PutRefused => refused = true,
+                            CallOutcome::PutStored => refused = false,
+                            _ => {}
+                        }
+                        // H2, H6: healthy unless the last put was refused.
+                        let expected = if refused { PoolHealth::Degraded } else { PoolHealth::Healthy };
+                        prop_assert_eq!(health.state(), expected);
                     } else {
                         in_a_row += 1;
                         // H2: unreachable exactly at the threshold.
@@ -208,6 +259,7 @@ proptest! {
                         let recovered = matches!(transition, Some(Transition::Recovered { .. }));
                         prop_assert!(recovered, "an answered probe did not recover");
                         down = false;
+                        refused = false;
                     } else {
                         prop_assert_eq!(transition, None);
                         let wait = health.probe_due(now).unwrap_or_default();
@@ -239,7 +291,7 @@ proptest! {
                     now += ms(millis);
                     None
                 }
-                Step::Call(answered) => health.record(now, outcome(answered)),
+                Step::Call(call) => health.record(now, call),
                 Step::Probe(answered) => {
                     health.begin_probe(now);
                     health.record_probe(now, outcome(answered))

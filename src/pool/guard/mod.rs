@@ -30,12 +30,16 @@
 //!
 //! A call counts as failed for the pool's health when it missed its deadline, or when every
 //! key answered an outage error ([`PoolError::is_outage`]); any other answer (present,
-//! absent, a per-key error) shows that the pool is reachable.
+//! absent, a per-key error) shows that the pool is reachable. A put, put-absent or commit
+//! that was answered and stored nothing it was asked to (every key not already present
+//! refused, for want of room or otherwise), or an object allocation that refused every
+//! length, counts as refused: the pool reads degraded until a put stores again
+//! (`pool_health::H6`).
 //!
 //! # Logs
 //!
 //! One WARN when the pool becomes unreachable, one INFO when a probe finds it again
-//! (`core::pool_health::H3`); the degraded state is logged at DEBUG.
+//! (`pool_health::H3`); the degraded state is logged at DEBUG.
 //!
 //! # Invariants
 //!
@@ -144,17 +148,19 @@ impl GuardedPool {
         }
     }
 
-    /// A call on the caller's thread: gated, and its outcome recorded.
+    /// A call on the caller's thread: gated, and its outcome (as `outcome` reads it)
+    /// recorded.
     fn in_place<T>(
         &self,
         keys: usize,
+        outcome: fn(&[Result<T, PoolError>]) -> Option<CallOutcome>,
         call: impl FnOnce() -> Vec<Result<T, PoolError>>,
     ) -> Vec<Result<T, PoolError>> {
         if let Some(refused) = self.refuse(keys) {
             return refused;
         }
         let results = call();
-        if let Some(outcome) = outcome_of(&results) {
+        if let Some(outcome) = outcome(&results) {
             self.shared.record(Instant::now(), outcome);
         }
         results
@@ -167,7 +173,7 @@ impl GuardedPool {
             return Vec::new();
         }
         if !self.inner.calls_may_block() {
-            return self.in_place(keys.len(), || call(self.inner.as_ref(), keys));
+            return self.in_place(keys.len(), outcome_of, || call(self.inner.as_ref(), keys));
         }
         if let Some(refused) = self.refuse(keys.len()) {
             return refused;
@@ -232,21 +238,41 @@ fn outcome_of<T>(results: &[Result<T, PoolError>]) -> Option<CallOutcome> {
     })
 }
 
+/// How a put that was made ended for the pool's health: failed as any call
+/// ([`outcome_of`]); else stored when some key was stored, refused when none was and some
+/// key got a refusal (not an outage error, not `AlreadyExists`), answered otherwise.
+fn put_outcome(results: &[Result<(), PoolError>]) -> Option<CallOutcome> {
+    let refusal = |result: &Result<(), PoolError>| {
+        result
+            .as_ref()
+            .is_err_and(|error| !error.is_outage() && *error != PoolError::AlreadyExists)
+    };
+    Some(match outcome_of(results)? {
+        CallOutcome::Answered if results.iter().any(Result::is_ok) => CallOutcome::PutStored,
+        CallOutcome::Answered if results.iter().any(refusal) => CallOutcome::PutRefused,
+        outcome => outcome,
+    })
+}
+
 impl Pool for GuardedPool {
     fn exists(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {
         self.probe(keys, |pool, keys| pool.exists(keys))
     }
 
     fn put(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
-        self.in_place(keys.len(), || self.inner.put(keys, values))
+        self.in_place(keys.len(), put_outcome, || self.inner.put(keys, values))
     }
 
     fn put_absent(&self, keys: &[&str], values: &[&[u8]]) -> Vec<Result<(), PoolError>> {
-        self.in_place(keys.len(), || self.inner.put_absent(keys, values))
+        self.in_place(keys.len(), put_outcome, || {
+            self.inner.put_absent(keys, values)
+        })
     }
 
     fn get_into(&self, keys: &[&str], buffers: &mut [&mut [u8]]) -> Vec<Result<usize, PoolError>> {
-        self.in_place(keys.len(), || self.inner.get_into(keys, buffers))
+        self.in_place(keys.len(), outcome_of, || {
+            self.inner.get_into(keys, buffers)
+        })
     }
 
     /// While the pool is unreachable: `None`, so the caller turns to `get_into`, which is
@@ -263,16 +289,25 @@ impl Pool for GuardedPool {
     }
 
     /// While the pool is unreachable: `None`, so the caller turns to `put_absent`, which is
-    /// refused.
+    /// refused. Every length refused (no room) is a refused put: nothing will be committed.
     fn alloc_objects(&self, lens: &[usize]) -> Option<Vec<Result<HostSlot, PoolError>>> {
         if matches!(self.shared.gate(Instant::now()), Gate::Refuse { .. }) {
             return None;
         }
-        self.inner.alloc_objects(lens)
+        let allocated = self.inner.alloc_objects(lens)?;
+        let refused = |result: &Result<HostSlot, PoolError>| {
+            result.as_ref().is_err_and(|error| !error.is_outage())
+        };
+        if !allocated.is_empty() && allocated.iter().all(refused) {
+            self.shared.record(Instant::now(), CallOutcome::PutRefused);
+        }
+        Some(allocated)
     }
 
     fn commit_objects(&self, keys: &[&str], objects: Vec<HostSlot>) -> Vec<Result<(), PoolError>> {
-        self.in_place(keys.len(), || self.inner.commit_objects(keys, objects))
+        self.in_place(keys.len(), put_outcome, || {
+            self.inner.commit_objects(keys, objects)
+        })
     }
 
     fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {

@@ -219,3 +219,68 @@ fn hung_probes_hold_at_most_calls_in_flight_threads() {
     assert_eq!(guard.shared.state(), PoolHealth::Unreachable);
     inner.set(Mode::Up);
 }
+
+#[test]
+fn put_outcomes_tell_stored_from_refused_and_keep_outages_failed() {
+    let full = || Err(PoolError::Backend { code: -200 });
+    assert_eq!(put_outcome(&[Ok(()), full()]), Some(CallOutcome::PutStored));
+    assert_eq!(
+        put_outcome(&[Err(PoolError::AlreadyExists), full()]),
+        Some(CallOutcome::PutRefused)
+    );
+    assert_eq!(
+        put_outcome(&[Err(PoolError::AlreadyExists)]),
+        Some(CallOutcome::Answered),
+        "every key present: nothing was refused"
+    );
+    assert_eq!(
+        put_outcome(&[Err(PoolError::Unavailable)]),
+        Some(CallOutcome::Failed)
+    );
+    assert_eq!(put_outcome(&[]), None);
+}
+
+/// `pool_health::H6` through the guard: an embedded pool too small for an object refuses
+/// its put and its allocation; the pool reads degraded, an answered probe leaves it so, a
+/// put that stores makes it healthy.
+#[test]
+fn refused_puts_and_allocations_degrade_the_pool_until_a_put_stores() -> Result<(), PoolError> {
+    let clock = Arc::new(crate::pool::ManualClock::new(0));
+    let memory = crate::pool::MemoryPool::new(
+        crate::core::eviction::EvictionPolicy::mooncake_defaults(1024),
+        clock,
+    )?;
+    let inner: Arc<dyn Pool> = Arc::new(memory);
+    let guard = GuardedPool::new(
+        inner,
+        GuardSettings {
+            probe_timeout: Duration::from_millis(30),
+            calls_in_flight: NonZeroUsize::MIN,
+            health: HealthPolicy {
+                unreachable_after: NonZeroU32::MIN,
+                retry_initial: Duration::from_millis(5),
+                retry_max: Duration::from_millis(20),
+            },
+            instance: "test".to_owned(),
+        },
+    );
+    let big = vec![0u8; 4096];
+    assert!(matches!(
+        guard.put(&["big"], &[&big])[..],
+        [Err(PoolError::NoSpace { .. })]
+    ));
+    assert_eq!(guard.shared.state(), PoolHealth::Degraded);
+    assert_eq!(guard.exists(&["big"]), vec![Ok(false)]);
+    assert_eq!(
+        guard.shared.state(),
+        PoolHealth::Degraded,
+        "an answered probe does not make a pool that refuses puts healthy"
+    );
+    assert_eq!(guard.put(&["small"], &[&[1u8; 16]]), vec![Ok(())]);
+    assert_eq!(guard.shared.state(), PoolHealth::Healthy);
+    if let Some(allocated) = guard.alloc_objects(&[4096]) {
+        assert!(allocated[0].is_err());
+        assert_eq!(guard.shared.state(), PoolHealth::Degraded);
+    }
+    Ok(())
+}

@@ -67,13 +67,28 @@ pub enum MooncakeError {
     /// `setup`, which would otherwise wait about 90 seconds holding the GIL).
     #[error("cannot reach {setting} = {address:?}: {source}; start mooncake_master there or fix {setting}")]
     Unreachable {
-        /// `master_address` or `metadata_server`.
+        /// `mooncake.master_address` or `mooncake.metadata_server`.
         setting: &'static str,
         /// The address tried.
         address: String,
         /// The connect error.
         #[source]
         source: std::io::Error,
+    },
+    /// The HTTP metadata server accepts connections but gave no HTTP answer (a frozen
+    /// master, or another service on that port); checked before `setup`, which would
+    /// otherwise fail after its retries blaming the master.
+    #[error("mooncake.metadata_server = {metadata_server:?} accepts connections but gave no HTTP answer within {waited_ms} ms ({what}); point it at the master's HTTP metadata server (mooncake_master --enable_http_metadata_server=true), e.g. mooncake.metadata_server={suggested}")]
+    MetadataSilent {
+        /// The configured metadata server.
+        metadata_server: String,
+        /// How long the check waited.
+        waited_ms: u64,
+        /// What came back instead of an answer.
+        what: &'static str,
+        /// The master's default metadata server (`http://HOST:8080/metadata` of
+        /// `master_address`).
+        suggested: String,
     },
     /// `register_buffer` or `unregister_buffer` answered a nonzero code.
     #[error("mooncake {call} returned {code} for {len} bytes at {addr:#x}")]
@@ -179,6 +194,7 @@ impl MooncakeError {
             Self::Python { .. } => "python",
             Self::Setup { .. } => "setup",
             Self::Unreachable { .. } => "unreachable",
+            Self::MetadataSilent { .. } => "metadata_silent",
             Self::Register { .. } => "register",
             Self::ConnectTimeout { .. } => "connect_timeout",
             Self::Interrupted => "interrupted",
@@ -204,7 +220,9 @@ impl MooncakeError {
                     code: i32::try_from(*code).unwrap_or(PYTHON_CALL_FAILED),
                 }
             }
-            Self::Closed | Self::Unreachable { .. } => PoolError::Unavailable,
+            Self::Closed | Self::Unreachable { .. } | Self::MetadataSilent { .. } => {
+                PoolError::Unavailable
+            }
             _ => PoolError::Backend {
                 code: PYTHON_CALL_FAILED,
             },

@@ -11,7 +11,7 @@
 //!
 //! ## Invariants
 //!
-//! - `glog::I1`: glog is initialised at most once per process (a second
+//! - `mooncake::glog::I1`. glog is initialised at most once per process (a second
 //!   `InitGoogleLogging` aborts); a failed attempt is not retried.
 
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// The log folder once routing was attempted (`None`: left as it is) (`glog::I1`).
+/// The log folder once routing was attempted (`None`: left as it is) (`mooncake::glog::I1`).
 static ROUTED: OnceLock<Option<PathBuf>> = OnceLock::new();
 
 /// Finds the wheel's bundled glog next to the `mooncake` package, initialises it with its

@@ -33,8 +33,9 @@ impl MooncakePool {
     /// # Errors
     ///
     /// [`MooncakeError::VenvMissing`] without the wheel, [`MooncakeError::Unreachable`] when
-    /// nothing listens at the master, [`MooncakeError::Setup`] when the master or metadata
-    /// server refuses, [`MooncakeError::Python`] when a step raises,
+    /// nothing listens at the master or the metadata server, [`MooncakeError::MetadataSilent`]
+    /// when the metadata server accepts and gives no HTTP answer, [`MooncakeError::Setup`]
+    /// when the master or metadata server refuses, [`MooncakeError::Python`] when a step raises,
     /// [`MooncakeError::ConnectTimeout`] past the deadline, [`MooncakeError::Interrupted`]
     /// when stopped.
     pub fn connect_until(

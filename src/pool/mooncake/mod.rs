@@ -23,6 +23,8 @@
 //! 2. Either start a master ([`MooncakeMaster::start`], then
 //!    [`MooncakeMaster::client_settings`]) or point [`MooncakeSettings::master_address`] and
 //!    [`MooncakeSettings::metadata_server`] at a running one.
+//!    The start checks both first (`reach.rs`): a metadata server that accepts and never
+//!    answers is named at once instead of failing `setup` in the master's name.
 //! 3. [`MooncakePool::connect`], within `connect_timeout_ms`
 //!    ([`MooncakePool::connect_until`] also gives up when asked to); register the loaders'
 //!    and the saver's staging pools once with [`MooncakePool::register_buffer`]; share the
@@ -50,9 +52,12 @@
 //! (`crate::pool::guard`) keeps probes within their own deadline and stops calling a pool it
 //! found unreachable (R30). After the master restarts on the same address the same client
 //! works again once its heartbeat re-mounts its segment (about a second); until then puts
-//! answer `NO_AVAILABLE_HANDLE`. A new client is not needed. Against a dead master `close`
-//! takes 11-17 s (its unmount retries), and the library's exit handler tears down every
-//! client still open the same way, so a process's exit waits for it.
+//! answer `NO_AVAILABLE_HANDLE` (the saver counts those pages `saves_no_space`, and the
+//! guard reads the pool `degraded` until a put stores). A new client is not needed.
+//! Against a dead master `close` takes 11-17 s (its unmount retries), and the library's
+//! exit handler tears down every client still open the same way, so a process's exit waits
+//! for it. Against a frozen one each `unregister_buffer` waits about 3 s (its metadata
+//! update) with the GIL released, so the connector unregisters its staging pools at once.
 //!
 //! [`PoolError::Unavailable`]: crate::pool::PoolError::Unavailable
 
@@ -65,6 +70,7 @@ mod lifecycle;
 mod master;
 mod pool;
 mod python;
+mod reach;
 mod settings;
 mod staging;
 

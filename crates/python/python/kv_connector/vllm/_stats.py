@@ -38,6 +38,7 @@ METRICS: dict[tuple[str, str], tuple[str, str | None, str | None]] = {
     ("saves", "saves_skipped_present"): ("kv_connector_save_pages_total", "result", "skipped_present"),
     ("saves", "saves_dropped"): ("kv_connector_save_pages_total", "result", "dropped"),
     ("saves", "saves_failed"): ("kv_connector_save_pages_total", "result", "failed"),
+    ("saves", "saves_no_space"): ("kv_connector_save_no_space_pages_total", None, None),
     ("saves", "saves_refreshed"): ("kv_connector_save_refreshed_pages_total", None, None),
     ("saves", "bytes_saved"): ("kv_connector_save_bytes_total", None, None),
     ("vllm", "bounce_exhausted"): ("kv_connector_vllm_bounce_exhausted_total", None, None),
