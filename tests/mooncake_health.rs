@@ -17,14 +17,13 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::mooncake::{install, venv_dir};
+use common::mooncake::{install, silent_listener, venv_dir};
 use common::{prompt, start};
 use kv_connector::config::Config;
 use kv_connector::connector::EngineConnector;
@@ -186,14 +185,6 @@ fn shutdown_against_a_frozen_master_unregisters_every_staging_pool_at_once() -> 
     drop(watched);
     drop(client);
     Ok(())
-}
-
-/// A listener that completes TCP handshakes and never answers (the kernel accepts into its
-/// backlog): a metadata server that is frozen.
-fn silent_listener() -> Result<(TcpListener, String), std::io::Error> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let address = listener.local_addr()?.to_string();
-    Ok((listener, address))
 }
 
 /// The master answers, its metadata server does not: the start fails naming

@@ -20,13 +20,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::mooncake::{install, venv_dir};
+use common::mooncake::{install, silent_listener, venv_dir};
 use kv_connector::config::Config;
 use kv_connector::pool::{GuardSettings, GuardedPool, Pool, PoolError};
 
@@ -309,14 +308,6 @@ fn a_guarded_client_finds_a_restarted_master() -> TestResult {
     drop(client);
     master.stop()?;
     Ok(())
-}
-
-/// A listener that completes TCP handshakes and never answers (the kernel accepts into
-/// its backlog): a master or metadata server that is frozen.
-fn silent_listener() -> Result<(TcpListener, String), std::io::Error> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let address = listener.local_addr()?.to_string();
-    Ok((listener, address))
 }
 
 /// A client start against addresses that accept and never answer fails within

@@ -7,6 +7,7 @@
 //! stderr (written past the test harness's output capture, so it shows).
 
 use std::io::Write;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
@@ -61,4 +62,13 @@ pub fn discover(venv: &Path, required: bool) -> Result<MooncakeInstall, Mooncake
         ),
         found => found,
     }
+}
+
+/// A listener on loopback that completes TCP handshakes and never answers (the kernel
+/// accepts into its backlog): a master or metadata server that is frozen. Keep the
+/// listener alive for as long as it must stay silent.
+pub fn silent_listener() -> Result<(TcpListener, String), std::io::Error> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?.to_string();
+    Ok((listener, address))
 }
