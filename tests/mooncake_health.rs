@@ -17,39 +17,23 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::mooncake::{install, silent_listener, venv_dir};
+use common::mooncake::{install, silent_listener, start_master, venv_dir};
 use common::{prompt, start};
 use kv_connector::config::Config;
 use kv_connector::connector::EngineConnector;
 use kv_connector::core::ids::RequestId;
 use kv_connector::core::layout::Layout;
-use kv_connector::pool::mooncake::{
-    MasterSettings, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
-};
+use kv_connector::pool::mooncake::{MooncakeMaster, MooncakePool, MooncakeSettings};
 use kv_connector::pool::{Pool, PoolCounters, PoolError};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const MIB: u64 = 1 << 20;
-
-fn master(
-    install: &MooncakeInstall,
-    test: &str,
-) -> Result<MooncakeMaster, Box<dyn std::error::Error>> {
-    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("mooncake-health-master-{test}.log"));
-    let _ = std::fs::remove_file(&log);
-    Ok(MooncakeMaster::start(MasterSettings {
-        log_file: Some(log),
-        ..MasterSettings::new(install)
-    })?)
-}
 
 /// A client of `master` contributing `segment_bytes` to the pool.
 fn client_settings(master: &MooncakeMaster, segment_bytes: u64) -> MooncakeSettings {
@@ -154,7 +138,7 @@ fn shutdown_against_a_frozen_master_unregisters_every_staging_pool_at_once() -> 
     let Some(install) = install() else {
         return Ok(());
     };
-    let master = master(&install, "frozen-shutdown")?;
+    let master = start_master(&install, "health-frozen-shutdown")?;
     let client: Arc<dyn Pool> =
         Arc::new(MooncakePool::connect(client_settings(&master, 16 * MIB))?);
     let watched = Arc::new(Watched::new(Arc::clone(&client)));
@@ -195,7 +179,7 @@ fn a_start_whose_metadata_server_never_answers_names_the_metadata_server() -> Te
     let Some(install) = install() else {
         return Ok(());
     };
-    let master = master(&install, "silent-metadata")?;
+    let master = start_master(&install, "health-silent-metadata")?;
     let (_metadata, address) = silent_listener()?;
     let metadata_server = format!("http://{address}/metadata");
     let settings = MooncakeSettings {
@@ -224,7 +208,7 @@ fn puts_refused_for_want_of_room_count_no_space_and_degrade_the_pool() -> TestRe
     let Some(install) = install() else {
         return Ok(());
     };
-    let master = master(&install, "no-space")?;
+    let master = start_master(&install, "health-no-space")?;
     let client: Arc<dyn Pool> = Arc::new(MooncakePool::connect(client_settings(&master, 0))?);
     let layout = Layout::preset("tiny-full")?;
     let t = layout.tokens_per_block as usize;

@@ -20,18 +20,15 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::mooncake::{install, silent_listener, venv_dir};
+use common::mooncake::{install, silent_listener, start_master, venv_dir};
 use kv_connector::config::Config;
 use kv_connector::pool::{GuardSettings, GuardedPool, Pool, PoolError};
 
-use kv_connector::pool::mooncake::{
-    MasterSettings, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
-};
+use kv_connector::pool::mooncake::{MooncakeMaster, MooncakePool, MooncakeSettings};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -39,19 +36,6 @@ const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/data/mooncake_synthetic_trace.jsonl"
 );
-
-fn master(
-    install: &MooncakeInstall,
-    test: &str,
-) -> Result<MooncakeMaster, Box<dyn std::error::Error>> {
-    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("mooncake-outage-master-{test}.log"));
-    let _ = std::fs::remove_file(&log);
-    Ok(MooncakeMaster::start(MasterSettings {
-        log_file: Some(log),
-        ..MasterSettings::new(install)
-    })?)
-}
 
 /// Sends `signal` (a `kill` flag) to process `pid`.
 fn signal(signal: &str, pid: u32) -> TestResult {
@@ -220,7 +204,7 @@ fn a_master_killed_mid_replay_and_restarted() -> TestResult {
     let Some(install) = install() else {
         return Ok(());
     };
-    let mut master = master(&install, "killed")?;
+    let mut master = start_master(&install, "outage-killed")?;
     let (report, stderr) = replay_through_an_outage(
         &mut master,
         &|master| {
@@ -241,7 +225,7 @@ fn a_master_frozen_mid_replay_and_thawed() -> TestResult {
     let Some(install) = install() else {
         return Ok(());
     };
-    let mut master = master(&install, "frozen")?;
+    let mut master = start_master(&install, "outage-frozen")?;
     let (report, stderr) = replay_through_an_outage(
         &mut master,
         &|master| signal("-STOP", master.pid().ok_or("no master")?),
@@ -275,7 +259,7 @@ fn a_guarded_client_finds_a_restarted_master() -> TestResult {
     let Some(install) = install() else {
         return Ok(());
     };
-    let mut master = master(&install, "guarded")?;
+    let mut master = start_master(&install, "outage-guarded")?;
     let settings = MooncakeSettings {
         venv_dir: venv_dir(),
         global_segment_size_bytes: 16 << 20,
@@ -346,7 +330,7 @@ fn sigint_stops_a_replay_whose_pool_never_answers_at_start() -> TestResult {
         return Ok(());
     };
     let (silent, master_address) = silent_listener()?;
-    let answering = master(&install, "sigint-metadata")?;
+    let answering = start_master(&install, "outage-sigint-metadata")?;
     let venv = format!("mooncake.venv_dir={}", venv_dir().display());
     let metadata = format!("mooncake.metadata_server={}", answering.metadata_server());
     let mut child = Command::new(env!("CARGO_BIN_EXE_kv-connector"))

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use common::mooncake::{install, venv_dir};
+use common::mooncake::{install, master_log, start_master, venv_dir};
 use common::{finished_loads, look_up, page_content, prompt, reserve, start, Instance};
 use kv_connector::cli::{replay as replay_cli, Cli, Command};
 use kv_connector::config::{Config, MIB};
@@ -37,7 +37,7 @@ use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::{GroupId, Layout};
 use kv_connector::gpu::Device;
 use kv_connector::pool::mooncake::{
-    MasterSettings, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
+    MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
 };
 use kv_connector::pool::Pool;
 
@@ -70,23 +70,6 @@ const TRACE_SLICE: &[&str] = &[
 ];
 
 // ---- rig ----
-
-fn master_log(test: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("mooncake-replay-master-{test}.log"))
-}
-
-/// A master for `test`, logging to a fresh file under the target's temporary folder.
-fn master(
-    install: &MooncakeInstall,
-    test: &str,
-) -> Result<MooncakeMaster, Box<dyn std::error::Error>> {
-    let log = master_log(test);
-    let _ = std::fs::remove_file(&log);
-    Ok(MooncakeMaster::start(MasterSettings {
-        log_file: Some(log),
-        ..MasterSettings::new(install)
-    })?)
-}
 
 /// A client of `master` with a segment of `segment_bytes`.
 fn client(
@@ -210,7 +193,7 @@ fn master_flag_uses_a_running_master() -> TestResult {
     let Some(install) = install() else {
         return Ok(());
     };
-    let mut master = master(&install, "flag")?;
+    let mut master = start_master(&install, "replay-flag")?;
     let address = master.master_address();
     let metadata = format!("mooncake.metadata_server={}", master.metadata_server());
     let demo = [
@@ -231,7 +214,7 @@ fn master_flag_uses_a_running_master() -> TestResult {
     assert_eq!(report["setup"]["pool"], "mooncake");
     assert_eq!(field(&report, "mismatched_pages")?, 0);
     assert!(field(&report, "reused_tokens")? > 0, "{report}");
-    let log = std::fs::read_to_string(master_log("flag"))?;
+    let log = std::fs::read_to_string(master_log("replay-flag"))?;
     assert_eq!(
         log.matches("action=mount_segment").count(),
         2,
@@ -313,7 +296,7 @@ fn a_prefix_counts_only_when_every_shard_is_stored_r3() -> TestResult {
     let Some(install) = install() else {
         return Ok(());
     };
-    let master = master(&install, "shards")?;
+    let master = start_master(&install, "replay-shards")?;
     let writer_pool = client(&install, &master, 32 * MIB)?;
     let reader_pool = client(&install, &master, 32 * MIB)?;
     let layout = Layout::preset("tiny-full")?.with_world_size(2)?;
@@ -386,7 +369,7 @@ fn other_model_keys_and_salts_share_nothing_r4() -> TestResult {
     let Some(install) = install() else {
         return Ok(());
     };
-    let master = master(&install, "scopes")?;
+    let master = start_master(&install, "replay-scopes")?;
     let writer_pool = client(&install, &master, 32 * MIB)?;
     let reader_pool = client(&install, &master, 32 * MIB)?;
     let layout = Layout::preset("tiny-full")?;
@@ -424,7 +407,7 @@ fn staging_registration_replaces_a_stale_overlapping_region() -> TestResult {
     let Some(install) = install() else {
         return Ok(());
     };
-    let master = master(&install, "stale-region")?;
+    let master = start_master(&install, "replay-stale-region")?;
     let pool = client(&install, &master, 32 * MIB)?;
     let mut memory = vec![0u8; 1 << 20];
     pool.register_slice(&memory)?;

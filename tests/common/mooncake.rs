@@ -11,7 +11,9 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
-use kv_connector::pool::mooncake::{MooncakeError, MooncakeInstall};
+use kv_connector::pool::mooncake::{
+    MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster,
+};
 
 /// Whether these tests were built to require Mooncake (`KV_CONNECTOR_REQUIRE_MOONCAKE=1`
 /// when cargo compiled them; cargo rebuilds them when it changes). Not a `KVC_` name: those
@@ -71,4 +73,22 @@ pub fn silent_listener() -> Result<(TcpListener, String), std::io::Error> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?.to_string();
     Ok((listener, address))
+}
+
+/// Where the master of test `name` logs: a file under the target's temporary folder.
+pub fn master_log(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("mooncake-master-{name}.log"))
+}
+
+/// A master on loopback for test `name`, logging to a fresh [`master_log`].
+pub fn start_master(
+    install: &MooncakeInstall,
+    name: &str,
+) -> Result<MooncakeMaster, Box<dyn std::error::Error>> {
+    let log = master_log(name);
+    let _ = std::fs::remove_file(&log);
+    Ok(MooncakeMaster::start(MasterSettings {
+        log_file: Some(log),
+        ..MasterSettings::new(install)
+    })?)
 }
