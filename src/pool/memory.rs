@@ -251,9 +251,10 @@ impl MemoryPool {
         host: HostMemory,
     ) -> Result<(), PoolError> {
         let limit_bytes = Self::reservable_bytes(host);
-        let Some(excess) = reserve_bytes.checked_sub(limit_bytes).filter(|&e| e > 0) else {
+        if reserve_bytes <= limit_bytes {
             return Ok(());
-        };
+        }
+        let excess = reserve_bytes - limit_bytes;
         let capacity_bytes = self.policy.capacity_bytes;
         let fits = capacity_bytes.saturating_sub(excess.saturating_add(chunk_bytes));
         Err(PoolError::ReserveExceedsHost {

@@ -68,8 +68,7 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
         placements.push(opened.placement);
         released.push(opened.released);
     }
-    let object_lens = object_lens(&layout, &devices)?;
-    let page_counts = page_counts(&layout, &devices)?;
+    let (object_lens, page_counts) = page_pools(&layout, &devices)?;
     let pool: Arc<dyn Pool> = match pool {
         Some(shared) => {
             let shared = shared.get();
@@ -123,32 +122,22 @@ fn check_device_kind(kind: DeviceRequest, placement: Placement) -> PyResult<()> 
     ))
 }
 
-/// The size of every object the connector stores, one per layer group and rank: what a
-/// memory pool made for it reserves its capacity for.
-fn object_lens(layout: &Layout, devices: &[Device]) -> PyResult<Vec<usize>> {
-    let mut lens = Vec::new();
+/// What the connector's page pools imply, read once from every rank's device:
+/// - the size of every object the connector stores, one per layer group and rank (what a
+///   memory pool made for it reserves its capacity for);
+/// - per layer group, the pages of its tensor on every rank (the fewest, should ranks
+///   differ): what `on_step` checks page tables against.
+fn page_pools(layout: &Layout, devices: &[Device]) -> PyResult<(Vec<usize>, Vec<u32>)> {
+    let mut object_lens = Vec::new();
+    let mut page_counts = vec![u32::MAX; layout.groups.len()];
     for device in devices {
-        for group in &layout.groups {
+        for (count, group) in page_counts.iter_mut().zip(&layout.groups) {
             let spec = device
                 .page_pool(group.id)
                 .map_err(|error| errors::device(&error))?;
-            lens.push(object::object_len(spec.page_bytes));
-        }
-    }
-    Ok(lens)
-}
-
-/// Per layer group, the pages of its tensor on every rank (the fewest, should ranks
-/// differ): what `on_step` checks page tables against.
-fn page_counts(layout: &Layout, devices: &[Device]) -> PyResult<Vec<u32>> {
-    let mut counts = vec![u32::MAX; layout.groups.len()];
-    for device in devices {
-        for (count, group) in counts.iter_mut().zip(&layout.groups) {
-            let spec = device
-                .page_pool(group.id)
-                .map_err(|error| errors::device(&error))?;
+            object_lens.push(object::object_len(spec.page_bytes));
             *count = (*count).min(spec.num_pages);
         }
     }
-    Ok(counts)
+    Ok((object_lens, page_counts))
 }

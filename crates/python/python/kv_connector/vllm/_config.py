@@ -50,7 +50,6 @@ class Settings:
     bounce_pages: int = DEFAULT_BOUNCE_PAGES
     shared_pool: str | None = None
     log_to_vllm: bool = True
-    tree: dict[str, Any] = field(default_factory=dict)  # the merged tree, for reading values
     runtime: dict[str, Any] = field(default_factory=dict)  # the effective runtime configuration
 
 
@@ -180,6 +179,5 @@ def settings(extra: dict[str, Any] | None) -> Settings:
         bounce_pages=bounce,
         shared_pool=shared_pool,
         log_to_vllm=log_to_vllm,
-        tree=merged,
         runtime=runtime,
     )
