@@ -134,61 +134,29 @@ impl StatsReporter {
     }
 }
 
-/// Logs one interval at INFO, readable and parseable (key=value fields), with the pool's
-/// health since start.
+/// Logs one interval at INFO, readable and parseable (key=value fields): one line per
+/// counter set (`stats::D1`), the pool's health since start, and the interval's rates.
 fn log_interval(
     stats: &ConnectorStats,
     pool: &PoolHealthStats,
     interval: Duration,
     instance: &str,
 ) {
+    stats.lookups.log(instance);
+    stats.loads.log(instance);
+    stats.saves.log(instance);
+    pool.log(instance);
     let seconds = interval.as_secs_f64().max(f64::EPSILON);
     #[expect(clippy::cast_precision_loss, reason = "a rate for a log line")]
     let rate = |value: u64| value as f64 / seconds;
-    let lookups = &stats.lookups;
-    let probe = lookups.probe_time.summary();
+    let (loads, saves) = (&stats.loads, &stats.saves);
     tracing::info!(
         instance,
-        full = lookups.full,
-        rewound = lookups.rewound,
-        checkpoint = lookups.checkpoint,
-        recovered = lookups.recovered,
-        window_miss = lookups.window_miss,
-        full_miss = lookups.full_miss,
-        outage = lookups.outage,
-        tokens_offered = lookups.tokens_offered,
-        probe_p50_us = probe.p50,
-        probe_p99_us = probe.p99,
-        probe_max_us = probe.max,
-        "lookups"
-    );
-    let loads = &stats.loads;
-    let saves = &stats.saves;
-    let queue = saves.queue_time.summary();
-    tracing::info!(
-        instance,
-        loads_done = loads.loads_done,
-        loads_failed = loads.loads_failed,
-        pages_loaded = loads.pages_loaded,
-        bytes_loaded = loads.bytes_loaded,
         load_gbps = rate(loads.bytes_loaded) / 1e9,
         load_pages_per_s = rate(loads.pages_loaded),
-        saves_done = saves.saves_done,
-        saves_skipped = saves.saves_skipped_present,
-        saves_dropped = saves.saves_dropped,
-        saves_outage = saves.saves_outage,
-        saves_failed = saves.saves_failed,
-        saves_no_space = saves.saves_no_space,
-        bytes_saved = saves.bytes_saved,
         save_gbps = rate(saves.bytes_saved) / 1e9,
         save_pages_per_s = rate(saves.saves_done),
-        queue_depth_max = saves.max_queue_depth,
-        queue_p50_us = queue.p50,
-        queue_p99_us = queue.p99,
-        pool = pool.state,
-        pool_outages = pool.outages,
-        pool_unreachable_ms = pool.unreachable_ms,
-        "transfers"
+        "rates"
     );
 }
 
