@@ -148,6 +148,9 @@ fn simulated_fields(mut report: serde_json::Value) -> serde_json::Value {
         for field in ["wall_seconds", "connector_step_us", "connector_step_cpu_us"] {
             object.remove(field);
         }
+        if let Some(lookups) = object.get_mut("lookups").and_then(|l| l.as_object_mut()) {
+            lookups.remove("probe_time_us");
+        }
     }
     report
 }

@@ -34,10 +34,10 @@ use kv_connector::replay::checks::{check, FailedCheck};
 use kv_connector::replay::cost::CostModel;
 use kv_connector::replay::workload::{generate_long_multiturn, LongMultiturnParams};
 use kv_connector::replay::{
-    no_connector, run_replay, ConnectorReport, DeploymentParams, InstanceContext, KvBytesScale,
-    KvPages, NoProgress, PoolMaster, ReplayConnector, ReplayError, ReplayParams, ReplayReport,
-    Routing,
+    no_connector, run_replay, DeploymentParams, InstanceContext, KvBytesScale, KvPages, NoProgress,
+    PoolMaster, ReplayConnector, ReplayError, ReplayParams, ReplayReport, Routing,
 };
+use kv_connector::stats::ConnectorStats;
 use parking_lot::Mutex;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -246,7 +246,7 @@ struct Publisher {
     keys: KeySpace,
     tokens_per_block: usize,
     hashes: HashMap<RequestId, (Vec<BlockHash>, usize)>,
-    report: ConnectorReport,
+    report: ConnectorStats,
 }
 
 impl Publisher {
@@ -265,7 +265,7 @@ impl Publisher {
             keys,
             tokens_per_block: context.layout.tokens_per_block as usize,
             hashes: HashMap::new(),
-            report: ConnectorReport::default(),
+            report: ConnectorStats::default(),
         })
     }
 
@@ -291,12 +291,12 @@ impl Publisher {
             assert!(read.is_ok() && sealed.is_ok(), "{read:?} {sealed:?}");
             let key = group.key(rank, hash);
             let stored = self.pool.put(&[key.as_str()], &[&object]);
-            self.report.saves_enqueued += 1;
+            self.report.saves.saves_enqueued += 1;
             if stored.iter().all(Result::is_ok) {
-                self.report.pages_saved += 1;
-                self.report.bytes_saved += object.len() as u64;
+                self.report.saves.saves_done += 1;
+                self.report.saves.bytes_saved += object.len() as u64;
             } else {
-                self.report.saves_skipped_present += 1;
+                self.report.saves.saves_skipped_present += 1;
             }
         }
     }
@@ -368,8 +368,8 @@ impl EngineConnector for Publisher {
 }
 
 impl ReplayConnector for Publisher {
-    fn report(&mut self) -> ConnectorReport {
-        self.report
+    fn report(&mut self) -> ConnectorStats {
+        self.report.clone()
     }
 }
 

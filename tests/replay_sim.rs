@@ -36,10 +36,11 @@ use kv_connector::replay::workload::{
     generate_long_multiturn, LongMultiturnParams, WorkloadRequest,
 };
 use kv_connector::replay::{
-    kvc_connector, no_connector, run_replay, ConnectorReport, DeploymentParams, InstanceContext,
-    KvBytesScale, KvPages, NoProgress, PoolMaster, ReplayConnector, ReplayError, ReplayParams,
-    ReplayReport, Routing,
+    kvc_connector, no_connector, run_replay, DeploymentParams, InstanceContext, KvBytesScale,
+    KvPages, NoProgress, PoolMaster, ReplayConnector, ReplayError, ReplayParams, ReplayReport,
+    Routing,
 };
+use kv_connector::stats::ConnectorStats;
 use kv_connector::stats::LatencySummary;
 use parking_lot::Mutex;
 
@@ -148,7 +149,7 @@ struct Scripted {
     late_fills: Vec<(RequestId, Vec<Vec<i32>>, std::ops::Range<usize>)>,
     pending_saves: Vec<(RequestId, u32)>,
     checker: PageChecker,
-    report: ConnectorReport,
+    report: ConnectorStats,
 }
 
 impl Scripted {
@@ -171,7 +172,7 @@ impl Scripted {
             late_fills: Vec::new(),
             pending_saves: Vec::new(),
             checker: PageChecker::new(context.layout.world_size),
-            report: ConnectorReport::default(),
+            report: ConnectorStats::default(),
         }
     }
 
@@ -232,7 +233,7 @@ impl Scripted {
         let blocks = state.hashes.iter().enumerate().take(limit);
         for (block, &hash) in blocks.skip(state.saved_blocks) {
             if !store.saved.insert(hash) {
-                self.report.saves_skipped_present += 1;
+                self.report.saves.saves_skipped_present += 1;
                 continue;
             }
             for (group_index, group) in self.groups.iter().enumerate() {
@@ -241,8 +242,8 @@ impl Scripted {
                 };
                 for (rank, device) in (0_u32..).zip(&self.devices) {
                     if let Ok(bytes) = device.read_page_to_vec(group.id, page) {
-                        self.report.pages_saved += 1;
-                        self.report.bytes_saved += bytes.len() as u64;
+                        self.report.saves.saves_done += 1;
+                        self.report.saves.bytes_saved += bytes.len() as u64;
                         store.pages.insert((group_index, rank, hash), bytes);
                     }
                 }
@@ -371,11 +372,11 @@ impl EngineConnector for Scripted {
                 }
                 let filled = self.script.fill != Fill::Fail;
                 // Each load counted once, as the real connector does (stats::A2).
-                self.report.loads_started += 1;
+                self.report.loads.loads_started += 1;
                 if filled {
-                    self.report.loads_done += 1;
+                    self.report.loads.loads_done += 1;
                 } else {
-                    self.report.loads_failed += 1;
+                    self.report.loads.loads_failed += 1;
                 }
                 if filled {
                     if let Some(state) = self.requests.get_mut(&scheduled.request) {
@@ -434,8 +435,8 @@ impl EngineConnector for Scripted {
 }
 
 impl ReplayConnector for Scripted {
-    fn report(&mut self) -> ConnectorReport {
-        self.report
+    fn report(&mut self) -> ConnectorStats {
+        self.report.clone()
     }
 }
 
@@ -532,7 +533,7 @@ fn no_connector_completes_every_request_without_reuse() -> TestResult {
     assert_eq!(report.computed_tokens, report.prompt_tokens);
     assert_eq!(report.reused_tokens, 0);
     assert_eq!((report.verified_pages, report.mismatched_pages), (0, 0));
-    assert_eq!(report.lookups.total(), 0);
+    assert_eq!(report.lookups.with_outage(), 0);
     assert_eq!(report.loads_failed + report.loads_filled, 0);
     assert_eq!(report.held_at_end, 0);
     // Every turn after a session's first shares its previous turn's full blocks.

@@ -2,10 +2,11 @@
 //! `EngineConnector`) for one replay instance, on the instance's devices and the shared
 //! pool, with the default hash scope (the simulator's page content uses the same chain).
 
-use super::connectors::{ConnectorReport, InstanceContext, LookupOutcomes, ReplayConnector};
+use super::connectors::{InstanceContext, ReplayConnector};
 use super::error::ReplayError;
 use crate::connector::{ConnectorHandle, ConnectorParams};
 use crate::core::hash::{scope_seed, Scope};
+use crate::stats::ConnectorStats;
 
 /// Builds the real connector for one instance.
 ///
@@ -49,45 +50,15 @@ pub fn kvc_handle(context: &InstanceContext) -> Result<ConnectorHandle, ReplayEr
 }
 
 impl ReplayConnector for ConnectorHandle {
-    fn report(&mut self) -> ConnectorReport {
+    fn report(&mut self) -> ConnectorStats {
         use crate::connector::EngineConnector;
         self.settle_saves();
-        connector_report(&self.stats())
+        self.stats()
     }
 
-    fn finish(&mut self) -> ConnectorReport {
+    fn finish(&mut self) -> ConnectorStats {
         // The shutdown protocol an engine runs at exit (drain, final stats, "connector
         // stopped"), so the replay exercises and logs it as a deployment would.
-        connector_report(&self.close())
-    }
-}
-
-/// The replay's view of a connector's statistics.
-fn connector_report(stats: &crate::stats::ConnectorStats) -> ConnectorReport {
-    let lookups = &stats.lookups;
-    ConnectorReport {
-        lookups: LookupOutcomes {
-            full: lookups.full,
-            rewound: lookups.rewound,
-            checkpoint: lookups.checkpoint,
-            recovered: lookups.recovered,
-            window_miss: lookups.window_miss,
-            full_miss: lookups.full_miss,
-            outage: lookups.outage,
-        },
-        pages_saved: stats.saves.saves_done,
-        bytes_saved: stats.saves.bytes_saved,
-        saves_skipped_present: stats.saves.saves_skipped_present,
-        saves_dropped: stats.saves.saves_dropped,
-        saves_outage: stats.saves.saves_outage,
-        saves_enqueued: stats.saves.saves_enqueued,
-        saves_failed: stats.saves.saves_failed,
-        saves_no_space: stats.saves.saves_no_space,
-        loads_started: stats.loads.loads_started,
-        loads_done: stats.loads.loads_done,
-        loads_failed: stats.loads.loads_failed + stats.loads.stale_completions,
-        published_past_chunk_end: stats.saves.published_past_chunk_end,
-        checkpoint_pages_enqueued: stats.saves.checkpoint_pages_planned,
-        pool_health: stats.pool,
+        self.close()
     }
 }

@@ -43,10 +43,7 @@ pub mod timeline;
 pub mod witness;
 pub mod workload;
 
-pub use connectors::{
-    no_connector, ConnectorFactory, ConnectorReport, InstanceContext, LookupOutcomes,
-    ReplayConnector,
-};
+pub use connectors::{no_connector, ConnectorFactory, InstanceContext, ReplayConnector};
 pub use driver::{run_replay, run_replay_with_timeline, ReplayParams, Routing};
 pub use error::ReplayError;
 pub use kvc::kvc_connector;

@@ -13,12 +13,14 @@
 //! `reused_share_of_window_oracle`, `oracle_window_checkpoint_reusable_tokens`,
 //! `reused_share_of_window_checkpoint_oracle`, `window_bytes_per_load` {`loads`, `max`,
 //! `mean`, `bound`}, `local_hit_tokens`, `local_match_shrunk`, `verified_pages`,
-//! `mismatched_pages`, `lookups` {`full`,
-//! `rewound`, `checkpoint`, `recovered`, `window_miss`, `full_miss`, `outage`}, `pages_loaded`,
+//! `mismatched_pages`, `lookups` (the connectors' lookup counters, named as they are
+//! declared in `stats`: `full`, `rewound`, `checkpoint`, `recovered`, `window_miss`,
+//! `full_miss`, `failed`, `outage`, `deferred`, `tokens_offered`, `keys_probed`, `lookups`,
+//! and `probe_time_us`, the probes' wall-clock latency), `pages_loaded`,
 //! `bytes_loaded`, `modeled_bytes_loaded`, `pages_saved`, `bytes_saved`,
 //! `saves_skipped_present`, `saves_dropped`, `saves_outage` (dropped because the pool was
 //! unreachable or late, R30; part of `saves_dropped`), `pool_health` {`state`, `outages`,
-//! `unreachable_ms`, `calls_refused`, `calls_timed_out`}, `saves_enqueued`,
+//! `unreachable_ms`, `calls_refused`, `calls_timed_out`, `unreachable`}, `saves_enqueued`,
 //! `checkpoint_pages_enqueued` (window pages enqueued for window checkpoints alone, R28;
 //! part of `saves_enqueued`), `saves_done`, `saves_failed`, `saves_no_space` (refused by
 //! the pool for want of room; part of `saves_failed`), `loads_started`,
@@ -66,7 +68,6 @@ use serde::Serialize;
 use crate::stats::LatencySummary;
 
 use super::baseline::BaselineComparison;
-use super::connectors::LookupOutcomes;
 use super::cost::CostModel;
 
 /// Simulated-time figures.
@@ -221,8 +222,8 @@ pub struct ReplayReport {
     pub verified_pages: u64,
     /// Loaded or locally shared pages whose bytes did not; the required number is 0.
     pub mismatched_pages: u64,
-    /// Lookup outcomes (from the connectors).
-    pub lookups: LookupOutcomes,
+    /// Lookup counters (from the connectors).
+    pub lookups: crate::stats::LookupStats,
     /// Pages moved into device memory by filled loads (per rank).
     pub pages_loaded: u64,
     /// Their stored bytes.

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use crate::stats::Latency;
 
-use super::connectors::ConnectorReport;
 use super::cost::{micros_to_seconds, SimMicros};
 use super::driver::ReplayParams;
 use super::engine::{EngineCounters, EngineSummary};
@@ -14,6 +13,7 @@ use super::report::{
 };
 use super::setup::Deployment;
 use super::workload::Oracle;
+use crate::stats::ConnectorStats;
 
 /// What the driver itself counts during a run.
 #[derive(Clone, Debug, Default)]
@@ -141,11 +141,11 @@ pub(super) fn summarize(
     wall: Duration,
 ) -> ReplayReport {
     let mut counters = EngineCounters::default();
-    let mut connector = ConnectorReport::default();
+    let mut connector = ConnectorStats::default();
     let mut held_at_end = 0_u64;
     for summary in summaries {
         add_counters(&mut counters, &summary.counters);
-        connector.add(&summary.connector);
+        connector.merge(&summary.connector);
         held_at_end += u64::try_from(summary.held_at_end).unwrap_or(u64::MAX);
     }
     let latency = merge_latencies(summaries.iter().map(|summary| &summary.step_latency));
@@ -181,28 +181,29 @@ pub(super) fn summarize(
         pages_loaded: counters.pages_loaded,
         bytes_loaded: counters.bytes_loaded,
         modeled_bytes_loaded: counters.modeled_bytes_loaded,
-        pages_saved: connector.pages_saved,
-        bytes_saved: connector.bytes_saved,
-        saves_skipped_present: connector.saves_skipped_present,
-        saves_dropped: connector.saves_dropped,
-        saves_outage: connector.saves_outage,
-        pool_health: connector.pool_health,
-        saves_enqueued: connector.saves_enqueued,
-        checkpoint_pages_enqueued: connector.checkpoint_pages_enqueued,
-        saves_done: connector.pages_saved,
-        saves_failed: connector.saves_failed,
-        saves_no_space: connector.saves_no_space,
-        loads_started: connector.loads_started,
-        loads_done: connector.loads_done,
+        pages_saved: connector.saves.saves_done,
+        bytes_saved: connector.saves.bytes_saved,
+        saves_skipped_present: connector.saves.saves_skipped_present,
+        saves_dropped: connector.saves.saves_dropped,
+        saves_outage: connector.saves.saves_outage,
+        pool_health: connector.pool,
+        saves_enqueued: connector.saves.saves_enqueued,
+        checkpoint_pages_enqueued: connector.saves.checkpoint_pages_planned,
+        saves_done: connector.saves.saves_done,
+        saves_failed: connector.saves.saves_failed,
+        saves_no_space: connector.saves.saves_no_space,
+        loads_started: connector.loads.loads_started,
+        loads_done: connector.loads.loads_done,
         loads_filled: counters.loads_filled,
-        loads_failed: connector.loads_failed,
+        // a load whose reservation was released first (R26) is not handed over filled
+        loads_failed: connector.loads.loads_failed + connector.loads.stale_completions,
         stale_load_reports: counters.stale_load_reports,
         unexpected_save_reports: counters.unexpected_save_reports,
         offers_trimmed: counters.offers_trimmed,
         loads_released_in_flight: counters.loads_released_in_flight,
         pages_released_in_flight: counters.pages_released_in_flight,
         held_at_end,
-        published_past_chunk_end: connector.published_past_chunk_end,
+        published_past_chunk_end: connector.saves.published_past_chunk_end,
         published_uncomputed_pages: deployment.witness.uncomputed_pages(),
         drafter: params.drafter.map(|drafter| DrafterReport {
             draft_tokens: drafter.draft_tokens,

@@ -14,7 +14,7 @@
 //!    prompt, pool reuse, local hits, oracle share and TTFT to the bucket of its first token
 //!    ([`TimelineRecorder::prompt_done`]).
 //! 3. When the simulated clock leaves a bucket, the driver samples each connector's
-//!    cumulative [`ConnectorReport`] and books the difference since the previous sample
+//!    cumulative [`ConnectorStats`] and books the difference since the previous sample
 //!    (lookup outcomes, pages and bytes saved, saves dropped) to the bucket just left
 //!    ([`TimelineRecorder::connector_sample`]); once more at the end.
 //! 4. [`TimelineRecorder::finish`] gives the [`Timeline`]: buckets with their start time,
@@ -36,9 +36,10 @@
 
 use serde::Serialize;
 
-use super::connectors::{ConnectorReport, LookupOutcomes, ReplayConnector};
+use super::connectors::ReplayConnector;
 use super::cost::{micros_to_seconds, SimMicros};
 use super::engine::PromptDone;
+use crate::stats::{ConnectorStats, LookupStats};
 
 mod probe;
 
@@ -63,7 +64,7 @@ pub struct TimelineBucket {
     /// What an unbounded prefix pool would have reused of their prompts.
     pub oracle_reusable_tokens: u64,
     /// Lookup outcomes counted by the connectors in this bucket.
-    pub lookups: LookupOutcomes,
+    pub lookups: LookupStats,
     /// Pages the connectors stored in this bucket.
     pub pages_saved: u64,
     /// Bytes they stored (as stored, `--kv-bytes-scale` applied).
@@ -86,7 +87,7 @@ impl TimelineBucket {
         self.reused_tokens += other.reused_tokens;
         self.local_hit_tokens += other.local_hit_tokens;
         self.oracle_reusable_tokens += other.oracle_reusable_tokens;
-        self.lookups.add(&other.lookups);
+        self.lookups.merge(&other.lookups);
         self.pages_saved += other.pages_saved;
         self.bytes_saved += other.bytes_saved;
         self.saves_dropped += other.saves_dropped;
@@ -143,7 +144,7 @@ pub struct TimelineRecorder {
     buckets: Vec<TimelineBucket>,
     ttft_us: Vec<SimMicros>,
     /// The last cumulative report of each instance's connector.
-    sampled: Vec<ConnectorReport>,
+    sampled: Vec<ConnectorStats>,
 }
 
 impl TimelineRecorder {
@@ -155,7 +156,7 @@ impl TimelineRecorder {
             max_buckets: max_buckets.max(2),
             buckets: Vec::new(),
             ttft_us: Vec::new(),
-            sampled: vec![ConnectorReport::default(); instances],
+            sampled: vec![ConnectorStats::default(); instances],
         }
     }
 
@@ -223,28 +224,18 @@ impl TimelineRecorder {
         &mut self,
         at_us: SimMicros,
         instance: usize,
-        cumulative: ConnectorReport,
+        cumulative: ConnectorStats,
     ) {
         let Some(previous) = self.sampled.get_mut(instance) else {
             return;
         };
-        let before = std::mem::replace(previous, cumulative);
+        let since = cumulative.since(previous);
+        *previous = cumulative;
         let bucket = self.bucket(at_us);
-        let (now, then) = (&cumulative.lookups, &before.lookups);
-        bucket.lookups.add(&LookupOutcomes {
-            full: now.full.saturating_sub(then.full),
-            rewound: now.rewound.saturating_sub(then.rewound),
-            checkpoint: now.checkpoint.saturating_sub(then.checkpoint),
-            recovered: now.recovered.saturating_sub(then.recovered),
-            window_miss: now.window_miss.saturating_sub(then.window_miss),
-            full_miss: now.full_miss.saturating_sub(then.full_miss),
-            outage: now.outage.saturating_sub(then.outage),
-        });
-        bucket.pages_saved += cumulative.pages_saved.saturating_sub(before.pages_saved);
-        bucket.bytes_saved += cumulative.bytes_saved.saturating_sub(before.bytes_saved);
-        bucket.saves_dropped += cumulative
-            .saves_dropped
-            .saturating_sub(before.saves_dropped);
+        bucket.lookups.merge(&since.lookups);
+        bucket.pages_saved += since.saves.saves_done;
+        bucket.bytes_saved += since.saves.bytes_saved;
+        bucket.saves_dropped += since.saves.saves_dropped;
     }
 
     /// The finished timeline (workflow step 4).
@@ -415,14 +406,14 @@ mod tests {
     #[test]
     fn connector_samples_book_differences() {
         let mut recorder = TimelineRecorder::new(2, 16);
-        let mut report = ConnectorReport::default();
+        let mut report = ConnectorStats::default();
         report.lookups.full = 3;
-        report.pages_saved = 10;
-        recorder.connector_sample(0, 1, report);
+        report.saves.saves_done = 10;
+        recorder.connector_sample(0, 1, report.clone());
         report.lookups.full = 5;
         report.lookups.full_miss = 1;
-        report.pages_saved = 12;
-        recorder.connector_sample(1_000_000, 1, report);
+        report.saves.saves_done = 12;
+        recorder.connector_sample(1_000_000, 1, report.clone());
         recorder.connector_sample(1_000_000, 7, report);
         let timeline = recorder.finish();
         assert_eq!(timeline.buckets[0].lookups.full, 3);
@@ -431,7 +422,7 @@ mod tests {
             .last()
             .map(|b| (b.lookups.full, b.pages_saved));
         assert_eq!(late, Some((2, 2)));
-        assert_eq!(timeline.totals().lookups.total(), 6);
+        assert_eq!(timeline.totals().lookups.with_outage(), 6);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! - `stats::D2`. A counter names at most one family, and a labelled family's members each
 //!   name a label value (checked for every declared counter by a unit test).
 
+use super::families::{Family, FamilyType, FAMILIES};
+
 /// How two values of one counter combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CounterKind {
@@ -72,6 +74,15 @@ impl CounterDecl {
     /// The help text on one line.
     pub fn help_line(&self) -> String {
         self.help.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    /// The counter or gauge family it is exposed in (a histogram family may share its
+    /// name), if any.
+    pub fn metric_family(&self) -> Option<&'static Family> {
+        let name = self.family?;
+        FAMILIES
+            .iter()
+            .find(|family| family.name == name && family.kind != FamilyType::Histogram)
     }
 }
 

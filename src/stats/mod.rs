@@ -273,9 +273,8 @@ mod tests {
             let kind = match counter.kind {
                 CounterKind::Max => FamilyType::Gauge,
                 CounterKind::Sum => FamilyType::Counter,
-                CounterKind::Derived => FAMILIES
-                    .iter()
-                    .find(|f| f.name == name && f.kind != FamilyType::Histogram)
+                CounterKind::Derived => counter
+                    .metric_family()
                     .map_or(FamilyType::Counter, |f| f.kind),
             };
             let found = family(name, kind)

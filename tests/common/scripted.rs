@@ -19,7 +19,8 @@ use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::Attention;
 use kv_connector::gpu::Device;
 use kv_connector::replay::content::{ContentGroup, PageChecker};
-use kv_connector::replay::{ConnectorReport, InstanceContext, ReplayConnector};
+use kv_connector::replay::{InstanceContext, ReplayConnector};
+use kv_connector::stats::ConnectorStats;
 use parking_lot::Mutex;
 
 /// What a [`WindowLoader`] gets wrong in the window groups of a load resuming at `e`.
@@ -87,7 +88,7 @@ pub struct WindowLoader {
     requests: HashMap<RequestId, Request>,
     finished: Vec<FinishedLoad>,
     checker: PageChecker,
-    report: ConnectorReport,
+    report: ConnectorStats,
     /// Pages (per rank) the engine's tables list for a load that this connector did not
     /// fill, over all loads; shared so a test can read it after the replay.
     unfilled: Arc<Mutex<u64>>,
@@ -115,7 +116,7 @@ impl WindowLoader {
             requests: HashMap::new(),
             finished: Vec::new(),
             checker: PageChecker::new(context.layout.world_size),
-            report: ConnectorReport::default(),
+            report: ConnectorStats::default(),
             unfilled,
         }
     }
@@ -237,8 +238,8 @@ impl EngineConnector for WindowLoader {
                     scheduled.page_tables,
                     scheduled.computed_before / t,
                 );
-                self.report.loads_started += 1;
-                self.report.loads_done += 1;
+                self.report.loads.loads_started += 1;
+                self.report.loads.loads_done += 1;
                 self.finished.push(FinishedLoad {
                     reservation,
                     request: scheduled.request,
@@ -268,7 +269,7 @@ impl EngineConnector for WindowLoader {
 }
 
 impl ReplayConnector for WindowLoader {
-    fn report(&mut self) -> ConnectorReport {
-        self.report
+    fn report(&mut self) -> ConnectorStats {
+        self.report.clone()
     }
 }

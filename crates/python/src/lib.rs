@@ -73,6 +73,8 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(check::load_config, module)?)?;
     logs::register(module)?;
     module.add("FEATURES", FEATURES.to_vec())?;
+    module.add("COUNTERS", stats::counters(module.py())?)?;
+    module.add("METRIC_FAMILIES", stats::metric_families(module.py())?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(module)?;
     Ok(())

@@ -119,6 +119,13 @@ def test_hook_misuse_is_refused_and_shutdown_is_idempotent():
     assert set(final) == {"lookups", "loads", "saves", "pool"}
     assert all(isinstance(counters, dict) for counters in final.values())
     assert final["pool"]["state"] == "healthy", "an embedded pool never has an outage"
+    # The dict is the runtime's declarations, every counter under its section and name.
+    for counter in kvc.COUNTERS:
+        value = final[counter["section"]][counter["name"]]
+        assert isinstance(value, int) and value >= 0, counter
+    declared = {(c["section"], c["name"]) for c in kvc.COUNTERS}
+    plain = {(s, k) for s, counters in final.items() for k in counters if not k.endswith("_us")}
+    assert plain - declared == {("pool", "state")}, "every counter in the dict is declared"
     # Hooks after shutdown answer nothing and do not raise.
     conn.lookup(5, prompt(40))
     assert conn.reserve(5, 0, 5) in (None, (0, False))

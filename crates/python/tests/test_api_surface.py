@@ -13,6 +13,25 @@ from api_support import LAYOUT, T
 STUB = Path(kvc.__file__).with_name("__init__.pyi")
 
 
+def test_counters_and_metric_families_are_the_runtimes():
+    families = {family["metric"]: family for family in kvc.METRIC_FAMILIES}
+    assert len(families) == len(kvc.METRIC_FAMILIES), "metric names are unique"
+    assert all(name.startswith("kv_connector_") for name in families)
+    exposed = [c for c in kvc.COUNTERS if c["metric"] is not None]
+    for counter in exposed:
+        family = families[counter["metric"]]
+        assert (counter["family"], counter["type"], counter["label"]) == (
+            family["name"], family["type"], family["label"]), counter
+        assert (counter["label_value"] is None) == (family["label"] is None), counter
+        assert counter["help"] and counter["kind"] in {"sum", "max", "derived"}
+    series = [(c["metric"], c["label_value"]) for c in exposed]
+    assert len(series) == len(set(series)), "no two counters write one series"
+    used = {c["metric"] for c in exposed}
+    assert {m for m, f in families.items() if f["type"] != "histogram"} == used, "no family is empty"
+    sections = {c["section"] for c in kvc.COUNTERS}
+    assert sections == {"lookups", "loads", "saves", "pool"}
+
+
 def test_exports_and_exception_hierarchy():
     assert set(kvc.__all__) <= set(dir(kvc))
     for name in ("ConfigError", "LayoutError", "PoolError", "DeviceError"):

@@ -180,3 +180,30 @@ def test_log_to_vllm_false_leaves_the_runtime_records_out(model_dir, vllm_record
     kvc.forward_logs(logging.getLogger("vllm.kv_connector"))
     kvc.forward_logs(None)
     assert not vllm_records.matching(stopped("vllm-quiet"))
+
+
+def test_the_vllm_metrics_are_the_runtimes_counter_families():
+    """`kv_connector.vllm` exports every counter the runtime exposes as a counter, under the
+    runtime's family, label and help, and reads each from the stats dict by its own name."""
+    from kv_connector.vllm import _stats
+
+    runtime = {(c["section"], c["name"]): c for c in kvc.COUNTERS if c["type"] == "counter"}
+    assert {key for key in _stats.METRICS if key[0] != "vllm"} == set(runtime)
+    for key, (metric, label, value) in _stats.METRICS.items():
+        if key[0] == "vllm":
+            continue
+        assert (metric, label, value) == (runtime[key]["metric"], runtime[key]["label"], runtime[key]["label_value"])
+        assert _stats.HELP[metric]
+    assert ("lookups", "outage") in _stats.METRICS and ("pool", "outages") in _stats.METRICS
+    from api_support import SMALL_STAGING, caches, layout
+
+    conn = kvc.Connector(layout=layout(), kv_caches=caches(), pool=kvc.MemoryPool(capacity_bytes=16 << 20),
+                         config=SMALL_STAGING)
+    stats = conn.shutdown()
+    stats["loads"]["failed_other"] = 3  # a value the flat view must read, not recompute
+    stats["pool"]["outages"] = 2
+    flat = _stats.flat_counters(stats, {"bounce_exhausted": 5})
+    assert set(flat) == {f"{section}.{name}" for section, name in _stats.METRICS}
+    assert (flat["loads.failed_other"], flat["pool.outages"], flat["vllm.bounce_exhausted"]) == (3, 2, 5)
+    for section, name in runtime:
+        assert name in stats[section], f"{section}.{name} is in the stats dict"

@@ -409,9 +409,10 @@ mod tests {
     use crate::core::ids::RequestId;
     use crate::core::layout::{GroupId, Layout};
     use crate::gpu::{Device, PagePoolSpec};
-    use crate::replay::connectors::{ConnectorReport, ReplayConnector};
+    use crate::replay::connectors::ReplayConnector;
     use crate::replay::cost::CostModel;
     use crate::replay::engine::EngineSetup;
+    use crate::stats::ConnectorStats;
 
     /// What the recording connector saw.
     #[derive(Default)]
@@ -502,8 +503,8 @@ mod tests {
     }
 
     impl ReplayConnector for Recording {
-        fn report(&mut self) -> ConnectorReport {
-            ConnectorReport::default()
+        fn report(&mut self) -> ConnectorStats {
+            ConnectorStats::default()
         }
     }
 

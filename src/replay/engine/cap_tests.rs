@@ -15,9 +15,10 @@ use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{Attention, GroupId, Layout};
 use crate::core::save_plan::{blocks_to_save_capped, past_chunk_end, SaveCap, SaveStep};
 use crate::gpu::{Device, PagePoolSpec};
-use crate::replay::connectors::{ConnectorReport, ReplayConnector};
+use crate::replay::connectors::ReplayConnector;
 use crate::replay::cost::CostModel;
 use crate::replay::error::ReplayError;
+use crate::stats::ConnectorStats;
 
 use super::{ArrivedRequest, DrafterSetup, Engine, EngineSetup};
 
@@ -175,11 +176,10 @@ impl EngineConnector for CopyingConnector {
 }
 
 impl ReplayConnector for CopyingConnector {
-    fn report(&mut self) -> ConnectorReport {
-        ConnectorReport {
-            published_past_chunk_end: self.published_past_chunk_end,
-            ..ConnectorReport::default()
-        }
+    fn report(&mut self) -> ConnectorStats {
+        let mut stats = ConnectorStats::default();
+        stats.saves.published_past_chunk_end = self.published_past_chunk_end;
+        stats
     }
 }
 
@@ -244,7 +244,7 @@ fn bypassing_the_chunk_end_cap_publishes_stale_pages_the_check_catches_r16(
     let summary = engine.finish();
     // Chunks [0, 40), [40, 80), [80, 100): the first step publishes blocks 2..6, whose
     // tokens are not computed yet (stale pages).
-    assert_eq!(summary.connector.published_past_chunk_end, 4 + 1);
+    assert_eq!(summary.connector.saves.published_past_chunk_end, 4 + 1);
     assert!(summary.counters.mismatched_pages >= 4);
     assert_eq!(summary.counters.reused_tokens, 96);
     Ok(())
@@ -256,7 +256,7 @@ fn with_the_chunk_end_cap_every_reused_page_verifies_r16_r18() -> Result<(), Rep
     let end = serve(&mut engine, 1, 0)?;
     serve(&mut engine, 2, end + 1)?;
     let summary = engine.finish();
-    assert_eq!(summary.connector.published_past_chunk_end, 0);
+    assert_eq!(summary.connector.saves.published_past_chunk_end, 0);
     assert_eq!(summary.counters.mismatched_pages, 0);
     assert_eq!(summary.counters.verified_pages, 6);
     assert_eq!(summary.counters.reused_tokens, 96);

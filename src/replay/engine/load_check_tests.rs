@@ -10,11 +10,12 @@ use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::{GroupId, Layout};
 use crate::gpu::{Device, PagePoolSpec};
-use crate::replay::connectors::{ConnectorReport, ReplayConnector};
+use crate::replay::connectors::ReplayConnector;
 use crate::replay::content::{ContentGroup, PageChecker};
 use crate::replay::cost::CostModel;
 use crate::replay::error::ReplayError;
 use crate::replay::kv_cache::KvCacheError;
+use crate::stats::ConnectorStats;
 
 use super::{ArrivedRequest, Engine, EngineSetup, Phase};
 
@@ -91,8 +92,8 @@ impl EngineConnector for Generator {
 }
 
 impl ReplayConnector for Generator {
-    fn report(&mut self) -> ConnectorReport {
-        ConnectorReport::default()
+    fn report(&mut self) -> ConnectorStats {
+        ConnectorStats::default()
     }
 }
 

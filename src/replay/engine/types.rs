@@ -3,8 +3,8 @@
 
 use crate::core::hash::BlockHash;
 use crate::core::ids::RequestId;
-use crate::replay::connectors::ConnectorReport;
 use crate::replay::cost::SimMicros;
+use crate::stats::ConnectorStats;
 use crate::stats::Latency;
 
 /// A request handed to an instance.
@@ -116,7 +116,7 @@ pub struct EngineSummary {
     /// waited for a core).
     pub step_cpu_latency: Latency,
     /// The connector's own counters.
-    pub connector: ConnectorReport,
+    pub connector: ConnectorStats,
     /// Finished requests whose pages were still held at the end.
     pub held_at_end: usize,
 }

@@ -203,7 +203,7 @@ pub(super) fn draw_lookups(
     let highest = timeline
         .buckets
         .iter()
-        .map(|bucket| bucket.lookups.total())
+        .map(|bucket| bucket.lookups.with_outage())
         .max()
         .unwrap_or(0)
         .max(1);

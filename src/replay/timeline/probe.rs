@@ -8,7 +8,8 @@ use std::rc::Rc;
 
 use crate::connector::{EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOutput};
 use crate::core::ids::{RequestId, ReservationId};
-use crate::replay::connectors::{ConnectorReport, ReplayConnector};
+use crate::replay::connectors::ReplayConnector;
+use crate::stats::ConnectorStats;
 
 /// What a [`ConnectorProbe`] saw of loads since the driver last took it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub struct ProbeHandle(Rc<RefCell<ProbeState>>);
 
 impl ProbeHandle {
     /// The connector's cumulative counters now.
-    pub fn sample(&self) -> ConnectorReport {
+    pub fn sample(&self) -> ConnectorStats {
         self.0.borrow_mut().connector.report()
     }
 
@@ -151,11 +152,11 @@ impl EngineConnector for ConnectorProbe {
 }
 
 impl ReplayConnector for ConnectorProbe {
-    fn report(&mut self) -> ConnectorReport {
+    fn report(&mut self) -> ConnectorStats {
         self.0.borrow_mut().connector.report()
     }
 
-    fn finish(&mut self) -> ConnectorReport {
+    fn finish(&mut self) -> ConnectorStats {
         self.0.borrow_mut().connector.finish()
     }
 }
@@ -220,11 +221,10 @@ mod tests {
     }
 
     impl ReplayConnector for Offering {
-        fn report(&mut self) -> ConnectorReport {
-            ConnectorReport {
-                pages_saved: 7,
-                ..ConnectorReport::default()
-            }
+        fn report(&mut self) -> ConnectorStats {
+            let mut stats = ConnectorStats::default();
+            stats.saves.saves_done = 7;
+            stats
         }
     }
 
@@ -252,6 +252,6 @@ mod tests {
             }
         );
         assert_eq!(handle.take_loads(), LoadTally::default());
-        assert_eq!(handle.sample().pages_saved, 7);
+        assert_eq!(handle.sample().saves.saves_done, 7);
     }
 }

@@ -15,7 +15,9 @@ import atexit
 
 from kv_connector._logs import forward_logs
 from kv_connector._native import (
+    COUNTERS,
     FEATURES,
+    METRIC_FAMILIES,
     ConfigError,
     Connector,
     DeviceError,
@@ -32,7 +34,9 @@ from kv_connector._native import (
 )
 
 __all__ = [
+    "COUNTERS",
     "FEATURES",
+    "METRIC_FAMILIES",
     "ConfigError",
     "Connector",
     "DeviceError",

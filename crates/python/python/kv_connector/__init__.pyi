@@ -11,6 +11,13 @@ from typing import Any, Final, TypeAlias
 __version__: Final[str]
 FEATURES: Final[list[str]]
 """Cargo features of this build: "mooncake", "cuda", "faults" (test hooks)."""
+COUNTERS: Final[list[dict[str, Any]]]
+"""Every counter the runtime declares, in `Connector.stats()` order: "section", "name",
+"kind" ("sum", "max", "derived"), "help", and the metric it is exposed as ("family",
+"metric", "type", "label", "label_value"; None where it is not exposed)."""
+METRIC_FAMILIES: Final[list[dict[str, Any]]]
+"""Every metric family the runtime exposes: "name", "metric" (as a scraper sees it),
+"help", "unit", "label" and "type" ("counter", "gauge", "histogram")."""
 
 Tokens: TypeAlias = Sequence[int] | Any
 """A list of ints, or a 1-D integer numpy array or torch tensor."""
@@ -167,7 +174,8 @@ class Connector:
     def settle_saves(self) -> None:
         """Blocks (GIL released) until every enqueued save is stored, skipped or dropped."""
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Counters so far: {"lookups": {...}, "loads": {...}, "saves": {...}, "pool": {...}}."""
+        """Counters so far: {"lookups": {...}, "loads": {...}, "saves": {...}, "pool": {...}},
+        each keyed by the names in COUNTERS (latencies as "<name>_us" summaries)."""
     def shutdown(self) -> dict[str, dict[str, Any]]:
         """Drains and returns the final counters; idempotent; releases the tensors."""
     def keys(self, tokens: Tokens) -> list[list[str]]:

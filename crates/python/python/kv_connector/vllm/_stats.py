@@ -14,49 +14,33 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-# (section, runtime counter) -> (Prometheus metric, label name, label value)
-METRICS: dict[tuple[str, str], tuple[str, str | None, str | None]] = {
-    ("lookups", "full"): ("kv_connector_lookup_outcomes_total", "outcome", "full"),
-    ("lookups", "rewound"): ("kv_connector_lookup_outcomes_total", "outcome", "rewound"),
-    ("lookups", "checkpoint"): ("kv_connector_lookup_outcomes_total", "outcome", "checkpoint"),
-    ("lookups", "recovered"): ("kv_connector_lookup_outcomes_total", "outcome", "recovered"),
-    ("lookups", "window_miss"): ("kv_connector_lookup_outcomes_total", "outcome", "window_miss"),
-    ("lookups", "full_miss"): ("kv_connector_lookup_outcomes_total", "outcome", "full_miss"),
-    ("lookups", "failed"): ("kv_connector_lookup_failed_total", None, None),
-    ("lookups", "tokens_offered"): ("kv_connector_lookup_offered_tokens_total", None, None),
-    ("lookups", "keys_probed"): ("kv_connector_lookup_probed_keys_total", None, None),
-    ("loads", "loads_started"): ("kv_connector_load_started_total", None, None),
-    ("loads", "loads_done"): ("kv_connector_load_done_total", None, None),
-    ("loads", "failed_evicted"): ("kv_connector_load_failed_total", "cause", "evicted"),
-    ("loads", "failed_corrupt"): ("kv_connector_load_failed_total", "cause", "corrupt"),
-    ("loads", "failed_other"): ("kv_connector_load_failed_total", "cause", "other"),
-    ("loads", "stale_completions"): ("kv_connector_load_stale_completions_total", None, None),
-    ("loads", "pages_loaded"): ("kv_connector_load_pages_total", None, None),
-    ("loads", "bytes_loaded"): ("kv_connector_load_bytes_total", None, None),
-    ("saves", "saves_enqueued"): ("kv_connector_save_enqueued_pages_total", None, None),
-    ("saves", "saves_done"): ("kv_connector_save_pages_total", "result", "stored"),
-    ("saves", "saves_skipped_present"): ("kv_connector_save_pages_total", "result", "skipped_present"),
-    ("saves", "saves_dropped"): ("kv_connector_save_pages_total", "result", "dropped"),
-    ("saves", "saves_failed"): ("kv_connector_save_pages_total", "result", "failed"),
-    ("saves", "saves_no_space"): ("kv_connector_save_no_space_pages_total", None, None),
-    ("saves", "saves_refreshed"): ("kv_connector_save_refreshed_pages_total", None, None),
-    ("saves", "bytes_saved"): ("kv_connector_save_bytes_total", None, None),
+from kv_connector import COUNTERS, METRIC_FAMILIES
+
+# What this package counts itself, next to the runtime's counters.
+VLLM_METRICS: dict[tuple[str, str], tuple[str, str | None, str | None]] = {
     ("vllm", "bounce_exhausted"): ("kv_connector_vllm_bounce_exhausted_total", None, None),
 }
+VLLM_HELP = {
+    "kv_connector_vllm_bounce_exhausted_total": "Window saves dropped and loads failed for want of a bounce page.",
+}
+
+# (section, runtime counter) -> (Prometheus metric, label name, label value): every counter
+# the runtime exposes in a counter family (gauges and histograms are the runtime's own
+# endpoint's), then this package's.
+METRICS: dict[tuple[str, str], tuple[str, str | None, str | None]] = {
+    (counter["section"], counter["name"]): (counter["metric"], counter["label"], counter["label_value"])
+    for counter in COUNTERS
+    if counter["type"] == "counter"
+} | VLLM_METRICS
+
+HELP: dict[str, str] = {family["metric"]: family["help"] for family in METRIC_FAMILIES} | VLLM_HELP
 
 
 def flat_counters(stats: dict[str, dict[str, Any]], extra: dict[str, int]) -> dict[str, int]:
     """The counters of `Connector.stats()` that METRICS names, as "section.name"."""
-    loads = stats.get("loads", {})
-    other = loads.get("loads_failed", 0) - loads.get("failed_corrupt", 0) - loads.get("failed_evicted", 0)
     out = {}
     for section, name in METRICS:
-        if section == "vllm":
-            value = extra.get(name, 0)
-        elif (section, name) == ("loads", "failed_other"):
-            value = other
-        else:
-            value = stats.get(section, {}).get(name, 0)
+        value = extra.get(name, 0) if section == "vllm" else stats.get(section, {}).get(name, 0)
         out[f"{section}.{name}"] = int(value)
     return out
 
@@ -90,7 +74,7 @@ class KvcPromMetrics(KVConnectorPromMetrics):
             names = list(labelnames) + ([label] if label else [])
             if (name, label) not in self._counters:
                 self._counters[(name, label)] = self._counter_cls(
-                    name=name.removesuffix("_total"), documentation=f"kv_connector {name}", labelnames=names
+                    name=name.removesuffix("_total"), documentation=HELP[name], labelnames=names
                 )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
