@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kv_connector::actors::lookup_planner::{LookupPlanner, PlannerSettings};
+use kv_connector::actors::lookup_planner::{LookupPlanner, PlannerCapacity, PlannerSettings};
 use kv_connector::actors::reservation_manager::ReservationManager;
 use kv_connector::actors::stats_reporter::StatsReporter;
 use kv_connector::config::Config;
@@ -22,6 +22,10 @@ use kv_connector::messages::stats_reporter::CollectNow;
 use kv_connector::messages::EngineInbox;
 use kv_connector::pool::{ActorFaults, GuardSettings, GuardedPool, ManualClock, MemoryPool, Pool};
 
+mod common;
+
+use common::TestPool;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 struct Rig {
@@ -33,10 +37,30 @@ struct Rig {
     prompt: Arc<[i64]>,
 }
 
-fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
-    let layout = Layout::preset("tiny-full")?;
+fn memory_pool() -> Result<Arc<MemoryPool>, Box<dyn std::error::Error>> {
     let policy = kv_connector::core::eviction::EvictionPolicy::mooncake_defaults(1 << 20);
-    let pool = Arc::new(MemoryPool::new(policy, Arc::new(ManualClock::new(0)))?);
+    Ok(Arc::new(MemoryPool::new(
+        policy,
+        Arc::new(ManualClock::new(0)),
+    )?))
+}
+
+fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
+    let pool = memory_pool()?;
+    let capacity = PlannerCapacity {
+        mailbox: 8,
+        max_concurrent_lookups: 2,
+    };
+    rig_on(&(Arc::clone(&pool) as Arc<dyn Pool>), pool, capacity)
+}
+
+/// A rig whose planner and manager use `pool_dyn` (which stores into `pool`).
+fn rig_on(
+    pool_dyn: &Arc<dyn Pool>,
+    pool: Arc<MemoryPool>,
+    capacity: PlannerCapacity,
+) -> Result<Rig, Box<dyn std::error::Error>> {
+    let layout = Layout::preset("tiny-full")?;
     let keys = Arc::new(KeySpace::new(&layout, "ns", "m", &[64])?);
     let (lookups_tx, lookups) = flume::bounded(16);
     let (loads_tx, _loads) = flume::bounded(16);
@@ -57,15 +81,15 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
         checkpoint_tokens: None,
         probe_chunk_keys: NonZeroUsize::new(4).ok_or("a chunk of 4 keys")?,
         seed: scope_seed(&Scope::default()),
-        lookup_timeout: Duration::from_secs(1),
+        // Far above any healthy lookup: held probes must not end their lookups as outages.
+        lookup_timeout: Duration::from_secs(3600),
     };
-    let pool_dyn: Arc<dyn Pool> = Arc::clone(&pool) as Arc<dyn Pool>;
     let planner = LookupPlanner::new(
-        Arc::clone(&pool_dyn),
+        Arc::clone(pool_dyn),
         Arc::clone(&keys),
         settings,
         inbox.clone(),
-        8,
+        capacity,
     )
     .start();
     let ledger = Ledger::new(16, [(layout.groups[0].id, 8)])?;
@@ -74,7 +98,7 @@ fn rig() -> Result<Rig, Box<dyn std::error::Error>> {
         Arc::clone(&keys),
         inbox,
         8,
-        ActorFaults::of(&pool_dyn),
+        ActorFaults::of(pool_dyn),
     )
     .start();
     let prompt: Arc<[i64]> = (0..=16 * 5).collect::<Vec<i64>>().into();
@@ -175,6 +199,88 @@ async fn a_batch_of_lookups_is_answered_once_per_lookup() -> TestResult {
     assert!(rig.lookups.is_empty(), "one answer per lookup");
     let stats = rig.planner.send(CollectLookupStats).await?;
     assert_eq!((stats.full, stats.full_miss), (2, 1));
+    Ok(())
+}
+
+/// The next lookup answer, failing the test if none comes within the harness's bound.
+async fn answer(
+    rig: &Rig,
+) -> Result<kv_connector::messages::LookupCompleted, Box<dyn std::error::Error>> {
+    let next = tokio::time::timeout(common::WAIT_LIMIT, rig.lookups.recv_async()).await;
+    Ok(next.map_err(|_| "no lookup answered within the wait limit")??)
+}
+
+/// `lookup_planner::Q1`, `lookup_planner::Q2`: with two slots and a queue of three, six
+/// lookups whose probes are held run two at once, queue three and shed one at once (offered
+/// nothing, counted `shed`); once the probes go on, the five left are answered.
+#[actix::test]
+async fn the_planner_runs_a_bounded_number_of_lookups_and_sheds_past_its_queue() -> TestResult {
+    let inner = memory_pool()?;
+    let pool = Arc::new(TestPool::new(Arc::clone(&inner)));
+    pool.hold_probes
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let capacity = PlannerCapacity {
+        mailbox: 3,
+        max_concurrent_lookups: 2,
+    };
+    let mut rig = rig_on(&(Arc::clone(&pool) as Arc<dyn Pool>), inner, capacity)?;
+    // Three full blocks: one probe call (chunk of 4 keys) per round.
+    rig.prompt = (0..=16 * 3).collect::<Vec<i64>>().into();
+    rig.store_prompt()?;
+    let lookups = (1..=6)
+        .map(|request| LookupPrefix {
+            request: RequestId(request),
+            ticket: LookupTicket(request),
+            prompt: Arc::clone(&rig.prompt),
+            local_match_tokens: 0,
+            enqueued_at: Instant::now(),
+        })
+        .collect();
+    rig.planner.send(LookupPrefixes { lookups }).await?;
+    let shed = answer(&rig).await?;
+    assert_eq!(
+        shed.request,
+        RequestId(6),
+        "the lookup past the queue is shed"
+    );
+    assert!(shed.plan.is_none(), "a shed lookup offers nothing");
+    assert_eq!(
+        shed.hashes.len(),
+        3,
+        "but hashes its prompt, so its pages are saved"
+    );
+    let started = || {
+        pool.probes_started
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    common::wait_until("the two running lookups probe", || {
+        (started() >= 2).then_some(())
+    });
+    assert_eq!(
+        started(),
+        2,
+        "only two lookups run while their probes are held"
+    );
+    assert!(rig.lookups.is_empty(), "held lookups are not answered");
+    let stats = rig.planner.send(CollectLookupStats).await?;
+    assert_eq!((stats.shed, stats.full, stats.failed), (1, 0, 0));
+    pool.hold_probes
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    pool.release_one_get();
+    pool.release_one_get();
+    let mut answered = Vec::new();
+    for _ in 0..5 {
+        let completed = answer(&rig).await?;
+        assert_eq!(
+            completed.plan.ok_or("lookup failed")?.outcome,
+            LookupOutcome::Full
+        );
+        answered.push(completed.request.0);
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, vec![1, 2, 3, 4, 5]);
+    let stats = rig.planner.send(CollectLookupStats).await?;
+    assert_eq!((stats.shed, stats.full), (0, 5));
     Ok(())
 }
 

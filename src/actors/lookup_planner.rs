@@ -3,12 +3,22 @@
 //!
 //! A thin shell: the handler only starts the work, [`crate::transfer::lookup`]'s
 //! procedure (hashing, probe rounds in concurrent chunks), on tokio's blocking pool (pool
-//! probes block), several lookups at once; the pure state machine
-//! [`crate::core::planner::Lookup`] decides what to probe and what to offer. The actor
-//! owns the counters and the answer to the engine.
+//! probes block); the pure state machine [`crate::core::planner::Lookup`] decides what to
+//! probe and what to offer. The actor owns the counters, the answer to the engine and the
+//! lookups in flight.
 //! Mailbox: `planner.mailbox_capacity`; the engine's handle reaches it through the
 //! courier (`try_send`), and a full mailbox defers the lookups to the handle's next flush
 //! point.
+//!
+//! # Lookups in flight
+//!
+//! - `lookup_planner::Q1`. At most `planner.max_concurrent_lookups` lookups run at once
+//!   (so at most that many lookups' probe threads); later ones wait in the planner's queue,
+//!   first come first started, and each ending lookup starts the next.
+//! - `lookup_planner::Q2`. The queue holds at most `planner.mailbox_capacity` lookups
+//!   (`queue_capacity`); a lookup arriving to a full queue is answered at once with
+//!   nothing offered, counted `shed`: its request computes its prompt and never waits, and
+//!   the answer still carries the prompt's hashes, so its pages are saved (`arch::I7`).
 //!
 //! # Outages (R30)
 //!
@@ -29,6 +39,7 @@
 //! that task, which is answered the same way. Every lookup the planner receives is
 //! answered, so no request waits for a lookup forever.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -42,7 +53,7 @@ use crate::messages::{EngineInbox, LookupCompleted};
 use crate::pool::{actor_fault_fires, ActorFault, Pool};
 use crate::stats::LookupStats;
 pub use crate::transfer::lookup::PlannerSettings;
-use crate::transfer::lookup::{run_lookup, LookupResult};
+use crate::transfer::lookup::{hash_only, run_lookup, LookupResult};
 
 /// The lookup planner actor.
 pub struct LookupPlanner {
@@ -51,7 +62,23 @@ pub struct LookupPlanner {
     settings: Arc<PlannerSettings>,
     inbox: EngineInbox,
     mailbox_capacity: usize,
+    /// Lookups running now; at most `max_running` (`lookup_planner::Q1`).
+    running: usize,
+    max_running: usize,
+    /// Lookups waiting for a free slot, oldest first; at most `queue_capacity`
+    /// (`lookup_planner::Q2`).
+    waiting: VecDeque<LookupPrefix>,
+    queue_capacity: usize,
     stats: LookupStats,
+}
+
+/// How many lookups the planner runs at once and how many may wait (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannerCapacity {
+    /// `planner.mailbox_capacity`: the actor's mailbox (messages) and its queue (lookups).
+    pub mailbox: usize,
+    /// `planner.max_concurrent_lookups`.
+    pub max_concurrent_lookups: usize,
 }
 
 impl LookupPlanner {
@@ -61,14 +88,18 @@ impl LookupPlanner {
         keys: Arc<KeySpace>,
         settings: PlannerSettings,
         inbox: EngineInbox,
-        mailbox_capacity: usize,
+        capacity: PlannerCapacity,
     ) -> Self {
         LookupPlanner {
             pool,
             keys,
             settings: Arc::new(settings),
             inbox,
-            mailbox_capacity,
+            mailbox_capacity: capacity.mailbox.max(1),
+            running: 0,
+            max_running: capacity.max_concurrent_lookups.max(1),
+            waiting: VecDeque::with_capacity(capacity.mailbox.max(1)),
+            queue_capacity: capacity.mailbox.max(1),
             stats: LookupStats::default(),
         }
     }
@@ -108,7 +139,7 @@ impl Handler<LookupPrefix> for LookupPlanner {
     type Result = ();
 
     fn handle(&mut self, message: LookupPrefix, ctx: &mut Self::Context) {
-        self.start_supervised(message, ctx);
+        self.admit(message, ctx);
     }
 }
 
@@ -117,15 +148,45 @@ impl Handler<LookupPrefixes> for LookupPlanner {
 
     fn handle(&mut self, message: LookupPrefixes, ctx: &mut Self::Context) {
         for lookup in message.lookups {
-            self.start_supervised(lookup, ctx);
+            self.admit(lookup, ctx);
         }
     }
 }
 
 impl LookupPlanner {
+    /// Starts a lookup if a slot is free, else queues it, else sheds it
+    /// (`lookup_planner::Q1`, `lookup_planner::Q2`).
+    fn admit(&mut self, message: LookupPrefix, ctx: &mut Context<Self>) {
+        if self.running < self.max_running {
+            self.start_supervised(message, ctx);
+        } else if self.waiting.len() < self.queue_capacity {
+            self.waiting.push_back(message);
+        } else {
+            self.shed(message, ctx);
+        }
+    }
+
+    /// Answers a lookup past the queue with nothing offered, but with its prompt's hashes
+    /// (hashed off the actor's thread, no probes), so its computed pages are still saved.
+    fn shed(&mut self, message: LookupPrefix, ctx: &mut Context<Self>) {
+        self.stats.shed += 1;
+        tracing::debug!(request = %message.request, "lookup planner queue full; lookup shed, nothing offered");
+        let settings = Arc::clone(&self.settings);
+        let asked = (message.request, message.ticket);
+        let work = tokio::task::spawn_blocking(move || hash_only(&settings, &message.prompt));
+        ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
+            actor.send(
+                joined.unwrap_or_else(|_| LookupResult::failed()),
+                asked,
+                ctx,
+            );
+        }));
+    }
+
     /// Starts one lookup; one that panics is answered with nothing (module docs).
     fn start_supervised(&mut self, message: LookupPrefix, ctx: &mut Context<Self>) {
         let (request, ticket) = (message.request, message.ticket);
+        self.running += 1;
         if let Err(panicked) = catch(|| self.start_lookup(message, ctx)) {
             tracing::error!(%request, panic = panicked.message(), "lookup planner panicked starting a lookup; nothing offered, planner restarted");
             self.answer(LookupResult::failed(), (request, ticket), ctx);
@@ -157,14 +218,29 @@ impl LookupPlanner {
         }));
     }
 
-    /// Counts a finished lookup and sends its result to the engine.
+    /// Counts a finished lookup, sends its result to the engine and starts the next
+    /// waiting lookup in its slot.
     fn answer(
+        &mut self,
+        result: LookupResult,
+        asked: (RequestId, LookupTicket),
+        ctx: &mut Context<Self>,
+    ) {
+        self.count(&result);
+        self.send(result, asked, ctx);
+        self.running = self.running.saturating_sub(1);
+        if let Some(next) = self.waiting.pop_front() {
+            self.start_supervised(next, ctx);
+        }
+    }
+
+    /// Sends a lookup's result to the engine.
+    fn send(
         &mut self,
         result: LookupResult,
         (request, ticket): (RequestId, LookupTicket),
         ctx: &mut Context<Self>,
     ) {
-        self.count(&result);
         let completed = LookupCompleted {
             request,
             ticket,

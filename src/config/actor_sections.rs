@@ -26,6 +26,11 @@ pub struct PlannerConfig {
     /// Bounded mailbox of the planner actor: lookups beyond it are refused as
     /// overloaded instead of queueing without limit.
     pub mailbox_capacity: usize,
+    /// Lookups the planner runs at once (each probes its rounds in `probe_chunk` chunks on
+    /// threads of its own). Later lookups wait in the planner's queue, which holds up to
+    /// `mailbox_capacity` lookups; one arriving to a full queue offers nothing at once and
+    /// counts as `shed` (its request computes the prompt, never waits).
+    pub max_concurrent_lookups: usize,
     /// Deadline of one lookup, all its probe rounds together, from when the planner starts
     /// it: past it the lookup offers nothing and counts as lost to the outage (R30), so the
     /// engine's admission never waits longer than this plus one `pool.probe_timeout_ms`.
@@ -39,6 +44,7 @@ impl Default for PlannerConfig {
             window_fallback: true,
             swa_endpoint_rewind_tokens: 2048,
             mailbox_capacity: 256,
+            max_concurrent_lookups: 32,
             lookup_timeout_ms: 1000,
         }
     }

@@ -368,6 +368,12 @@ pub static KEYS: &[KeySpec] = &[
         "messages",
     ),
     key(
+        "planner.max_concurrent_lookups",
+        "KVC_PLANNER_MAX_CONCURRENT_LOOKUPS",
+        Integer,
+        "lookups",
+    ),
+    key(
         "planner.lookup_timeout_ms",
         "KVC_PLANNER_LOOKUP_TIMEOUT_MS",
         Integer,

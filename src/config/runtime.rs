@@ -58,8 +58,10 @@ pub struct Planner {
     pub window_fallback: bool,
     /// `swa_endpoint_rewind_tokens`: `R` (R12, R17).
     pub rewind_tokens: usize,
-    /// `mailbox_capacity`.
+    /// `mailbox_capacity`; also the capacity of the planner's queue of waiting lookups.
     pub mailbox_capacity: NonZeroUsize,
+    /// `max_concurrent_lookups`.
+    pub max_concurrent_lookups: NonZeroUsize,
     /// `lookup_timeout_ms`: 1 ms to one day (R30).
     pub lookup_timeout: Duration,
 }
@@ -158,6 +160,11 @@ impl Planner {
         Ok(Self {
             probe_chunk: nonzero(planner.probe_chunk, "planner.probe_chunk", "4096")?,
             mailbox_capacity: nonzero(planner.mailbox_capacity, "planner.mailbox_capacity", "256")?,
+            max_concurrent_lookups: nonzero(
+                planner.max_concurrent_lookups,
+                "planner.max_concurrent_lookups",
+                "32",
+            )?,
             rewind_tokens: tokens(
                 planner.swa_endpoint_rewind_tokens,
                 "planner.swa_endpoint_rewind_tokens",

@@ -384,7 +384,7 @@ mod tests {
     #[test]
     fn zero_counts_and_sizes_are_refused_each_naming_a_working_value() {
         type Change = fn(&mut Config);
-        let cases: [(&str, Change, &str); 16] = [
+        let cases: [(&str, Change, &str); 17] = [
             (
                 "pool.capacity_bytes",
                 |c| c.pool.capacity_bytes = 0,
@@ -396,6 +396,11 @@ mod tests {
                 "5000",
             ),
             ("planner.probe_chunk", |c| c.planner.probe_chunk = 0, "4096"),
+            (
+                "planner.max_concurrent_lookups",
+                |c| c.planner.max_concurrent_lookups = 0,
+                "32",
+            ),
             (
                 "planner.mailbox_capacity",
                 |c| c.planner.mailbox_capacity = 0,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use crate::actors::loader::Loader;
-use crate::actors::lookup_planner::LookupPlanner;
+use crate::actors::lookup_planner::{LookupPlanner, PlannerCapacity};
 use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
 use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
@@ -380,7 +380,10 @@ async fn spawn_all(
         Arc::clone(&keys),
         settings,
         inbox.clone(),
-        runtime.planner.mailbox_capacity.get(),
+        PlannerCapacity {
+            mailbox: runtime.planner.mailbox_capacity.get(),
+            max_concurrent_lookups: runtime.planner.max_concurrent_lookups.get(),
+        },
     )
     .start();
     let faults = ActorFaults::of(&params.pool);

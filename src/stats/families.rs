@@ -102,6 +102,7 @@ pub const FAMILIES: &[Family] = &[
     labelled("lookup_outcomes", "outcome", "Lookups by outcome (R11-R13, R28)."),
     counter("lookup_outage", "Lookups lost to a pool outage (R30): the pool was unreachable or did not answer before the deadline, so nothing was offered. Never counted as full_miss."),
     counter("lookup_failed", "Lookups that failed (pool error, bad request) and offered nothing."),
+    counter("lookup_shed", "Lookups that arrived to a full planner queue and offered nothing."),
     counter("lookup_offered_tokens", "Tokens offered to the engine by lookups."),
     counter("lookup_probed_keys", "Pool keys probed by lookups (R14)."),
     counter("load_started", "Reservations whose load started."),

@@ -30,6 +30,9 @@ counter_set! {
             /// Lookups a full planner mailbox deferred to a later step (counted by the
             /// handle).
             deferred: Sum;
+            /// Lookups that arrived to a full planner queue (`planner.mailbox_capacity`
+            /// lookups waiting for one of `planner.max_concurrent_lookups`): nothing offered.
+            shed: Sum => "lookup_shed";
             /// Tokens offered to the engine.
             tokens_offered: Sum => "lookup_offered_tokens";
             /// Keys probed.

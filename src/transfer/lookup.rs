@@ -95,6 +95,18 @@ impl LookupResult {
     }
 }
 
+/// A lookup that probes nothing: the prompt's chain hashes (so its computed pages are still
+/// saved) and nothing offered. The planner answers a shed lookup with it.
+pub fn hash_only(settings: &PlannerSettings, prompt: &[i64]) -> LookupResult {
+    match hash_blocks(settings.seed, prompt, settings.tokens_per_block) {
+        Ok(hashes) => LookupResult {
+            hashes: Arc::from(hashes),
+            ..LookupResult::failed()
+        },
+        Err(_) => LookupResult::failed(),
+    }
+}
+
 /// Hashes the prompt and runs the planner's probe rounds against the pool (blocking).
 pub fn run_lookup(
     pool: &dyn Pool,
