@@ -200,7 +200,8 @@ fn a_start_whose_metadata_server_never_answers_names_the_metadata_server() -> Te
 
 /// Saves against a pool with no segment mounted anywhere: every put is refused for want of
 /// room (`NO_AVAILABLE_HANDLE`, as after a master restart until the segments are mounted
-/// again). The pages count `saves_no_space` (and `saves_failed`), and the pool reads
+/// again). Each page is saved again after a backoff (R35, counted `saves_retried`), then
+/// counts `saves_no_space` (and `saves_failed`), and the pool reads
 /// `degraded` while lookups still answer; once a segment is mounted the next save stores
 /// and the pool is healthy again.
 #[test]
@@ -227,6 +228,10 @@ fn puts_refused_for_want_of_room_count_no_space_and_degrade_the_pool() -> TestRe
     assert_eq!(
         stats.saves.saves_failed, 4,
         "no-space pages are failed pages too"
+    );
+    assert_eq!(
+        stats.saves.saves_retried, 4,
+        "each refused page was saved again (R35), counted once"
     );
     assert_eq!(
         stats.pool.state, "degraded",

@@ -22,7 +22,8 @@
 //! - `saver_queue::A1`. Every enqueued page ends in exactly one of `saves_done`,
 //!   `saves_skipped_present`, `saves_dropped` or `saves_failed` (pages lost to a pool outage,
 //!   R30, are dropped and also counted in `saves_outage`; pages refused for want of room are
-//!   failed and also counted in `saves_no_space`), and is settled to the engine once
+//!   failed and also counted in `saves_no_space`, once the retries of R35 are spent:
+//!   `save_retry::N1`), and is settled to the engine once
 //!   (so its pages can go): `saves_enqueued = done + skipped_present + dropped + failed` once the
 //!   queue is drained and no batch is in flight.
 //!
@@ -51,7 +52,7 @@ use crate::messages::saver_queue::{CollectSaveStats, EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, SavesSettled};
 use crate::pool::{actor_fault_fires, ActorFault, Pool};
 use crate::stats::SaveStats;
-use crate::transfer::{save_pages, PageRef, SaveResult};
+use crate::transfer::{save_pages_retrying, NoSpaceRetry, PageRef, RetriedSave, SaveResult};
 
 /// A queued page with the time it was enqueued.
 #[derive(Debug)]
@@ -83,6 +84,7 @@ pub struct SaverQueue {
     pending_sends: usize,
     inbox: EngineInbox,
     mailbox_capacity: usize,
+    no_space_retry: NoSpaceRetry,
     stats: SaveStats,
 }
 
@@ -106,6 +108,8 @@ pub struct SaverParams {
     pub inbox: EngineInbox,
     /// Mailbox capacity.
     pub mailbox_capacity: usize,
+    /// How puts refused for want of room are retried (R35).
+    pub no_space_retry: NoSpaceRetry,
 }
 
 impl SaverQueue {
@@ -126,6 +130,7 @@ impl SaverQueue {
             pending_sends: 0,
             inbox: params.inbox,
             mailbox_capacity: params.mailbox_capacity,
+            no_space_retry: params.no_space_retry,
             stats: SaveStats::default(),
         }
     }
@@ -208,10 +213,12 @@ impl SaverQueue {
             .collect();
         let items: Vec<PageRef> = positions.iter().flatten().cloned().collect();
         let pool = Arc::clone(&self.pool);
+        let retry = self.no_space_retry;
         let work = tokio::task::spawn_blocking(move || {
             let mut stream = stream;
-            let outcome =
-                lent.run(|staging| save_pages(pool.as_ref(), &mut stream, staging, &items));
+            let outcome = lent.run(|staging| {
+                save_pages_retrying(pool.as_ref(), &mut stream, staging, &items, retry)
+            });
             (stream, outcome, items)
         });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
@@ -225,7 +232,10 @@ impl SaverQueue {
             };
             actor.stream = Some(stream);
             let results = match actor.staging.settle(outcome) {
-                Batch::Done(results) => results,
+                Batch::Done(RetriedSave { results, retried }) => {
+                    actor.stats.saves_retried += retried;
+                    results
+                }
                 Batch::Panicked => Vec::new(),
             };
             let results = aligned_results(&positions, &items, &results);

@@ -130,6 +130,12 @@ pub struct SaverConfig {
     /// (counted in `saves_dropped`). Bounds how long a stopping process waits on a slow
     /// pool; 0 drops every queued save at once.
     pub shutdown_drain_timeout_ms: u64,
+    /// A put the pool refused for want of room (a full pool) is saved again this many times
+    /// at most, after the pool has had a chance to evict (R35); 0 fails it at once.
+    pub no_space_retries: u32,
+    /// The wait before the first such retry; it doubles for each later one (20, 40, 80 ms
+    /// with the defaults: Mooncake's master evicts every 10 ms).
+    pub no_space_backoff_ms: u64,
 }
 
 impl Default for SaverConfig {
@@ -142,6 +148,8 @@ impl Default for SaverConfig {
             staging_bytes: 256 * MIB,
             mailbox_capacity: 1024,
             shutdown_drain_timeout_ms: 10_000,
+            no_space_retries: 3,
+            no_space_backoff_ms: 20,
         }
     }
 }

@@ -468,6 +468,18 @@ pub static KEYS: &[KeySpec] = &[
         "ms",
     ),
     key(
+        "saver.no_space_retries",
+        "KVC_SAVER_NO_SPACE_RETRIES",
+        Integer,
+        "retries",
+    ),
+    key(
+        "saver.no_space_backoff_ms",
+        "KVC_SAVER_NO_SPACE_BACKOFF_MS",
+        Integer,
+        "ms",
+    ),
+    key(
         "handoff.outbox_capacity",
         "KVC_HANDOFF_OUTBOX_CAPACITY",
         Integer,

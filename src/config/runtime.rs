@@ -119,7 +119,17 @@ pub struct Saver {
     pub mailbox_capacity: NonZeroUsize,
     /// `shutdown_drain_timeout_ms`: zero to one day.
     pub shutdown_drain_timeout: Duration,
+    /// `no_space_retries`: at most [`MAX_NO_SPACE_RETRIES`] (R35).
+    pub no_space_retries: u32,
+    /// `no_space_backoff_ms`: at most [`MAX_NO_SPACE_BACKOFF_MS`] (R35).
+    pub no_space_backoff: Duration,
 }
+
+/// The most retries of a put refused for room: 16 doublings of the backoff already wait
+/// minutes.
+pub const MAX_NO_SPACE_RETRIES: u32 = 16;
+/// The longest first backoff of such a retry (one second).
+pub const MAX_NO_SPACE_BACKOFF_MS: u64 = 1000;
 
 /// `[handoff]`, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,6 +306,19 @@ impl Saver {
                 &format!("must be at most {MAX_TIMEOUT_MS} (one day), e.g. 10000"),
             )?),
             mailbox_capacity: nonzero(saver.mailbox_capacity, "saver.mailbox_capacity", "1024")?,
+            no_space_retries: u32::try_from(at_most(
+                u64::from(saver.no_space_retries),
+                "saver.no_space_retries",
+                u64::from(MAX_NO_SPACE_RETRIES),
+                &format!("must be at most {MAX_NO_SPACE_RETRIES}, e.g. 3"),
+            )?)
+            .unwrap_or(MAX_NO_SPACE_RETRIES),
+            no_space_backoff: Duration::from_millis(at_most(
+                saver.no_space_backoff_ms,
+                "saver.no_space_backoff_ms",
+                MAX_NO_SPACE_BACKOFF_MS,
+                &format!("must be at most {MAX_NO_SPACE_BACKOFF_MS} (one second), e.g. 20"),
+            )?),
             resave_min_tokens: NonZeroUsize::new(tokens(
                 saver.resave_min_tokens,
                 "saver.resave_min_tokens",

@@ -471,7 +471,7 @@ mod tests {
     #[test]
     fn oversized_counts_sizes_and_timeouts_are_refused() {
         type Case = (&'static str, fn(&mut Config), &'static str, &'static str);
-        let cases: [Case; 8] = [
+        let cases: [Case; 10] = [
             (
                 "loaders.load_threads",
                 |c| c.loaders.load_threads = 100_000,
@@ -501,6 +501,18 @@ mod tests {
                 |c| c.saver.shutdown_drain_timeout_ms = u64::MAX,
                 "18446744073709551615",
                 "10000",
+            ),
+            (
+                "saver.no_space_retries",
+                |c| c.saver.no_space_retries = 17,
+                "17",
+                "3",
+            ),
+            (
+                "saver.no_space_backoff_ms",
+                |c| c.saver.no_space_backoff_ms = 1001,
+                "1001",
+                "20",
             ),
             (
                 "stats.interval_s",

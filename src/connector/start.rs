@@ -28,6 +28,7 @@ use crate::gpu::{Device, GpuError, StagingPool};
 use crate::messages::EngineInbox;
 use crate::pool::{ActorFaults, GuardSettings, GuardedPool, HealthView, Pool, PoolError};
 use crate::transfer::lookup::PlannerSettings;
+use crate::transfer::NoSpaceRetry;
 
 /// What a connector is started with.
 pub struct ConnectorParams {
@@ -542,6 +543,10 @@ impl RankActors<'_> {
             window_first: config.window_first,
             inbox: self.inbox.clone(),
             mailbox_capacity: config.mailbox_capacity.get(),
+            no_space_retry: NoSpaceRetry {
+                retries: config.no_space_retries,
+                backoff: config.no_space_backoff,
+            },
         };
         let arbiter = Arbiter::new();
         Ok(SaverQueue::start_in_arbiter(&arbiter.handle(), move |_| {

@@ -23,7 +23,8 @@
 //! `unreachable_ms`, `calls_refused`, `calls_timed_out`, `unreachable`}, `saves_enqueued`,
 //! `checkpoint_pages_enqueued` (window pages enqueued for window checkpoints alone, R28;
 //! part of `saves_enqueued`), `saves_done`, `saves_failed`, `saves_no_space` (refused by
-//! the pool for want of room; part of `saves_failed`), `loads_started`,
+//! the pool for want of room after the last retry; part of `saves_failed`), `saves_retried`
+//! (pages refused for room and saved again, R35, each once), `loads_started`,
 //! `loads_done`, `loads_filled`, `loads_failed`, `stale_load_reports`,
 //! `unexpected_save_reports`, `offers_trimmed`, `loads_released_in_flight`,
 //! `pages_released_in_flight` (`--release-during-loads`: loads the engines released half
@@ -255,6 +256,9 @@ pub struct ReplayReport {
     /// Save pages the pool refused for want of room (full, or no segment mounted yet); part
     /// of `saves_failed`.
     pub saves_no_space: u64,
+    /// Save pages the pool refused for want of room and that were saved again (R35), each
+    /// once; they end done, skipped or failed like any page.
+    pub saves_retried: u64,
     /// Loads the connectors started (accounting, module docs).
     pub loads_started: u64,
     /// Loads the connectors handed over filled.
@@ -528,24 +532,7 @@ impl ReplayReport {
                 human_bytes(window.bound)
             )?;
         }
-        writeln!(
-            out,
-            "  saved               {:>14} pages, {}",
-            self.pages_saved,
-            human_bytes(self.bytes_saved)
-        )?;
-        writeln!(
-            out,
-            "  saves skip/drop/fail{:>14} / {} / {}",
-            self.saves_skipped_present, self.saves_dropped, self.saves_failed
-        )?;
-        if self.saves_no_space > 0 {
-            writeln!(
-                out,
-                "  saves no space      {:>14} pages (part of failed: the pool had no room)",
-                self.saves_no_space
-            )?;
-        }
+        self.write_saves(out)?;
         writeln!(
             out,
             "  loads filled/failed {:>14} / {}",
@@ -594,6 +581,36 @@ impl ReplayReport {
                 out,
                 "  drafter             {:>14} of {} draft tokens accepted, {} pages rewound",
                 drafter.tokens_accepted, drafter.tokens_proposed, drafter.pages_rewound
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The connector section's save lines.
+    fn write_saves(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "  saved               {:>14} pages, {}",
+            self.pages_saved,
+            human_bytes(self.bytes_saved)
+        )?;
+        writeln!(
+            out,
+            "  saves skip/drop/fail{:>14} / {} / {}",
+            self.saves_skipped_present, self.saves_dropped, self.saves_failed
+        )?;
+        if self.saves_no_space > 0 {
+            writeln!(
+                out,
+                "  saves no space      {:>14} pages (part of failed: the pool had no room)",
+                self.saves_no_space
+            )?;
+        }
+        if self.saves_retried > 0 {
+            writeln!(
+                out,
+                "  saves retried       {:>14} pages (refused for room, saved again)",
+                self.saves_retried
             )?;
         }
         Ok(())

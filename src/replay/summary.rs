@@ -192,6 +192,7 @@ pub(super) fn summarize(
         saves_done: connector.saves.saves_done,
         saves_failed: connector.saves.saves_failed,
         saves_no_space: connector.saves.saves_no_space,
+        saves_retried: connector.saves.saves_retried,
         loads_started: connector.loads.loads_started,
         loads_done: connector.loads.loads_done,
         loads_filled: counters.loads_filled,

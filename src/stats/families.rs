@@ -115,6 +115,7 @@ pub const FAMILIES: &[Family] = &[
     labelled("save_pages", "result", "Pages the saver settled, by result (R19, R22)."),
     counter("save_outage_pages", "Pages dropped because the pool was unreachable or missed a deadline (R30); also counted as dropped."),
     counter("save_no_space_pages", "Pages the pool refused for want of room (full, or no segment mounted yet); also counted as failed."),
+    counter("save_retried_pages", "Pages the pool refused for want of room and that were saved again (R35), each counted once; they end as stored, skipped or failed."),
     counter("save_refreshed_pages", "Re-saved pages found present and refreshed (R20); also counted as skipped."),
     bytes("save", "Payload bytes stored by the saver (all ranks)."),
     counter("pool_outages", "Times the pool became unreachable (R30)."),

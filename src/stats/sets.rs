@@ -141,6 +141,9 @@ counter_set! {
             /// restarted Mooncake master, until the clients' segments are mounted again);
             /// also counted in `saves_failed`.
             saves_no_space: Sum => "save_no_space_pages";
+            /// Pages a pool refused for want of room and that were saved again (R35), each
+            /// once however many times; they end as done, skipped or failed like any page.
+            saves_retried: Sum => "save_retried_pages";
             /// Payload bytes stored.
             bytes_saved: Sum => "save";
             /// Largest queue depth seen.

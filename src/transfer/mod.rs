@@ -44,10 +44,12 @@ mod grant;
 mod load;
 pub mod lookup;
 mod save;
+mod save_retry;
 
 pub use grant::{CopyPermit, LoadGrant};
 pub use load::{load_pages, LoadMoved, LoadOrder};
 pub use save::save_pages;
+pub use save_retry::{save_pages_retrying, NoSpaceRetry, RetriedSave};
 
 /// One page and its pool object: the object's key, what its header says, and the device
 /// page it is loaded into or saved from.

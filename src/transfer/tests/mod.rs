@@ -23,12 +23,16 @@ struct Rig {
     staging: Option<StagingPool>,
 }
 
-fn rig(slots: u32) -> Rig {
-    let pool = MemoryPool::new(
+fn rig_pool() -> MemoryPool {
+    MemoryPool::new(
         EvictionPolicy::mooncake_defaults(1 << 20),
         Arc::new(SystemClock::new()),
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn rig(slots: u32) -> Rig {
+    let pool = rig_pool();
     let device = Device::open_host(&[PagePoolSpec {
         group: GroupId(0),
         page_bytes: PAGE,
@@ -371,3 +375,4 @@ fn a_page_the_pool_has_no_room_for_is_no_space() {
 }
 
 mod batches;
+mod retry;
