@@ -179,6 +179,12 @@ impl Pool for WitnessedPool {
         self.inner.name()
     }
 
+    /// The inner pool's: the embedded pool stays called in place behind the witness, so a
+    /// slow call there (CPU contention) is never a missed deadline or an outage (R35).
+    fn calls_may_block(&self) -> bool {
+        self.inner.calls_may_block()
+    }
+
     fn register_staging(&self, staging: &[u8]) -> Result<(), PoolError> {
         self.inner.register_staging(staging)
     }
@@ -231,6 +237,17 @@ mod tests {
         let witness = PublishWitness::new();
         let pool = witness.wrap(Arc::new(inner));
         Ok((witness, pool))
+    }
+
+    /// R35: the witness does not turn the embedded pool into one whose calls may block (the
+    /// guard would then give its probes deadlines, and a loaded machine would drop saves as
+    /// an outage of a pool that cannot be unreachable).
+    #[test]
+    fn the_embedded_pool_behind_the_witness_is_called_in_place(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let (_, pool) = witnessed()?;
+        assert!(!pool.calls_may_block());
+        Ok(())
     }
 
     #[test]
