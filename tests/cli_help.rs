@@ -26,6 +26,21 @@ fn every_flag_of_every_subcommand_has_help_text() {
     assert!(missing.is_empty(), "flags without help: {missing:?}");
 }
 
+/// `--version` names the features the binary was built with (a bundle checks it before a
+/// GPU run).
+#[test]
+fn long_version_names_the_build_features() {
+    let long = Cli::command().render_long_version();
+    for (name, on) in [
+        ("cuda", cfg!(feature = "cuda")),
+        ("mooncake", cfg!(feature = "mooncake")),
+        ("faults", cfg!(feature = "faults")),
+    ] {
+        let expected = format!("{name}: {}", if on { "yes" } else { "no" });
+        assert!(long.contains(&expected), "{long:?} lacks {expected:?}");
+    }
+}
+
 #[test]
 fn replay_help_explains_a_mooncake_run_and_the_env_names() {
     let mut cli = Cli::command();

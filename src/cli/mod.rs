@@ -27,9 +27,31 @@ use std::io;
 use crate::config::ConfigSources;
 use crate::logging::LogFormat;
 
+/// The cargo features a build can carry that change what the binary can do, and whether
+/// this build has each.
+pub const BUILD_FEATURES: &[(&str, bool)] = &[
+    ("cuda", cfg!(feature = "cuda")),
+    ("mooncake", cfg!(feature = "mooncake")),
+    ("faults", cfg!(feature = "faults")),
+];
+
+/// `--version`: the version and the features of [`BUILD_FEATURES`] this build has, so a
+/// copied binary can be checked before a run that needs one (`cuda: no` refuses
+/// `replay --device cuda`).
+fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let features: Vec<String> = BUILD_FEATURES
+            .iter()
+            .map(|(name, on)| format!("{name}: {}", if *on { "yes" } else { "no" }))
+            .collect();
+        format!("{} ({})", env!("CARGO_PKG_VERSION"), features.join(", "))
+    })
+}
+
 /// The command line of the `kv-connector` binary.
 #[derive(Debug, clap::Parser)]
-#[command(name = "kv-connector", version, about, long_about = None)]
+#[command(name = "kv-connector", version, long_version = long_version(), about, long_about = None)]
 pub struct Cli {
     /// Log lines on stderr: text (`key=value` fields) or json (one object per line). Filter
     /// with `RUST_LOG`, e.g. `RUST_LOG=info` for the periodic stats reports.
