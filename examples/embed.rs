@@ -23,18 +23,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use kv_connector::config::Config;
-use kv_connector::connector::{
-    ConnectorHandle, ConnectorParams, EngineConnector, ReserveAnswer, ScheduledRequest,
-    SchedulerOutput,
+use kv_connector::{
+    scope_seed, Config, ConnectorHandle, ConnectorParams, ConnectorStats, Device, EngineConnector,
+    EvictionPolicy, GroupId, Layout, MemoryPool, PagePoolSpec, Pool, RequestId, ReservationId,
+    ReserveAnswer, ScheduledRequest, SchedulerOutput, Scope, SystemClock,
 };
-use kv_connector::core::eviction::EvictionPolicy;
-use kv_connector::core::hash::{scope_seed, Scope};
-use kv_connector::core::ids::{RequestId, ReservationId};
-use kv_connector::core::layout::{GroupId, Layout};
-use kv_connector::gpu::{Device, PagePoolSpec};
-use kv_connector::pool::{MemoryPool, Pool, SystemClock};
-use kv_connector::stats::ConnectorStats;
 
 /// Pages per layer group on the device.
 const PAGES: u32 = 256;

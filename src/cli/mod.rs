@@ -14,13 +14,15 @@
 //! Adding a subcommand: add a module, a variant of [`Command`] holding its `Args`, a variant of
 //! [`CliError`] wrapping its error, and an arm in [`run`] and in [`CliError::kind`].
 
-pub mod bench;
-pub mod engine_args_file;
-pub mod inspect;
-pub mod keys;
-pub mod replay;
-pub mod signals;
-pub mod validate;
+internal_modules! {
+    mod bench;
+    mod engine_args_file;
+    mod inspect;
+    mod keys;
+    mod replay;
+    mod signals;
+    mod validate;
+}
 
 use std::io;
 

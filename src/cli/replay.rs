@@ -446,6 +446,7 @@ pub fn demo_params() -> LongMultiturnParams {
 /// # Errors
 ///
 /// As [`run_until_stopped`], which it calls with a stop that never fires.
+#[cfg(feature = "internals")]
 pub fn run<S: std::hash::BuildHasher>(
     args: &ReplayArgs,
     env: HashMap<String, String, S>,

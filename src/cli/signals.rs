@@ -69,6 +69,7 @@ pub struct StopSignal {
 
 impl StopSignal {
     /// A flag no signal sets (library callers and tests); [`request`](Self::request) sets it.
+    #[cfg(feature = "internals")]
     pub fn never() -> Self {
         Self::default()
     }
@@ -104,6 +105,7 @@ impl StopSignal {
     }
 
     /// Asks for a stop as if `signal` had arrived.
+    #[cfg(feature = "internals")]
     pub fn request(&self, signal: Signal) {
         self.received.store(
             usize::try_from(signal.number()).unwrap_or(0),

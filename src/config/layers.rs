@@ -177,6 +177,7 @@ pub fn apply_cli(tree: &mut Table, overrides: &[(String, String)]) -> Result<(),
 ///
 /// # Errors
 /// [`ConfigError::MalformedOverride`] when there is no `=` or the key is empty.
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub fn parse_override(arg: &str) -> Result<(String, String), ConfigError> {
     match arg.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() => {

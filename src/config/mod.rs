@@ -47,15 +47,28 @@ use serde::{Deserialize, Serialize};
 pub use actor_sections::{
     HandoffConfig, LoadersConfig, PlannerConfig, ReservationsConfig, SaverConfig, StatsConfig,
 };
-pub use error::{bytes_text, ConfigError, ConfigWarning, ValueOrigin};
+pub use error::{bytes_text, ConfigError, ConfigWarning};
+#[cfg(feature = "internals")]
+pub use error::ValueOrigin;
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub use host::HostMemoryExceeded;
-pub use keys::{parse_byte_size, KeySpec, LeafKind, KEYS};
-pub use layers::{parse_override, ENV_PREFIX};
+#[cfg(feature = "internals")]
+pub use keys::LeafKind;
+pub use keys::{KeySpec, KEYS};
+#[cfg(any(feature = "cli", feature = "internals"))]
+pub use keys::parse_byte_size;
+#[cfg(any(feature = "cli", feature = "internals"))]
+pub use layers::parse_override;
+pub use layers::ENV_PREFIX;
 pub use runtime::RuntimeConfig;
 pub use sections::{
     DeviceConfig, KeysConfig, ModelConfig, MooncakeConfig, NodeConfig, PoolBackend, PoolConfig,
-    GIB, MIB, MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_PROTOCOLS,
+    MIB,
 };
+#[cfg(feature = "internals")]
+pub use sections::{GIB, MOONCAKE_PROTOCOLS};
+#[cfg(any(feature = "cli", feature = "internals"))]
+pub use sections::MOONCAKE_MIN_SEGMENT_BYTES;
 pub use validate::NodeMemory;
 
 /// Prefix of the legacy environment names kept for existing deployments.

@@ -94,7 +94,10 @@ impl Deliver for ActorRecipients {
                 Outgoing::Settle { rank, message }
             }),
             // Dropped here, off the engine thread (the message's purpose).
-            Outgoing::Discard(_) => Ok(()),
+            Outgoing::Discard(answers) => {
+                drop(answers);
+                Ok(())
+            }
             Outgoing::Barrier { passed } => {
                 // Everything before it left the outbox; nobody waiting is fine too.
                 let _ = passed.send(());

@@ -37,6 +37,7 @@ mod reservations;
 mod saves;
 mod shutdown;
 
+#[cfg(feature = "internals")]
 pub use progress::{Progress, ProgressWaiter};
 
 /// Capacity of each engine inbox channel: results wait here until the next step drains them.

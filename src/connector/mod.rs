@@ -35,9 +35,13 @@ mod handle;
 mod refusal;
 mod start;
 
-pub use handle::{ConnectorHandle, Progress, ProgressWaiter};
+pub use handle::ConnectorHandle;
+#[cfg(feature = "internals")]
+pub use handle::{Progress, ProgressWaiter};
 pub use refusal::HookError;
-pub use start::{ConnectorParams, StagingRole, StartError};
+#[cfg(feature = "internals")]
+pub use start::StagingRole;
+pub use start::{ConnectorParams, StartError};
 
 /// Defined with the other engine-inbox messages (the reservation manager sends it).
 pub use crate::messages::FinishedLoad;
@@ -160,8 +164,10 @@ pub trait EngineConnector {
 /// The baseline without a connector: never offers anything, saves nothing. Replay uses
 /// it to measure what a deployment without a shared pool would do.
 #[derive(Debug, Default)]
+#[cfg(any(feature = "replay", feature = "internals"))]
 pub struct NoConnector;
 
+#[cfg(any(feature = "replay", feature = "internals"))]
 impl EngineConnector for NoConnector {
     fn lookup_prefix(
         &mut self,

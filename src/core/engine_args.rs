@@ -91,6 +91,7 @@ pub enum EngineArgsError {
 
 impl EngineArgsError {
     /// A short, stable label for metrics and logs.
+    #[cfg(feature = "internals")]
     pub fn kind(&self) -> &'static str {
         match self {
             EngineArgsError::SwaScratchReuse => "swa_scratch_reuse",

@@ -297,6 +297,7 @@ impl HashChain {
 
     /// Makes room for the hashes of a token list of `total_tokens` tokens, so that extending
     /// up to it does not reallocate (for example the prompt length, known at admission).
+    #[cfg(feature = "internals")]
     pub fn reserve_for_tokens(&mut self, total_tokens: usize) {
         let blocks = total_tokens / self.tokens_per_block;
         self.hashes
@@ -319,6 +320,7 @@ impl HashChain {
     }
 
     /// The hashes of every full block seen so far, block 0 first.
+    #[cfg(feature = "internals")]
     pub fn hashes(&self) -> &[BlockHash] {
         &self.hashes
     }
@@ -329,26 +331,31 @@ impl HashChain {
     }
 
     /// Number of full blocks hashed so far.
+    #[cfg(feature = "internals")]
     pub fn len(&self) -> usize {
         self.hashes.len()
     }
 
     /// Whether no block is full yet.
+    #[cfg(feature = "internals")]
     pub fn is_empty(&self) -> bool {
         self.hashes.is_empty()
     }
 
     /// Tokens per block.
+    #[cfg(feature = "internals")]
     pub fn tokens_per_block(&self) -> usize {
         self.tokens_per_block
     }
 
     /// The seed the chain starts from.
+    #[cfg(feature = "internals")]
     pub fn seed(&self) -> BlockHash {
         self.seed
     }
 
     /// Length of the token list passed last to [`extend_to`](Self::extend_to).
+    #[cfg(feature = "internals")]
     pub fn tokens_seen(&self) -> usize {
         self.tokens_seen
     }

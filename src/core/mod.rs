@@ -5,6 +5,7 @@
 
 #![deny(missing_docs)]
 
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub mod engine_args;
 pub mod eviction;
 pub mod hash;

@@ -137,14 +137,21 @@ mod staging;
 mod stream;
 
 pub use backend::host_memory;
-pub use borrowed::{BorrowedPages, PageOwner};
-pub use checked::{CheckedInFlight, CheckedSubmitError, HostSide, HostTarget, ResolvedCopy};
-pub use device::{Device, DeviceKind};
-pub use event::InFlight;
-pub use select::{cuda_devices, DeviceRequest};
+pub use borrowed::BorrowedPages;
+pub use checked::CheckedInFlight;
+pub use device::Device;
+pub use select::DeviceRequest;
 pub use staging::StagingPool;
-pub use stream::{CopyStream, StreamCounters, SubmitError};
-pub use vocab::{
-    coalesce, plan_copies, CopyDirection, CopyRun, GpuError, PageCopy, PageGeometry, PagePoolSpec,
-    StagingGeometry, StreamId,
+pub use stream::CopyStream;
+pub use vocab::{GpuError, PageCopy, PagePoolSpec, StagingGeometry};
+// What the crate's own tests and benches reach below the front.
+#[cfg(feature = "internals")]
+pub use {
+    borrowed::PageOwner,
+    checked::{CheckedSubmitError, HostSide, HostTarget, ResolvedCopy},
+    device::DeviceKind,
+    event::InFlight,
+    select::cuda_devices,
+    stream::{StreamCounters, SubmitError},
+    vocab::{coalesce, plan_copies, CopyDirection, CopyRun, PageGeometry, StreamId},
 };

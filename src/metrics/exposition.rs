@@ -28,6 +28,7 @@ pub const BUCKET_BOUNDS_MICROS: [u64; 18] = [
 
 /// The name of every series family as a scraper sees it (with prefix and suffixes), for
 /// the docs and their test.
+#[cfg(feature = "internals")]
 pub fn exposed_names() -> Vec<String> {
     FAMILIES.iter().map(Family::exposed_name).collect()
 }

@@ -28,6 +28,7 @@
 //! into the reporter's totals, so the next periodic INFO report covers the time since the
 //! scrape rather than a whole `stats.interval_s`.
 
+#[cfg(any(feature = "metrics-server", feature = "internals"))]
 pub mod exposition;
 #[cfg(feature = "metrics-server")]
 mod server;
@@ -46,9 +47,11 @@ use crate::messages::stats_reporter::CollectNow;
 use crate::stats::ConnectorStats;
 
 /// How long a scrape waits for one connector's totals before using the last ones it gave.
+#[cfg(any(feature = "metrics-server", feature = "internals"))]
 pub const COLLECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why the metrics endpoint could not start.
+#[cfg(any(feature = "metrics-server", feature = "internals"))]
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
     /// The address is not `HOST:PORT`.
@@ -83,6 +86,7 @@ pub enum MetricsError {
     Thread(#[source] std::io::Error),
 }
 
+#[cfg(any(feature = "metrics-server", feature = "internals"))]
 impl MetricsError {
     /// A short, stable label for metrics and logs.
     pub fn kind(&self) -> &'static str {
@@ -100,6 +104,7 @@ impl MetricsError {
 /// # Errors
 ///
 /// [`MetricsError::Address`] when the text is not `HOST:PORT` with a literal IP.
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub fn parse_metrics_addr(text: &str) -> Result<Option<std::net::SocketAddr>, MetricsError> {
     let text = text.trim();
     if text.is_empty() {

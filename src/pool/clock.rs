@@ -13,6 +13,7 @@
 //! - `clock::I1`. [`SystemClock::now_ms`] never decreases.
 //! - `clock::I2`. [`ManualClock::now_ms`] returns exactly the last value set or advanced to.
 
+#[cfg(any(feature = "replay", feature = "internals"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -54,6 +55,7 @@ impl PoolClock for SystemClock {
 }
 
 /// A clock that moves only when told to: for tests and for simulated time in replay.
+#[cfg(any(feature = "replay", feature = "internals"))]
 #[derive(Debug, Default)]
 pub struct ManualClock {
     /// Current time in ms. Relaxed ordering is enough: readers need the value, not an
@@ -61,6 +63,7 @@ pub struct ManualClock {
     now_ms: AtomicU64,
 }
 
+#[cfg(any(feature = "replay", feature = "internals"))]
 impl ManualClock {
     /// A clock reading `start_ms`.
     pub fn new(start_ms: u64) -> Self {
@@ -70,6 +73,7 @@ impl ManualClock {
     }
 
     /// Moves the clock forward by `delta_ms` (saturating) and returns the new time.
+    #[cfg(feature = "internals")]
     pub fn advance_ms(&self, delta_ms: u64) -> u64 {
         let mut current = self.now_ms.load(Ordering::Relaxed);
         loop {
@@ -93,6 +97,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(any(feature = "replay", feature = "internals"))]
 impl PoolClock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.now_ms.load(Ordering::Relaxed)

@@ -52,7 +52,9 @@ pub mod memory;
 #[cfg(feature = "mooncake")]
 pub mod mooncake;
 
-pub use clock::{ManualClock, PoolClock, SystemClock};
+#[cfg(any(feature = "replay", feature = "internals"))]
+pub use clock::ManualClock;
+pub use clock::{PoolClock, SystemClock};
 pub use guard::{GuardSettings, GuardedPool, HealthView};
 pub use memory::MemoryPool;
 

@@ -50,6 +50,7 @@ impl ReplayConnector for NoConnector {
 
 /// Everything one instance's connector is built from.
 #[derive(Clone)]
+#[cfg_attr(not(feature = "internals"), allow(dead_code, reason = "what every connector factory is given; the binary's own factories read part of it"))]
 pub struct InstanceContext {
     /// This instance, `0..instances`.
     pub instance: usize,
@@ -72,6 +73,7 @@ pub struct InstanceContext {
     pub kv_bytes_scale: f64,
 }
 
+#[cfg(feature = "internals")]
 impl InstanceContext {
     /// Stored bytes of one page of `group` (see the module docs), if the layout has it.
     pub fn stored_page_bytes(&self, group: GroupId) -> Option<usize> {
@@ -91,6 +93,7 @@ pub type ConnectorFactory<'a> =
 /// # Errors
 ///
 /// Never; the signature is the factory's.
+#[allow(clippy::unnecessary_wraps, reason = "the signature every connector factory shares")]
 pub fn no_connector(_context: &InstanceContext) -> Result<Box<dyn ReplayConnector>, ReplayError> {
     Ok(Box::new(NoConnector))
 }

@@ -86,11 +86,13 @@ pub fn fill_page(out: &mut [u8], seed: u64) {
 }
 
 /// Fills `out` with the stale pattern (`content::C3`).
+#[cfg(feature = "internals")]
 pub fn fill_stale(out: &mut [u8]) {
     out.fill(STALE_BYTE);
 }
 
 /// Fills `out` with the draft pattern (`content::C3`).
+#[cfg(feature = "internals")]
 pub fn fill_draft(out: &mut [u8]) {
     out.fill(DRAFT_BYTE);
 }

@@ -182,6 +182,7 @@ fn as_f64(value: usize) -> f64 {
 
 impl CostModel {
     /// The names of the presets with cost numbers.
+    #[cfg(feature = "internals")]
     pub fn preset_names() -> impl Iterator<Item = &'static str> {
         PRESETS.iter().map(|row| row.0)
     }

@@ -513,7 +513,6 @@ impl<'w> Driver<'w> {
             workload_index: index,
             id: RequestId(request.id),
             prompt_len,
-            output_tokens: request.output_tokens,
             arrival_us,
             hashes,
         };

@@ -148,6 +148,7 @@ impl Deployment {
     /// Mooncake in a build without the feature, [`ReplayError::MooncakeSegmentTooSmall`],
     /// `ReplayError::Mooncake` when its master or clients do not start, or the layout's
     /// and pool's errors.
+    #[cfg(feature = "internals")]
     pub fn build(
         layout: &Layout,
         config: &Config,
@@ -289,7 +290,7 @@ impl Deployment {
         }
         #[cfg(not(feature = "mooncake"))]
         {
-            let _ = (config, segment_bytes, stopped);
+            let _ = (config, segment_bytes, params.pool_master, stopped);
             Err(ReplayError::UnsupportedPool {
                 backend: "mooncake",
                 feature: "mooncake",

@@ -110,6 +110,7 @@ pub struct Timeline {
 
 impl Timeline {
     /// The sum of every bucket (TL1).
+    #[cfg(feature = "internals")]
     pub fn totals(&self) -> TimelineBucket {
         let mut sum = TimelineBucket::default();
         for bucket in &self.buckets {

@@ -129,6 +129,7 @@ pub const FAMILIES: &[Family] = &[
 
 /// The family called `name` with type `kind` (two families may share a name across types,
 /// `load` bytes and `load` seconds).
+#[cfg(feature = "internals")]
 pub fn family(name: &str, kind: FamilyType) -> Option<&'static Family> {
     FAMILIES
         .iter()

@@ -39,7 +39,9 @@ mod sets;
 use serde::Serialize;
 
 pub use declare::{CounterDecl, CounterKind, LatencyDecl, REPORT_TARGET};
-pub use latency::{Latency, LatencySummary};
+pub use latency::Latency;
+#[cfg(any(feature = "cli", feature = "internals"))]
+pub use latency::LatencySummary;
 pub use sets::{LoadStats, LookupStats, PoolHealthStats, SaveStats};
 
 /// A snapshot whose accounting is not closed (`stats::A1`, `stats::A2`): some save or load is in

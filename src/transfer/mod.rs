@@ -47,7 +47,9 @@ mod save;
 mod save_retry;
 
 pub use grant::{CopyPermit, LoadGrant};
-pub use load::{load_pages, LoadMoved, LoadOrder};
+pub use load::{load_pages, LoadOrder};
+#[cfg(feature = "internals")]
+pub use load::LoadMoved;
 pub use save::save_pages;
 pub use save_retry::{save_pages_retrying, NoSpaceRetry, RetriedSave};
 

@@ -21,9 +21,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kv_connector::config::{
-    Config, ConfigError, ConfigSources, ModelConfig, MooncakeConfig, StatsConfig,
-};
+use kv_connector::{Config, ConfigError, ConfigSources, ModelConfig, MooncakeConfig, StatsConfig};
 use pyo3::exceptions::{PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 

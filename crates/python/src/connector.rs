@@ -28,12 +28,10 @@ mod start;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kv_connector::connector::{
-    EngineConnector, HookError, ReserveAnswer, ScheduledRequest, SchedulerOutput,
+use kv_connector::{
+    hash_blocks, BlockHash, EngineConnector, HookError, Layout, RequestId, ReservationId,
+    ReserveAnswer, ScheduledRequest, SchedulerOutput,
 };
-use kv_connector::core::hash::{hash_blocks, BlockHash};
-use kv_connector::core::ids::{RequestId, ReservationId};
-use kv_connector::core::layout::Layout;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

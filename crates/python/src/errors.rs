@@ -18,12 +18,10 @@
 
 use std::error::Error as StdError;
 
-use kv_connector::config::ConfigError as RustConfigError;
-use kv_connector::connector::StartError;
-use kv_connector::core::hash::HashError;
-use kv_connector::core::layout::LayoutError as RustLayoutError;
-use kv_connector::gpu::GpuError;
-use kv_connector::pool::PoolError as RustPoolError;
+use kv_connector::{
+    ConfigError as RustConfigError, GpuError, HashError, LayoutError as RustLayoutError,
+    PoolError as RustPoolError, StartError,
+};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::{create_exception, PyTypeInfo};
@@ -123,7 +121,7 @@ pub fn hash(error: &HashError) -> PyErr {
 
 /// A Mooncake client error.
 #[cfg(feature = "mooncake")]
-pub fn mooncake(error: &kv_connector::pool::mooncake::MooncakeError) -> PyErr {
+pub fn mooncake(error: &kv_connector::MooncakeError) -> PyErr {
     raise::<PoolError>(error.kind(), message(error))
 }
 

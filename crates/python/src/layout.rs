@@ -3,8 +3,7 @@
 
 use std::path::Path;
 
-use kv_connector::core::layout::{GroupId, LayerGroup, Layout};
-use kv_connector::core::planner;
+use kv_connector::{load_blocks, GroupId, LayerGroup, Layout};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -111,7 +110,7 @@ impl PyLayout {
         #[pyo3(from_py_with = arg::end)] end: usize,
     ) -> PyResult<Vec<usize>> {
         let group = Self::group(&self.inner, group_id)?;
-        Ok(planner::load_blocks(
+        Ok(load_blocks(
             group.attention(),
             self.inner.tokens_per_block as usize,
             start,

@@ -17,11 +17,10 @@
 
 use std::sync::Arc;
 
-use kv_connector::config::{Config, PoolBackend};
-use kv_connector::core::eviction::EvictionPolicy;
-use kv_connector::gpu::host_memory::{host_memory, HostArena};
-use kv_connector::gpu::Device;
-use kv_connector::pool::{MemoryPool, Pool, PoolError, SystemClock};
+use kv_connector::{
+    host_memory, Config, Device, EvictionPolicy, HostArena, MemoryPool, Pool, PoolBackend,
+    PoolError, SystemClock,
+};
 use pyo3::prelude::*;
 use std::sync::Mutex;
 
@@ -281,7 +280,7 @@ pub fn check_host_memory(config: &Config, given: Option<&PyMemoryPool>) -> PyRes
 /// client takes it back for its Python calls).
 #[cfg(feature = "mooncake")]
 fn mooncake(py: Python<'_>, config: &Config) -> PyResult<Arc<dyn Pool>> {
-    use kv_connector::pool::mooncake::{MooncakePool, MooncakeSettings};
+    use kv_connector::{MooncakePool, MooncakeSettings};
     let settings = MooncakeSettings::from_config(config);
     let pool = py
         .detach(|| MooncakePool::connect(settings))

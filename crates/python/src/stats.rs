@@ -6,8 +6,7 @@
 //! `METRIC_FAMILIES` are the runtime's counter declarations and metric families, so the
 //! vLLM package builds its metrics from them instead of a table of its own.
 
-use kv_connector::stats::families::{Family, FAMILIES};
-use kv_connector::stats::ConnectorStats;
+use kv_connector::{ConnectorStats, Family, FAMILIES};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use serde_json::{json, Value};

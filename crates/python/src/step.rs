@@ -1,7 +1,7 @@
 //! `kv_connector.StepRequest`: one request in one engine step, as `Connector.on_step` takes
 //! it (the runtime's `ScheduledRequest`).
 
-use kv_connector::core::ids::{RequestId, ReservationId};
+use kv_connector::{RequestId, ReservationId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 

@@ -23,8 +23,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kv_connector::core::layout::{GroupId, Layout};
-use kv_connector::gpu::{BorrowedPages, Device};
+use kv_connector::{BorrowedPages, Device, GroupId, Layout};
 use parking_lot::{Condvar, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};

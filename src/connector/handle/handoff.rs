@@ -110,7 +110,7 @@ impl ConnectorHandle {
                 }
             }
             // Freed here after all.
-            Outgoing::Discard(_) => {}
+            Outgoing::Discard(answers) => drop(answers),
         }
     }
 

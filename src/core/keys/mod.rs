@@ -212,6 +212,7 @@ impl KeyPrefix {
     }
 
     /// The prefix text, ending in `/`.
+    #[cfg(feature = "internals")]
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -268,6 +269,7 @@ fn check_segment(field: KeyField, value: &str) -> Result<(), KeyError> {
 }
 
 /// `HEX_PAIRS[b]` is the two lower-case hex digits of byte `b`.
+#[cfg(any(feature = "cli", feature = "internals"))]
 const HEX_PAIRS: [[u8; 2]; 256] = {
     let digits = b"0123456789abcdef";
     let mut table = [[0u8; 2]; 256];
@@ -281,6 +283,7 @@ const HEX_PAIRS: [[u8; 2]; 256] = {
 
 /// The keys of one prefix for a run of hashes, in one contiguous string (`keys::I1`).
 #[derive(Clone, Debug)]
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub struct KeyColumn {
     /// The shared prefix of every key.
     prefix: KeyPrefix,
@@ -294,6 +297,7 @@ pub struct KeyColumn {
     scratch: Vec<u8>,
 }
 
+#[cfg(any(feature = "cli", feature = "internals"))]
 impl KeyColumn {
     /// An empty column of keys under `prefix`.
     pub fn new(prefix: KeyPrefix) -> Self {
@@ -340,11 +344,13 @@ impl KeyColumn {
     }
 
     /// Makes room for `additional` more keys, so that appending them does not reallocate.
+    #[cfg(feature = "internals")]
     pub fn reserve(&mut self, additional: usize) {
         self.text.reserve(additional * self.key_len);
     }
 
     /// Key `index`, or `None` past the end.
+    #[cfg(feature = "internals")]
     pub fn get(&self, index: usize) -> Option<&str> {
         if index >= self.len {
             return None;
@@ -361,21 +367,25 @@ impl KeyColumn {
     }
 
     /// The keys as a vector of borrowed strings, for batched pool calls.
+    #[cfg(feature = "internals")]
     pub fn as_strs(&self) -> Vec<&str> {
         self.iter().collect()
     }
 
     /// Number of keys.
+    #[cfg(feature = "internals")]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the column holds no key.
+    #[cfg(feature = "internals")]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Drops the keys from `len` on (no effect if the column is shorter).
+    #[cfg(feature = "internals")]
     pub fn truncate(&mut self, len: usize) {
         if len < self.len {
             self.text.truncate(len * self.key_len);
@@ -384,11 +394,13 @@ impl KeyColumn {
     }
 
     /// The prefix every key shares.
+    #[cfg(feature = "internals")]
     pub fn prefix(&self) -> &KeyPrefix {
         &self.prefix
     }
 
     /// Byte length of every key (`keys::I1`).
+    #[cfg(feature = "internals")]
     pub fn key_len(&self) -> usize {
         self.key_len
     }

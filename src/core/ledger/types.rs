@@ -184,6 +184,7 @@ pub enum ReleaseOutcome {
 
 /// Counters the reservation manager reports (plain fields; the actor owns them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(clippy::struct_field_names, reason = "the counters keep the names they are reported under")]
 pub struct LedgerCounters {
     /// Reservations accepted, replacements included.
     pub num_reserved: u64,

@@ -153,6 +153,7 @@ pub enum ObjectError {
 
 impl ObjectError {
     /// A short, stable label for metrics and logs.
+    #[cfg(feature = "internals")]
     pub fn kind(&self) -> &'static str {
         match self {
             ObjectError::BufferTooSmall { .. } => "buffer_too_small",
@@ -179,7 +180,10 @@ fn shard_fields(shard: Shard) -> (u8, u32, u32) {
 mod checksum;
 
 pub use checksum::checksum;
-pub use checksum::{finish as finish_checksum, word_term, LEN_KEY, MIX, WORD_KEY, WORD_SALT};
+#[cfg(any(feature = "cuda", feature = "internals"))]
+pub use checksum::finish as finish_checksum;
+#[cfg(feature = "internals")]
+pub use checksum::{word_term, LEN_KEY, MIX, WORD_KEY, WORD_SALT};
 
 /// Total object size for a payload of `payload_len` bytes.
 pub fn object_len(payload_len: usize) -> usize {
@@ -192,6 +196,7 @@ pub fn object_len(payload_len: usize) -> usize {
 ///
 /// # Errors
 /// [`ObjectError::BufferTooSmall`] when `buf` cannot hold header and payload.
+#[cfg(feature = "internals")]
 pub fn seal(
     identity: &ObjectIdentity,
     buf: &mut [u8],
@@ -255,6 +260,7 @@ pub fn seal_with_checksum(
 ///
 /// # Errors
 /// The first mismatch found, as an [`ObjectError`].
+#[cfg(feature = "internals")]
 pub fn open<'a>(
     expected: &ObjectIdentity,
     object: &'a [u8],

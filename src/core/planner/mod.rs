@@ -169,6 +169,7 @@ pub enum RoundKind {
 
 impl RoundKind {
     /// A short, stable label for metrics and logs.
+    #[cfg(feature = "internals")]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Initial => "initial",
@@ -193,11 +194,13 @@ pub struct ProbeRound {
 
 impl ProbeRound {
     /// This round's id.
+    #[cfg(feature = "internals")]
     pub fn id(&self) -> RoundId {
         self.id
     }
 
     /// Why this round was issued.
+    #[cfg(feature = "internals")]
     pub fn kind(&self) -> RoundKind {
         self.kind
     }
@@ -208,6 +211,7 @@ impl ProbeRound {
     }
 
     /// The items split into chunks of at most `probe_chunk_items`, to issue concurrently.
+    #[cfg(feature = "internals")]
     pub fn chunks(&self) -> std::slice::Chunks<'_, ProbeItem> {
         self.items.chunks(self.chunk_items)
     }
@@ -390,6 +394,7 @@ pub enum PlanError {
     },
 }
 
+#[cfg(any(feature = "replay", feature = "internals"))]
 impl PlanError {
     /// A short, stable label for metrics and logs.
     pub fn kind(&self) -> &'static str {

@@ -15,6 +15,7 @@ pub struct PerPriority {
 
 impl PerPriority {
     /// The count for `priority`.
+    #[cfg(feature = "internals")]
     pub fn get(&self, priority: SavePriority) -> u64 {
         match priority {
             SavePriority::Window => self.window,
@@ -24,6 +25,7 @@ impl PerPriority {
     }
 
     /// The sum over every priority.
+    #[cfg(feature = "internals")]
     pub fn total(&self) -> u64 {
         self.window + self.full + self.resave
     }

@@ -58,6 +58,7 @@ pub struct PushOutcome<T> {
 
 impl<T> PushOutcome<T> {
     /// Queued, nothing dropped.
+    #[cfg(feature = "internals")]
     pub fn queued() -> Self {
         Self {
             queued: true,
@@ -66,6 +67,7 @@ impl<T> PushOutcome<T> {
     }
 
     /// Whether the pushed item is now queued.
+    #[cfg(feature = "internals")]
     pub fn is_queued(&self) -> bool {
         self.queued
     }

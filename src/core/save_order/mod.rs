@@ -72,7 +72,9 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-pub use counters::{PerPriority, SaveQueueCounters};
+#[cfg(feature = "internals")]
+pub use counters::PerPriority;
+pub use counters::SaveQueueCounters;
 pub use item::{OfRequest, Prioritized, PushOutcome, SaveItem};
 pub use priority::{SaveKey, SavePriority};
 
@@ -180,6 +182,7 @@ impl<T: OfRequest> SaveQueue<T> {
 
     /// Removes every queued item for which `matches` is true and hands them back in save
     /// order. Removed items are counted apart from drops.
+    #[cfg(feature = "internals")]
     pub fn remove_where(&mut self, mut matches: impl FnMut(&T) -> bool) -> Vec<Prioritized<T>> {
         let keys: Vec<SaveKey> = self
             .entries
@@ -201,6 +204,7 @@ impl<T: OfRequest> SaveQueue<T> {
     /// Removes every queued save of `request` (it was aborted) and hands them back in push
     /// order, so the caller can release the pages. The request is not shed: a later push of
     /// it is queued as usual.
+    #[cfg(feature = "internals")]
     pub fn drain_request(&mut self, request: RequestId) -> Vec<Prioritized<T>> {
         let mut removed = Vec::new();
         for key in self.requests.take(request) {
@@ -228,6 +232,7 @@ impl<T: OfRequest> SaveQueue<T> {
 
 impl<T> SaveQueue<T> {
     /// The key [`SaveQueue::pop`] would take next.
+    #[cfg(feature = "internals")]
     pub fn peek_key(&self) -> Option<SaveKey> {
         self.entries.first_key_value().map(|(key, _)| *key)
     }
@@ -243,16 +248,19 @@ impl<T> SaveQueue<T> {
     }
 
     /// The most items the queue holds (`save_order::I1`).
+    #[cfg(feature = "internals")]
     pub fn capacity(&self) -> usize {
         self.capacity.get()
     }
 
     /// Whether window pages are filed ahead of full-attention blocks (R21).
+    #[cfg(feature = "internals")]
     pub fn window_first(&self) -> bool {
         self.window_first
     }
 
     /// Items queued now, per priority pushed with.
+    #[cfg(feature = "internals")]
     pub fn queued(&self) -> PerPriority {
         let mut queued = PerPriority::default();
         for entry in self.entries.values() {
@@ -262,6 +270,7 @@ impl<T> SaveQueue<T> {
     }
 
     /// The counters so far.
+    #[cfg(feature = "internals")]
     pub fn counters(&self) -> SaveQueueCounters {
         self.counters
     }

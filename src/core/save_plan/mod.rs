@@ -73,6 +73,7 @@ pub fn past_chunk_end(step: &SaveStep, block: usize) -> bool {
 
 /// The blocks of one group to save this step, each with its priority, ascending
 /// (`save_plan::S1`-S3).
+#[cfg(feature = "internals")]
 pub fn blocks_to_save(attention: Attention, step: &SaveStep) -> Vec<(usize, SavePriority)> {
     let mut ranges = Vec::new();
     block_ranges_to_save(attention, step, SaveCap::ChunkEnd, &mut ranges);
@@ -93,6 +94,7 @@ pub fn blocks_to_save_capped(
 }
 
 /// The blocks of `ranges`, one by one, each with its range's priority.
+#[cfg(feature = "internals")]
 fn each_block(ranges: Vec<(Range<usize>, SavePriority)>) -> Vec<(usize, SavePriority)> {
     ranges
         .into_iter()

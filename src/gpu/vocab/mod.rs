@@ -24,7 +24,9 @@ mod stream_id;
 mod strided;
 
 pub(crate) use copy::locate_page;
-pub use copy::{coalesce, plan_copies, CopyDirection, CopyRun, PageCopy};
+#[cfg(feature = "internals")]
+pub use copy::coalesce;
+pub use copy::{plan_copies, CopyDirection, CopyRun, PageCopy};
 pub use error::GpuError;
 pub use pages::{PageGeometry, PagePoolSpec};
 pub use staging::StagingGeometry;

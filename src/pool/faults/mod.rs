@@ -49,7 +49,9 @@ mod outage;
 mod spec;
 
 pub use outage::Outage;
-pub use spec::{FaultPoint, FaultSpec, FaultSpecError};
+#[cfg(any(feature = "cli", feature = "internals"))]
+pub use spec::FaultSpecError;
+pub use spec::{FaultPoint, FaultSpec};
 
 /// The kinds of pool call whose attempts are counted per key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -207,6 +209,7 @@ impl FaultyPool {
     }
 
     /// The injector.
+    #[cfg(feature = "internals")]
     pub fn injector(&self) -> &Arc<FaultInjector> {
         &self.faults
     }

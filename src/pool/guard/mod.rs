@@ -132,6 +132,7 @@ impl GuardedPool {
 
     /// Probe calls running now off their callers' threads, those past their deadline
     /// included (at most `pool.calls_in_flight`).
+    #[cfg(feature = "internals")]
     pub fn calls_running(&self) -> usize {
         self.runner.running()
     }

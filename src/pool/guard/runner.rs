@@ -85,6 +85,7 @@ impl CallRunner {
     }
 
     /// Calls running now, those past their deadline included.
+    #[cfg(feature = "internals")]
     pub(crate) fn running(&self) -> usize {
         *self.slots.running.lock()
     }

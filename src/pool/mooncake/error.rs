@@ -23,6 +23,7 @@ pub const OBJECT_ALREADY_EXISTS: i32 = -705;
 /// background (every few milliseconds above the high watermark), so a later put succeeds.
 pub const NO_AVAILABLE_HANDLE: i32 = -200;
 /// `TRANSFER_FAIL`: the transport failed, for example a batch above the per-peer queue.
+#[cfg(feature = "internals")]
 pub const TRANSFER_FAIL: i32 = -800;
 /// `RPC_FAIL`: the master cannot be reached.
 pub const RPC_FAIL: i32 = -900;

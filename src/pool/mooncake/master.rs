@@ -85,6 +85,7 @@ pub struct MasterPorts {
 /// A running `mooncake_master` child process; stopped on drop (`mooncake::master::I1`).
 #[derive(Debug)]
 pub struct MooncakeMaster {
+    #[cfg(feature = "internals")]
     settings: MasterSettings,
     ports: MasterPorts,
     child: Option<Child>,
@@ -98,6 +99,7 @@ impl MooncakeMaster {
     /// [`MooncakeError::NoFreePort`], [`MooncakeError::MasterSpawn`] (binary missing),
     /// [`MooncakeError::MasterExited`] (after the retries), [`MooncakeError::MasterNotReady`],
     /// [`MooncakeError::MasterLog`].
+    #[cfg_attr(not(feature = "internals"), allow(clippy::needless_pass_by_value, reason = "kept for restarts where those are built (the outage drills)"))]
     pub fn start(settings: MasterSettings) -> Result<Self, MooncakeError> {
         let mut attempt = 0;
         loop {
@@ -112,6 +114,7 @@ impl MooncakeMaster {
                         "mooncake_master started"
                     );
                     return Ok(Self {
+                        #[cfg(feature = "internals")]
                         settings,
                         ports,
                         child: Some(child),
@@ -124,6 +127,7 @@ impl MooncakeMaster {
     }
 
     /// Its ports.
+    #[cfg(feature = "internals")]
     pub fn ports(&self) -> MasterPorts {
         self.ports
     }
@@ -180,6 +184,7 @@ impl MooncakeMaster {
     /// # Errors
     ///
     /// As [`stop`](Self::stop) and [`start`](Self::start), without the port retry.
+    #[cfg(feature = "internals")]
     pub fn restart(&mut self) -> Result<(), MooncakeError> {
         self.stop()?;
         self.child = Some(spawn_ready(&self.settings, self.ports)?);

@@ -67,6 +67,7 @@ mod counters;
 pub mod error;
 mod glog;
 mod lifecycle;
+#[cfg(any(feature = "replay", feature = "internals"))]
 mod master;
 mod pool;
 mod python;
@@ -75,7 +76,12 @@ mod settings;
 mod staging;
 
 pub use error::MooncakeError;
-pub use master::{MasterPorts, MasterSettings, MooncakeMaster};
+#[cfg(feature = "internals")]
+pub use master::MasterPorts;
+#[cfg(any(feature = "replay", feature = "internals"))]
+pub use master::{MasterSettings, MooncakeMaster};
 pub use pool::MooncakePool;
-pub use python::{ensure_interpreter, MooncakeInstall};
+#[cfg(feature = "internals")]
+pub use python::ensure_interpreter;
+pub use python::MooncakeInstall;
 pub use settings::MooncakeSettings;

@@ -548,7 +548,6 @@ mod tests {
             workload_index: 0,
             id: RequestId(id),
             prompt_len,
-            output_tokens: 1,
             arrival_us: 0,
             hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, 16)?,
         };

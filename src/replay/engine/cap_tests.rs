@@ -219,7 +219,6 @@ fn serve(engine: &mut Engine, id: u64, start_us: u64) -> Result<u64, ReplayError
         workload_index: 0,
         id: RequestId(id),
         prompt_len: tokens.len(),
-        output_tokens: 1,
         arrival_us: start_us,
         hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, T)?,
     };

@@ -137,7 +137,6 @@ fn loading_engine() -> Result<Engine, ReplayError> {
         workload_index: 0,
         id: RequestId(1),
         prompt_len: tokens.len(),
-        output_tokens: 1,
         arrival_us: 0,
         hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, T)?,
     };

@@ -395,6 +395,7 @@ impl Engine {
         self.step_cpu_latency.record(hooks.cpu);
         Ok(StepResult {
             changed: true,
+            #[cfg(feature = "internals")]
             duration_us,
             done,
         })
@@ -550,7 +551,6 @@ mod tests {
             workload_index: 0,
             id: RequestId(7),
             prompt_len,
-            output_tokens: 1,
             arrival_us: 0,
             hashes,
         };

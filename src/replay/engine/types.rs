@@ -16,8 +16,6 @@ pub struct ArrivedRequest {
     pub id: RequestId,
     /// `P`.
     pub prompt_len: usize,
-    /// Answer tokens (decoded on the generation stage).
-    pub output_tokens: u32,
     /// Simulated arrival (after session gating).
     pub arrival_us: SimMicros,
     /// Chain hashes of the prompt's full blocks (R1, default scope).
@@ -45,6 +43,7 @@ pub struct StepResult {
     /// Whether any request changed state (admitted, resumed, computed, freed).
     pub changed: bool,
     /// Simulated duration of the step (0 when nothing was computed).
+    #[cfg(feature = "internals")]
     pub duration_us: SimMicros,
     /// Requests whose prompt finished in this step.
     pub done: Vec<PromptDone>,

@@ -34,6 +34,7 @@ impl KvCache {
     }
 
     /// The extra KV tokens (0 without a drafter).
+    #[cfg(feature = "internals")]
     pub fn extra_tokens(&self) -> usize {
         self.extra_tokens
     }

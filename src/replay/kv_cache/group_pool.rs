@@ -74,16 +74,19 @@ impl GroupPool {
     }
 
     /// Free pages.
+    #[cfg(feature = "internals")]
     pub(super) fn free_len(&self) -> usize {
         self.free.len()
     }
 
     /// Cached pages nobody holds (evictable).
+    #[cfg(feature = "internals")]
     pub(super) fn evictable_len(&self) -> usize {
         self.lru.len()
     }
 
     /// Table entries naming `page`.
+    #[cfg(feature = "internals")]
     pub(super) fn holders(&self, page: u32) -> u32 {
         self.refs.get(slot(page)).copied().unwrap_or(0)
     }

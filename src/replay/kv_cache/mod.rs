@@ -98,6 +98,7 @@ pub struct GroupPolicy {
 
 impl GroupPolicy {
     /// A full-attention group.
+    #[cfg(feature = "internals")]
     pub const FULL: Self = Self {
         attention: Attention::FULL,
         keep_extra_tokens: 0,
@@ -105,6 +106,7 @@ impl GroupPolicy {
     };
 
     /// A window group of `W` window tokens and `S` sinks, keeping `R` tokens more.
+    #[cfg(feature = "internals")]
     pub const fn window(
         window_tokens: usize,
         sink_tokens: usize,
@@ -232,6 +234,7 @@ pub struct SharedPrefix<'a> {
 
 impl SharedPrefix<'_> {
     /// No local match.
+    #[cfg(feature = "internals")]
     pub const NONE: SharedPrefix<'static> = SharedPrefix {
         hashes: &[],
         tokens: 0,
@@ -594,16 +597,19 @@ impl KvCache {
     }
 
     /// Free pages per group (for tests and reports).
+    #[cfg(feature = "internals")]
     pub fn free_pages(&self) -> Vec<usize> {
         self.groups.iter().map(GroupPool::free_len).collect()
     }
 
     /// Cached pages nobody holds (evictable) per group.
+    #[cfg(feature = "internals")]
     pub fn evictable_pages(&self) -> Vec<usize> {
         self.groups.iter().map(GroupPool::evictable_len).collect()
     }
 
     /// Table entries naming `page` of group `group` (for tests).
+    #[cfg(feature = "internals")]
     pub fn holders(&self, group: usize, page: u32) -> u32 {
         self.groups.get(group).map_or(0, |pool| pool.holders(page))
     }

@@ -13,8 +13,7 @@
 //! 2. for each request in order, write its prompt tokens, hash them into a chain (R1), and
 //!    ask the [`Oracle`] how many tokens an unbounded prefix pool would have reused (and,
 //!    for hybrid layouts, how many with window groups stored at prompt ends and at window
-//!    checkpoints);
-//! 3. [`WorkloadSummary::of`] gives the totals a report prints.
+//!    checkpoints).
 //!
 //! Invariants:
 //! - `workload::I1`. Tokens are a pure function of the prompt source: the same source always writes
@@ -30,11 +29,14 @@ mod oracle;
 mod trace;
 
 pub use error::{GenerateError, TraceError};
-pub use generate::{generate_long_multiturn, LongMultiturnParams, MAX_GENERATED_REQUESTS};
-pub use oracle::{Oracle, OracleTotals};
-pub use trace::{
-    read_mooncake_trace, TraceReader, MAX_INPUT_LENGTH, MAX_LINE_BYTES, MAX_OUTPUT_LENGTH,
-    MAX_TIMESTAMP_MS,
+pub use generate::{generate_long_multiturn, LongMultiturnParams};
+pub use oracle::Oracle;
+pub use trace::{read_mooncake_trace, MAX_INPUT_LENGTH};
+#[cfg(feature = "internals")]
+pub use {
+    generate::MAX_GENERATED_REQUESTS,
+    oracle::OracleTotals,
+    trace::{TraceReader, MAX_LINE_BYTES, MAX_OUTPUT_LENGTH, MAX_TIMESTAMP_MS},
 };
 
 /// Vocabulary size of the token ids a workload produces (that of gpt-oss).
@@ -171,11 +173,13 @@ pub struct WorkloadRequest {
 
 impl WorkloadRequest {
     /// Prompt length in tokens.
+    #[cfg(feature = "internals")]
     pub fn prompt_len(&self) -> usize {
         self.prompt.prompt_len()
     }
 
     /// The prompt tokens, freshly allocated; prefer [`Self::write_prompt_tokens`] in loops.
+    #[cfg(feature = "internals")]
     pub fn prompt_tokens(&self) -> Vec<i64> {
         let mut out = Vec::new();
         self.prompt.write_tokens(&mut out);
@@ -188,7 +192,8 @@ impl WorkloadRequest {
     }
 }
 
-/// Totals of a workload, for reports.
+/// Totals of a workload (what the tests check a workload against).
+#[cfg(feature = "internals")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorkloadSummary {
     /// Number of requests.
@@ -203,6 +208,7 @@ pub struct WorkloadSummary {
     pub last_arrival_ms: u64,
 }
 
+#[cfg(feature = "internals")]
 impl WorkloadSummary {
     /// Sums a workload.
     pub fn of(requests: &[WorkloadRequest]) -> Self {

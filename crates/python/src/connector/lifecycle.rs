@@ -5,8 +5,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use kv_connector::connector::ConnectorHandle;
-use kv_connector::stats::ConnectorStats;
+use kv_connector::{ConnectorHandle, ConnectorStats};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 

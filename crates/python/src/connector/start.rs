@@ -5,12 +5,10 @@
 
 use std::sync::Arc;
 
-use kv_connector::connector::{ConnectorHandle, ConnectorParams};
-use kv_connector::core::hash::{scope_seed, Scope};
-use kv_connector::core::layout::Layout;
-use kv_connector::core::object;
-use kv_connector::gpu::{Device, DeviceRequest};
-use kv_connector::pool::Pool;
+use kv_connector::{
+    object_len, scope_seed, ConnectorHandle, ConnectorParams, Device, DeviceRequest, Layout, Pool,
+    Scope,
+};
 use pyo3::prelude::*;
 
 use super::lifecycle::{self, State};
@@ -135,7 +133,7 @@ fn page_pools(layout: &Layout, devices: &[Device]) -> PyResult<(Vec<usize>, Vec<
             let spec = device
                 .page_pool(group.id)
                 .map_err(|error| errors::device(&error))?;
-            object_lens.push(object::object_len(spec.page_bytes));
+            object_lens.push(object_len(spec.page_bytes));
             *count = (*count).min(spec.num_pages);
         }
     }

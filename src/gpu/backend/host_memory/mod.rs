@@ -77,7 +77,9 @@ mod slot;
 
 use chunk::Chunk;
 
-pub use meminfo::{host_memory, parse_meminfo, HostMemory};
+pub use meminfo::{host_memory, HostMemory};
+#[cfg(feature = "internals")]
+pub use meminfo::parse_meminfo;
 use slot::SlotOwner;
 pub use slot::{HostSlot, SharedSlot};
 

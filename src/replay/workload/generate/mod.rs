@@ -244,6 +244,7 @@ impl LongMultiturnParams {
     }
 
     /// Sum of all prompt lengths of the workload.
+    #[cfg(feature = "internals")]
     pub fn total_prompt_tokens(&self) -> u64 {
         let per_session: u64 = (0..self.turns_per_session)
             .map(|turn| self.turn_prompt_len(turn))

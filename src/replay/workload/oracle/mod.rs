@@ -91,6 +91,7 @@ impl OracleTotals {
         clippy::cast_precision_loss,
         reason = "a ratio for reports; token counts far below 2^52 are exact"
     )]
+    #[cfg(feature = "internals")]
     pub fn reusable_share(&self) -> f64 {
         if self.prompt_tokens == 0 {
             return 0.0;
@@ -106,6 +107,7 @@ impl Oracle {
     }
 
     /// An empty pool with room for `blocks` hashes.
+    #[cfg(feature = "internals")]
     pub fn with_capacity(blocks: usize) -> Self {
         Oracle {
             seen: HashSet::with_capacity(blocks),
@@ -115,6 +117,7 @@ impl Oracle {
 
     /// An empty pool for a layout with window groups stored at prompt ends with rewind
     /// `rewind_tokens`, without window checkpoints (module docs).
+    #[cfg(feature = "internals")]
     pub fn with_window_rewind(rewind_tokens: usize) -> Self {
         Oracle::with_window(rewind_tokens, None)
     }
@@ -254,6 +257,7 @@ impl Oracle {
     }
 
     /// Distinct hashes seen.
+    #[cfg(feature = "internals")]
     pub fn seen_blocks(&self) -> usize {
         self.seen.len()
     }
