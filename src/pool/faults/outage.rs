@@ -17,10 +17,13 @@
 //! [`FaultInjector::counts`]: super::FaultInjector::counts
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(any(feature = "replay", feature = "internals"))]
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+#[cfg(any(feature = "replay", feature = "internals"))]
 use crate::pool::PoolError;
 
 /// How the pool is gone (module docs).
@@ -61,6 +64,7 @@ impl PoolOutage {
 
     /// The answer of a call of `keys` keys during an outage, or `None` when there is
     /// none (then the call goes on).
+    #[cfg(any(feature = "replay", feature = "internals"))]
     pub(super) fn answer<T>(&self, keys: usize) -> Option<Vec<Result<T, PoolError>>> {
         let mut current = self.current.lock();
         let outage = (*current)?;

@@ -83,5 +83,6 @@ pub use master::{MasterSettings, MooncakeMaster};
 pub use pool::MooncakePool;
 #[cfg(feature = "internals")]
 pub use python::ensure_interpreter;
+#[cfg(any(feature = "replay", feature = "internals"))]
 pub use python::MooncakeInstall;
 pub use settings::MooncakeSettings;
