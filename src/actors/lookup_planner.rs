@@ -172,8 +172,10 @@ impl LookupPlanner {
         self.stats.shed += 1;
         tracing::debug!(request = %message.request, "lookup planner queue full; lookup shed, nothing offered");
         let settings = Arc::clone(&self.settings);
+        let keys = Arc::clone(&self.keys);
         let asked = (message.request, message.ticket);
-        let work = tokio::task::spawn_blocking(move || hash_only(&settings, &message.prompt));
+        let work =
+            tokio::task::spawn_blocking(move || hash_only(&settings, &keys, &message.prompt));
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
             actor.send(
                 joined.unwrap_or_else(|_| LookupResult::failed()),

@@ -267,7 +267,7 @@ impl ReservationManager {
         let Some(ledger) = self.ledger.as_mut() else {
             return self.fail_now(ctx, request, reservation);
         };
-        let pages = load.planned_pages();
+        let pages = load.planned_pages(&self.keys);
         let started_at = Instant::now();
         let reserved = pages.iter().map(|(page, _)| *page).collect();
         let ticket = match ledger

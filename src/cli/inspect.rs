@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use super::validate::ConfigArgs;
 use crate::config::{Config, ConfigError, LoadedConfig, PoolBackend};
-use crate::core::hash::{hash_blocks, scope_seed, HashError, Scope};
+use crate::core::hash::{scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
 use crate::core::keys::KeySpace;
 use crate::core::layout::{Layout, LayoutError};
@@ -313,8 +313,8 @@ fn inspect(
     )?;
     let tokens_per_block = usize::try_from(layout.tokens_per_block).unwrap_or(usize::MAX);
     let seed = scope_seed(&Scope::default());
-    let hashes = hash_blocks(seed, prompt, tokens_per_block)?;
     let settings = PlannerSettings::new(&loaded.runtime, layout, seed);
+    let hashes = settings.prompt_hashes(&keys, prompt)?;
     let result = run_lookup(
         under_test.pool.as_ref(),
         &keys,
@@ -357,7 +357,7 @@ fn inspect(
         tokens_per_block,
         prompt_tokens: prompt.len(),
         local_match_tokens: args.local_match,
-        hashes: hashes.iter().map(ToString::to_string).collect(),
+        hashes: hashes.chain().iter().map(ToString::to_string).collect(),
         groups,
         lookup,
     })

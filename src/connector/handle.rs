@@ -16,6 +16,7 @@ use super::{EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOu
 use crate::actors::stats_reporter::StatsReporter;
 use crate::core::ids::{LookupTicket, RequestId, ReservationId};
 use crate::core::keys::KeySpace;
+use crate::core::page_names::PromptHashes;
 use crate::core::layout::{Attention, Layout};
 use crate::core::save_order::SavePriority;
 use crate::messages::courier::{LookupAnswer, Outgoing};
@@ -308,7 +309,7 @@ impl EngineConnector for ConnectorHandle {
         };
         if self.thread.is_none() {
             // Closed: nothing is looked up any more, so nothing is offered or saved.
-            state.lookup = Some((None, Arc::from(Vec::new())));
+            state.lookup = Some((None, PromptHashes::default()));
         } else {
             self.unsent_lookups.push(LookupPrefix {
                 request,

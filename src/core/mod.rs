@@ -14,6 +14,7 @@ pub mod keys;
 pub mod layout;
 pub mod ledger;
 pub mod object;
+pub mod page_names;
 pub mod planner;
 pub mod pool_health;
 pub mod save_order;

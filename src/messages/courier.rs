@@ -28,7 +28,7 @@
 
 use std::sync::Arc;
 
-use crate::core::hash::BlockHash;
+use crate::core::page_names::PromptHashes;
 use crate::core::planner::LookupPlan;
 use crate::messages::lookup_planner::LookupPrefixes;
 use crate::messages::reservation_manager::{ReleaseReservation, StartLoads};
@@ -36,7 +36,7 @@ use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
 
 /// A finished lookup as the handle keeps it: its plan (`None` when it failed) and the
 /// prompt's chain hashes.
-pub type LookupAnswer = (Option<Arc<LookupPlan>>, Arc<[BlockHash]>);
+pub type LookupAnswer = (Option<Arc<LookupPlan>>, PromptHashes);
 
 /// One message for an actor, as the engine's handle hands it over.
 #[derive(Debug)]

@@ -12,10 +12,9 @@ pub mod reservation_manager;
 pub mod saver_queue;
 pub mod stats_reporter;
 
-use crate::core::hash::BlockHash;
+use crate::core::page_names::PromptHashes;
 use crate::core::ids::{LookupTicket, RequestId, ReservationId};
 use crate::core::planner::LookupPlan;
-use std::sync::Arc;
 
 /// A lookup's result, sent by the lookup planner to the engine's handle.
 #[derive(Debug)]
@@ -27,8 +26,8 @@ pub struct LookupCompleted {
     pub ticket: LookupTicket,
     /// The plan (R10-R15); `None` when the lookup failed (the engine computes everything).
     pub plan: Option<LookupPlan>,
-    /// Chain hashes of the prompt's full blocks (R1), reused for saves.
-    pub hashes: Arc<[BlockHash]>,
+    /// The names of the prompt's pages (R1, R37), reused for saves.
+    pub hashes: PromptHashes,
 }
 
 /// A reservation whose load ended, sent by the reservation manager to the engine's

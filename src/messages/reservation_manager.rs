@@ -7,6 +7,8 @@ use std::time::Instant;
 use actix::Message;
 
 use crate::core::hash::BlockHash;
+use crate::core::keys::KeySpace;
+use crate::core::page_names::PromptHashes;
 use crate::core::ids::{PageIndex, RequestId, ReservationId};
 use crate::core::ledger::{LoadResult, LoadTicket, ReservedPage};
 use crate::core::planner::LookupPlan;
@@ -48,8 +50,8 @@ pub struct StartLoad {
     pub tokens: Range<u64>,
     /// The lookup's plan: which blocks of which groups to load (R15).
     pub plan: Arc<LookupPlan>,
-    /// The prompt's chain hashes.
-    pub hashes: Arc<[BlockHash]>,
+    /// The names of the prompt's pages (R1, R37).
+    pub hashes: PromptHashes,
     /// The engine's page for each planned block, in plan order (groups, then blocks).
     pub pages: Vec<u32>,
     /// The pages the engine lends to the load; the handle takes them back on a release
@@ -58,9 +60,9 @@ pub struct StartLoad {
 }
 
 impl StartLoad {
-    /// Pairs each planned (group, block) with its engine page and chain hash, in plan
-    /// order; a block without a hash or a page is left out.
-    pub(crate) fn planned_pages(&self) -> Vec<(ReservedPage, BlockHash)> {
+    /// Pairs each planned (group, block) with its engine page and its page's name in
+    /// `keys` (R37), in plan order; a block without a name or a page is left out.
+    pub(crate) fn planned_pages(&self, keys: &KeySpace) -> Vec<(ReservedPage, BlockHash)> {
         let blocks = self
             .plan
             .loads
@@ -69,7 +71,7 @@ impl StartLoad {
         blocks
             .zip(&self.pages)
             .filter_map(|((group, block), &page)| {
-                let hash = *self.hashes.get(block)?;
+                let hash = keys.page_hash(&self.hashes, group, block)?;
                 Some((
                     ReservedPage {
                         block_index: block as u64,

@@ -2,7 +2,9 @@
 //! page loaded from the pool can be checked (`docs/DESIGN.md` section 11, "KV content is
 //! deterministic").
 //!
-//! A page's bytes are a function of (layer group, shard, chain hash) only:
+//! A page's bytes are a function of (layer group, shard, page name) only, the name being
+//! the block's chain hash, or for a drafter's group its next-token hash (R37: a hidden-state
+//! drafter's page also depends on the token after the block):
 //!
 //! 1. [`page_seed`] hashes those fields with xxh3 into a 64-bit seed;
 //! 2. [`fill_page`] expands the seed with splitmix64 into the page, 8 bytes at a time.
@@ -31,6 +33,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::core::hash::BlockHash;
 use crate::core::keys::Shard;
+use crate::core::page_names::PageNaming;
 use crate::core::layout::{GroupId, LayerGroup};
 use crate::gpu::{Device, GpuError};
 
@@ -104,6 +107,8 @@ pub struct ContentGroup {
     pub id: GroupId,
     /// Whether its pages are identical on every rank (`content::C2`).
     pub replicated: bool,
+    /// Which name of a block its page content is drawn from (R37).
+    pub naming: PageNaming,
 }
 
 impl ContentGroup {
@@ -112,6 +117,7 @@ impl ContentGroup {
         Self {
             id: group.id,
             replicated: group.replicated,
+            naming: PageNaming::from(group.role),
         }
     }
 
@@ -364,6 +370,7 @@ mod tests {
         let group = ContentGroup {
             id: GroupId(0),
             replicated: false,
+            naming: PageNaming::Chain,
         };
         let mut checker = PageChecker::new(2);
         checker.write_computed(&devices, &group, 1, &hash(3))?;
@@ -414,6 +421,7 @@ mod tests {
         let group = ContentGroup {
             id: GroupId(2),
             replicated: true,
+            naming: PageNaming::Chain,
         };
         PageChecker::new(2).write_computed(&devices, &group, 0, &hash(9))?;
         assert_eq!(

@@ -49,9 +49,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::core::hash::{hash_blocks, scope_seed, BlockHash, Scope};
+use crate::core::hash::{scope_seed, BlockHash, Scope};
 use crate::core::ids::RequestId;
-use crate::core::layout::{LayerGroup, Layout};
+use crate::core::layout::{LayerGroup, Layout, ModelRole};
+use crate::core::page_names::PromptHashes;
 
 use super::connectors::{ConnectorFactory, InstanceContext};
 use super::cost::{CostModel, SimMicros};
@@ -501,9 +502,10 @@ impl<'w> Driver<'w> {
         let request = &self.workload[index];
         request.write_prompt_tokens(&mut self.tokens);
         let tokens_per_block = usize::try_from(self.params.layout.tokens_per_block).unwrap_or(1);
-        let hashes = hash_blocks(self.seed, &self.tokens, tokens_per_block)?;
+        let has_drafter = self.params.layout.groups.iter().any(|group| group.role == ModelRole::Draft);
+        let hashes = PromptHashes::of_prompt(self.seed, &self.tokens, tokens_per_block, has_drafter)?;
         let prompt_len = self.tokens.len();
-        let reusable = self.oracle.admit(&hashes, prompt_len, tokens_per_block);
+        let reusable = self.oracle.admit(hashes.chain(), prompt_len, tokens_per_block);
         if let Some(hooks) = &mut self.timeline {
             hooks.delivered(index, prompt_len, reusable);
         }

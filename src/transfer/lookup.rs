@@ -14,10 +14,10 @@
 //!   (R30).
 
 use std::num::NonZeroUsize;
-use std::sync::Arc;
 use std::time::Instant;
 
-use crate::core::hash::{hash_blocks, BlockHash};
+use crate::core::hash::BlockHash;
+use crate::core::page_names::PromptHashes;
 use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::core::planner::{Lookup, LookupPlan, LookupRequest, PlannerGroup};
@@ -64,6 +64,25 @@ impl PlannerSettings {
             lookup_timeout: planner.lookup_timeout,
         }
     }
+
+    /// The names of `prompt`'s pages under `keys`: its chain hashes, and its next-token
+    /// hashes when a group is named by them (R37).
+    ///
+    /// # Errors
+    ///
+    /// [`crate::core::hash::HashError`] when `T` is 0.
+    pub fn prompt_hashes(
+        &self,
+        keys: &KeySpace,
+        prompt: &[i64],
+    ) -> Result<PromptHashes, crate::core::hash::HashError> {
+        PromptHashes::of_prompt(
+            self.seed,
+            prompt,
+            self.tokens_per_block,
+            keys.needs_next_token(),
+        )
+    }
 }
 
 /// What one lookup produced.
@@ -71,8 +90,9 @@ impl PlannerSettings {
 pub struct LookupResult {
     /// The plan, or `None` when the lookup failed.
     pub plan: Option<LookupPlan>,
-    /// The prompt's chain hashes.
-    pub hashes: Arc<[BlockHash]>,
+    /// The names of the prompt's pages: chain hashes, and next-token hashes where the
+    /// layout has draft groups (R37).
+    pub hashes: PromptHashes,
     /// Keys probed.
     pub keys_probed: u64,
     /// Time spent probing.
@@ -87,7 +107,7 @@ impl LookupResult {
     pub fn failed() -> Self {
         LookupResult {
             plan: None,
-            hashes: Arc::from(Vec::new()),
+            hashes: PromptHashes::default(),
             keys_probed: 0,
             probe_time: std::time::Duration::ZERO,
             lost_to_outage: false,
@@ -97,10 +117,10 @@ impl LookupResult {
 
 /// A lookup that probes nothing: the prompt's chain hashes (so its computed pages are still
 /// saved) and nothing offered. The planner answers a shed lookup with it.
-pub fn hash_only(settings: &PlannerSettings, prompt: &[i64]) -> LookupResult {
-    match hash_blocks(settings.seed, prompt, settings.tokens_per_block) {
+pub fn hash_only(settings: &PlannerSettings, keys: &KeySpace, prompt: &[i64]) -> LookupResult {
+    match settings.prompt_hashes(keys, prompt) {
         Ok(hashes) => LookupResult {
-            hashes: Arc::from(hashes),
+            hashes,
             ..LookupResult::failed()
         },
         Err(_) => LookupResult::failed(),
@@ -115,7 +135,7 @@ pub fn run_lookup(
     prompt: &[i64],
     local_match_tokens: usize,
 ) -> LookupResult {
-    let Ok(hashes) = hash_blocks(settings.seed, prompt, settings.tokens_per_block) else {
+    let Ok(hashes) = settings.prompt_hashes(keys, prompt) else {
         return LookupResult::failed();
     };
     let shard_keys = keys
@@ -136,7 +156,6 @@ pub fn run_lookup(
         // A chunk smaller than one item's shard keys still probes one item.
         probe_chunk_items: (settings.probe_chunk_keys.get() / shard_keys).max(1),
     };
-    let hashes: Arc<[BlockHash]> = Arc::from(hashes);
     let Ok(mut lookup) = Lookup::new(request) else {
         return LookupResult {
             hashes,
@@ -146,7 +165,7 @@ pub fn run_lookup(
     let started = Instant::now();
     let mut keys_probed = 0;
     let ended = |keys_probed, lost_to_outage| LookupResult {
-        hashes: Arc::clone(&hashes),
+        hashes: hashes.clone(),
         keys_probed,
         probe_time: started.elapsed(),
         plan: None,
@@ -195,7 +214,7 @@ struct Probed {
 fn probe_round(
     pool: &dyn Pool,
     keys: &KeySpace,
-    hashes: &[BlockHash],
+    hashes: &PromptHashes,
     items: &[crate::core::planner::ProbeItem],
     chunk_keys: NonZeroUsize,
 ) -> Probed {
@@ -206,9 +225,9 @@ fn probe_round(
         let group = keys
             .index_of(item.group)
             .and_then(|position| keys.group(position));
-        match (group, hashes.get(item.block)) {
+        match (group, keys.page_hash(hashes, item.group, item.block)) {
             (Some(group), Some(hash)) => {
-                for key in group.all_shard_keys(hash) {
+                for key in group.all_shard_keys(&hash) {
                     all_keys.push(key);
                     owner.push(index);
                 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_connector::{
-    hash_blocks, BlockHash, EngineConnector, HookError, Layout, RequestId, ReservationId,
+    BlockHash, EngineConnector, HookError, Layout, PromptHashes, RequestId, ReservationId,
     ReserveAnswer, ScheduledRequest, SchedulerOutput,
 };
 use parking_lot::Mutex;
@@ -287,20 +287,29 @@ impl PyConnector {
     /// shard, in layout order (as `kv-connector keys` prints them).
     fn keys(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
         let tokens = int_sequence(tokens, "tokens")?;
-        let hashes = hash_blocks(self.seed, &tokens, self.layout.tokens_per_block as usize)
-            .map_err(|error| errors::hash(&error))?;
         Ok(self.with(py, |state| {
             let keys = state.handle.keys();
-            hashes
-                .iter()
-                .map(|hash| {
-                    keys.groups
-                        .iter()
-                        .flat_map(|group| group.all_shard_keys(hash))
-                        .collect()
-                })
-                .collect()
-        }))
+            let hashes = PromptHashes::of_prompt(
+                self.seed,
+                &tokens,
+                self.layout.tokens_per_block as usize,
+                keys.needs_next_token(),
+            )
+            .map_err(|error| errors::hash(&error))?;
+            // A drafter's group is keyed by its next-token names (R37): it has no key for a
+            // block whose next token is not in `tokens`.
+            PyResult::Ok(
+                (0..hashes.chain().len())
+                    .map(|block| {
+                        keys.groups
+                            .iter()
+                            .filter_map(|group| Some((group, hashes.get(group.naming, block)?)))
+                            .flat_map(|(group, hash)| group.all_shard_keys(hash))
+                            .collect()
+                    })
+                    .collect(),
+            )
+        })?)
     }
 
     /// The layout served.

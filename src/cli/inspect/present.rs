@@ -8,7 +8,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::core::hash::BlockHash;
+use crate::core::page_names::PromptHashes;
 use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::pool::Pool;
@@ -53,7 +53,7 @@ pub fn presence(
     pool: &dyn Pool,
     layout: &Layout,
     keys: &KeySpace,
-    hashes: &[BlockHash],
+    hashes: &PromptHashes,
     with_keys: bool,
 ) -> Vec<GroupPresence> {
     layout
@@ -64,7 +64,8 @@ pub fn presence(
             let shard_names = group.shards(layout.world_size);
             // keys_by_shard[s][block]
             let mut keys_by_shard: Vec<Vec<String>> = vec![Vec::new(); shard_names.len()];
-            for hash in hashes {
+            // A drafter's group is probed under its next-token names (R37).
+            for hash in hashes.names(group_keys.naming).iter() {
                 for (shard, key) in group_keys.all_shard_keys(hash).enumerate() {
                     if let Some(column) = keys_by_shard.get_mut(shard) {
                         column.push(key);

@@ -15,11 +15,11 @@
 //! and takes it back out of every count when it comes back refused; so refused work is
 //! counted once, as failed loads and dropped pages, whichever side refused it.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ConnectorHandle;
 use crate::connector::FinishedLoad;
+use crate::core::page_names::PromptHashes;
 use crate::messages::courier::{Outgoing, Refused};
 use crate::messages::lookup_planner::LookupPrefixes;
 use crate::messages::reservation_manager::StartLoads;
@@ -125,7 +125,7 @@ impl ConnectorHandle {
             for lookup in message.lookups {
                 if let Some(state) = self.requests.get_mut(&lookup.request) {
                     if state.ticket == lookup.ticket {
-                        state.lookup = Some((None, Arc::from(Vec::new())));
+                        state.lookup = Some((None, PromptHashes::default()));
                     }
                 }
             }

@@ -100,13 +100,15 @@ impl ConnectorHandle {
         let mut pages = Vec::with_capacity(plan.load_blocks());
         for load in &plan.loads {
             let position = self.keys.index_of(load.group)?;
+            let named = hashes.names(self.keys.group(position)?.naming).len();
             let table = scheduled.page_tables.get(position).copied().unwrap_or(&[]);
             // Blocks ascend, so the last one bounds them all; a load can hold 10k blocks,
-            // and this loop runs on the engine thread.
+            // and this loop runs on the engine thread. Every offered block has a name
+            // (`page_names::N2`); one without is no load.
             if load
                 .blocks
                 .last()
-                .is_some_and(|&last| last >= hashes.len() || last >= table.len())
+                .is_some_and(|&last| last >= named || last >= table.len())
             {
                 return None;
             }
@@ -123,7 +125,7 @@ impl ConnectorHandle {
             reservation,
             tokens,
             plan: Arc::clone(plan),
-            hashes: Arc::clone(hashes),
+            hashes: hashes.clone(),
             pages,
             grant: Arc::clone(&grant),
         };

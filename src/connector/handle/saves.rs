@@ -12,7 +12,6 @@
 //!    batch names it again), after every page of the request: its save queue forgets
 //!    that it shed the request (`save_order::I7`) before the engine may reuse the id.
 
-use std::sync::Arc;
 
 use super::ConnectorHandle;
 use crate::connector::{ScheduledRequest, SchedulerOutput};
@@ -115,16 +114,16 @@ impl ConnectorHandle {
         let (false, Some((_, hashes))) = (state.disputed, &state.lookup) else {
             return;
         };
-        let hashes = Arc::clone(hashes);
+        let hashes = hashes.clone();
         let last_chunk = scheduled.computed_after >= scheduled.prompt_len && !state.window_saved;
         state.window_saved |= last_chunk;
-        let step = SaveStep {
+        let mut step = SaveStep {
             tokens_per_block: self.tokens_per_block,
             prompt_len: scheduled.prompt_len,
             computed_before: scheduled.computed_before,
             computed_after: scheduled.computed_after,
             reused_until: state.reused_until,
-            hashed_blocks: hashes.len(),
+            hashed_blocks: 0,
             last_chunk,
             rewind_tokens: self.rewind_tokens,
             checkpoint_tokens: self.checkpoint_tokens,
@@ -137,6 +136,10 @@ impl ConnectorHandle {
             ) else {
                 continue;
             };
+            // A draft page is saved only under its next-token name (R37): blocks without
+            // one are not planned (`page_names::N1`).
+            let names = hashes.names(keys.naming);
+            step.hashed_blocks = names.len();
             block_ranges_to_save(
                 group.attention,
                 &step,
@@ -156,7 +159,7 @@ impl ConnectorHandle {
                         *priority,
                         blocks.clone(),
                         table,
-                        &hashes,
+                        names,
                     );
                 }
             }

@@ -5,6 +5,7 @@ use super::{KeyError, KeyPrefix, KeySpec, Shard};
 use crate::core::hash::BlockHash;
 use crate::core::layout::{GroupId, Layout, LayoutFingerprint};
 use crate::core::object::ObjectIdentity;
+use crate::core::page_names::{PageNaming, PromptHashes};
 
 /// One group of the layout with its per-shard key prefixes and its device page size.
 #[derive(Debug)]
@@ -15,6 +16,8 @@ pub struct GroupKeys {
     pub replicated: bool,
     /// Payload bytes stored per page (the device page size).
     pub payload_len: usize,
+    /// Which hash names its pages (R37: the drafter's by the next-token hash).
+    pub naming: PageNaming,
     /// Key prefix per shard: index = rank, or a single entry for replicated groups.
     prefixes: Vec<(Shard, KeyPrefix)>,
 }
@@ -64,6 +67,7 @@ impl KeySpace {
                 group: group.id,
                 replicated: group.replicated,
                 payload_len,
+                naming: PageNaming::from(group.role),
                 prefixes,
             });
         }
@@ -81,6 +85,26 @@ impl KeySpace {
     /// The layout position of a group id.
     pub fn index_of(&self, group: GroupId) -> Option<usize> {
         self.groups.iter().position(|keys| keys.group == group)
+    }
+
+    /// Whether some group's pages are named by next-token hashes (a layout with draft
+    /// groups): only then does a prompt need them (R37).
+    pub fn needs_next_token(&self) -> bool {
+        self.groups
+            .iter()
+            .any(|group| group.naming == PageNaming::NextToken)
+    }
+
+    /// The name of block `block`'s page in group `group`: its chain hash or its next-token
+    /// hash (R37); `None` for an unknown group or a page without a name.
+    pub fn page_hash(
+        &self,
+        hashes: &PromptHashes,
+        group: GroupId,
+        block: usize,
+    ) -> Option<BlockHash> {
+        let naming = self.groups.get(self.index_of(group)?)?.naming;
+        hashes.get(naming, block).copied()
     }
 
     /// The object identity of a block's page in a group on a rank.

@@ -323,7 +323,7 @@ impl Engine {
         for (group, content) in self.groups.iter().enumerate() {
             for block in self.cache.load_blocks(group, local) {
                 let (Some(page), Some(hash)) =
-                    (pages.page(group, block), request.hashes.get(block))
+                    (pages.page(group, block), request.hashes.get(content.naming, block))
                 else {
                     return Err(KvCacheError::SharedPageMissing { group, block }.into());
                 };
@@ -549,7 +549,7 @@ mod tests {
             id: RequestId(id),
             prompt_len,
             arrival_us: 0,
-            hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, 16)?,
+            hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, 16)?.into(),
         };
         engine.enqueue(request, Arc::from(tokens))
     }

@@ -220,7 +220,7 @@ fn serve(engine: &mut Engine, id: u64, start_us: u64) -> Result<u64, ReplayError
         id: RequestId(id),
         prompt_len: tokens.len(),
         arrival_us: start_us,
-        hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, T)?,
+        hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, T)?.into(),
     };
     engine.enqueue(request, Arc::from(tokens))?;
     let mut now = start_us;

@@ -138,7 +138,7 @@ fn loading_engine() -> Result<Engine, ReplayError> {
         id: RequestId(1),
         prompt_len: tokens.len(),
         arrival_us: 0,
-        hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, T)?,
+        hashes: hash_blocks(scope_seed(&Scope::default()), &tokens, T)?.into(),
     };
     engine.enqueue(request, Arc::from(tokens))?;
     engine.step(0)?;

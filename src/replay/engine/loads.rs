@@ -104,7 +104,7 @@ impl Engine {
                 }
                 let (Some(page), Some(hash)) = (
                     active.pages.page(group, block),
-                    active.request.hashes.get(block),
+                    active.request.hashes.get(content.naming, block),
                 ) else {
                     // Every block of the load has a page (`allocate_load`): a missing one
                     // would go unchecked, so it stops the replay (`engine::E2`).

@@ -102,6 +102,7 @@ use std::time::Duration;
 
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::layout::Layout;
+use crate::core::page_names::PageNaming;
 use crate::gpu::Device;
 use crate::stats::Latency;
 
@@ -242,6 +243,7 @@ impl Engine {
                 attention: group.attention(),
                 keep_extra_tokens: setup.rewind_tokens,
                 checkpoint_tokens: setup.checkpoint_tokens,
+                naming: PageNaming::from(group.role),
             })
             .collect();
         let mut full_page_bytes = Vec::new();
@@ -552,7 +554,7 @@ mod tests {
             id: RequestId(7),
             prompt_len,
             arrival_us: 0,
-            hashes,
+            hashes: hashes.into(),
         };
         Ok((request, Arc::from(tokens)))
     }
@@ -568,7 +570,7 @@ mod tests {
         let mut bytes = vec![0; 4096];
         fill_page(
             &mut bytes,
-            page_seed(GroupId(0), shard, &engine.active[0].request.hashes[block]),
+            page_seed(GroupId(0), shard, &engine.active[0].request.hashes.chain()[block]),
         );
         bytes
     }

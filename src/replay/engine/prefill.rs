@@ -81,11 +81,13 @@ impl Engine {
             }
         }
         // Block `b` completes when `before < (b + 1) * T <= after`.
+        // A drafter's page of a block whose next token is past the prompt has no name
+        // (`page_names::N1`): it is never saved, shared or loaded, so it is not written.
         for block in before / t..after / t {
-            let Some(hash) = active.request.hashes.get(block) else {
-                continue;
-            };
             for (group, content) in self.groups.iter().enumerate() {
+                let Some(hash) = active.request.hashes.get(content.naming, block) else {
+                    continue;
+                };
                 if let Some(page) = active.pages.page(group, block) {
                     self.cache.ensure_writable(group, page)?;
                     self.checker

@@ -1,7 +1,7 @@
 //! The values an [`Engine`](super::Engine) takes and hands back: arrived requests, step
 //! results, counters and the final summary.
 
-use crate::core::hash::BlockHash;
+use crate::core::page_names::PromptHashes;
 use crate::core::ids::RequestId;
 use crate::replay::cost::SimMicros;
 use crate::stats::ConnectorStats;
@@ -18,8 +18,8 @@ pub struct ArrivedRequest {
     pub prompt_len: usize,
     /// Simulated arrival (after session gating).
     pub arrival_us: SimMicros,
-    /// Chain hashes of the prompt's full blocks (R1, default scope).
-    pub hashes: Vec<BlockHash>,
+    /// The names of the prompt's pages (R1, default scope; R37 for a drafter's groups).
+    pub hashes: PromptHashes,
 }
 
 /// A request whose prompt is computed: its first token is out.

@@ -77,7 +77,7 @@ mod testkit;
 
 use std::ops::Range;
 
-use crate::core::hash::BlockHash;
+use crate::core::page_names::{PageNaming, PromptHashes};
 use crate::core::layout::{Attention, GroupKind};
 
 use group_pool::GroupPool;
@@ -94,6 +94,9 @@ pub struct GroupPolicy {
     pub keep_extra_tokens: usize,
     /// `I`: a window group keeps the window of every multiple of it (R28); 0: none.
     pub checkpoint_tokens: usize,
+    /// Which name its cached pages go under: the chain hash, or the next-token hash of a
+    /// drafter's group (R37), whose page also depends on the token after the block.
+    pub naming: PageNaming,
 }
 
 impl GroupPolicy {
@@ -103,6 +106,7 @@ impl GroupPolicy {
         attention: Attention::FULL,
         keep_extra_tokens: 0,
         checkpoint_tokens: 0,
+        naming: PageNaming::Chain,
     };
 
     /// A window group of `W` window tokens and `S` sinks, keeping `R` tokens more.
@@ -116,6 +120,7 @@ impl GroupPolicy {
             attention: Attention::window(window_tokens, sink_tokens),
             keep_extra_tokens,
             checkpoint_tokens: 0,
+            naming: PageNaming::Chain,
         }
     }
 
@@ -222,12 +227,12 @@ impl RequestPages {
     }
 }
 
-/// A prompt's local match, as admission shares it: the prompt's chain hashes and the
-/// block-aligned tokens served by cached pages (0: nothing shared).
+/// A prompt's local match, as admission shares it: the names of the prompt's pages and
+/// the block-aligned tokens served by cached pages (0: nothing shared).
 #[derive(Clone, Copy, Debug)]
 pub struct SharedPrefix<'a> {
-    /// Chain hashes of the prompt's full blocks.
-    pub hashes: &'a [BlockHash],
+    /// The names of the prompt's pages (R1, R37).
+    pub hashes: &'a PromptHashes,
     /// Tokens of the match, a multiple of `T` ([`KvCache::local_match`]).
     pub tokens: usize,
 }
@@ -235,10 +240,14 @@ pub struct SharedPrefix<'a> {
 impl SharedPrefix<'_> {
     /// No local match.
     #[cfg(feature = "internals")]
-    pub const NONE: SharedPrefix<'static> = SharedPrefix {
-        hashes: &[],
-        tokens: 0,
-    };
+    pub fn none() -> SharedPrefix<'static> {
+        static NONE: std::sync::LazyLock<PromptHashes> =
+            std::sync::LazyLock::new(PromptHashes::default);
+        SharedPrefix {
+            hashes: &NONE,
+            tokens: 0,
+        }
+    }
 }
 
 /// What [`KvCache::admit`] hands back.
@@ -407,9 +416,10 @@ impl KvCache {
         // (`kv_cache::K4`).
         for index in 0..self.groups.len() {
             for block in self.load_blocks(index, shared.tokens) {
+                let naming = self.groups[index].policy.naming;
                 let page = shared
                     .hashes
-                    .get(block)
+                    .get(naming, block)
                     .and_then(|hash| self.groups[index].share(hash))
                     .ok_or(KvCacheError::SharedPageMissing {
                         group: index,
@@ -528,6 +538,7 @@ impl KvCache {
                     },
                 keep_extra_tokens,
                 checkpoint_tokens,
+                ..
             } = self.groups[group].policy
             else {
                 continue;
@@ -621,6 +632,7 @@ mod tests {
 
     use super::testkit::{admit, cache, compute, hashes, serve};
     use super::*;
+    use crate::core::hash::BlockHash;
 
     #[test]
     fn admission_allocates_full_groups_and_promises_window_quota_k2_k3() -> Result<(), KvCacheError>
@@ -630,7 +642,7 @@ mod tests {
         // local match is shared.
         assert_eq!(cache.quota_for(1000, 0), vec![63, 9]);
         assert_eq!(cache.quota_for(1000, 16), vec![63, 13]);
-        let admission = cache.admit(1000, SharedPrefix::NONE)?;
+        let admission = cache.admit(1000, SharedPrefix::none())?;
         assert_eq!(admission.fresh.len(), 63);
         let pages = admission.pages;
         assert!(pages.tables()[0].iter().all(|&page| page >= 0));
@@ -639,7 +651,7 @@ mod tests {
         // 63 + 63 > 100: the second prompt waits.
         assert!(!cache.can_admit(1000, 0));
         assert_eq!(
-            cache.admit(1000, SharedPrefix::NONE).map(|a| a.fresh.len()),
+            cache.admit(1000, SharedPrefix::none()).map(|a| a.fresh.len()),
             Err(KvCacheError::NoRoom { prompt_len: 1000 })
         );
         cache.release(pages);
@@ -812,7 +824,7 @@ mod tests {
             .filter(|&block| pages.page(1, block).is_some())
             .collect();
         assert_eq!(window, vec![0, 16, 17, 18, 19]);
-        assert_eq!(served.len(), 20);
+        assert_eq!(served.chain().len(), 20);
         cache.release(pages);
         Ok(())
     }
@@ -820,7 +832,7 @@ mod tests {
     /// One live request of the randomized test.
     struct Live {
         pages: RequestPages,
-        hashes: Vec<BlockHash>,
+        hashes: PromptHashes,
         prompt_len: usize,
     }
 
@@ -890,7 +902,7 @@ mod tests {
             for group in 0..2 {
                 for block in cache.load_blocks(group, local) {
                     let page = pages.page(group, block).unwrap_or(u32::MAX);
-                    assert_eq!(content.get(&(group, page)), Some(&hashes[block]));
+                    assert_eq!(content.get(&(group, page)), Some(&hashes.chain()[block]));
                 }
             }
             shared_tokens += local;
@@ -904,7 +916,7 @@ mod tests {
                             content.remove(&(group, page));
                         }
                     }
-                    let completed = hashes.iter().enumerate().take(end / 16);
+                    let completed = hashes.chain().iter().enumerate().take(end / 16);
                     for (block, hash) in completed.skip(computed / 16) {
                         if let Some(page) = pages.page(group, block) {
                             cache.ensure_writable(group, page)?;

@@ -2,7 +2,7 @@
 //! it recently used while the request waits, and caching a finished request's blocks
 //! (the rules are in the parent module's docs, "Local prefix cache").
 
-use crate::core::hash::BlockHash;
+use crate::core::page_names::PromptHashes;
 
 use super::{KvCache, RequestPages, SharedPrefix};
 
@@ -11,14 +11,15 @@ impl KvCache {
     /// blocks every group holds in the cache (`kv_cache` docs: every block before `e` in a
     /// full group; the sinks and the window of `e` in a window group). Never reaches the
     /// block holding the last prompt token; 0 when nothing matches.
-    pub fn local_match(&self, hashes: &[BlockHash], prompt_len: usize, cap_tokens: usize) -> usize {
+    pub fn local_match(&self, hashes: &PromptHashes, prompt_len: usize, cap_tokens: usize) -> usize {
         let t = self.tokens_per_block;
         let mut end = (prompt_len.saturating_sub(1) / t)
-            .min(hashes.len())
+            .min(hashes.chain().len())
             .min(cap_tokens / t);
         for group in &self.groups {
             if group.policy.is_full() {
-                end = hashes[..end]
+                let names = hashes.names(group.policy.naming);
+                end = names[..end.min(names.len())]
                     .iter()
                     .take_while(|hash| group.contains(hash))
                     .count();
@@ -33,7 +34,11 @@ impl KvCache {
                     .load_blocks(index, end * t)
                     .into_iter()
                     .rev()
-                    .find(|&block| !group.contains(&hashes[block]));
+                    .find(|&block| {
+                        hashes
+                            .get(group.policy.naming, block)
+                            .is_none_or(|hash| !group.contains(hash))
+                    });
                 if let Some(block) = missing {
                     // Every end in (block, end] needs `block` too: it is a sink below that
                     // end, or inside that end's window.
@@ -50,8 +55,9 @@ impl KvCache {
     /// share them), head blocks newest so that a tail is evicted before its head.
     pub fn touch_match(&mut self, shared: SharedPrefix<'_>) {
         for index in 0..self.groups.len() {
+            let naming = self.groups[index].policy.naming;
             for block in self.load_blocks(index, shared.tokens).into_iter().rev() {
-                if let Some(hash) = shared.hashes.get(block) {
+                if let Some(hash) = shared.hashes.get(naming, block) {
                     self.groups[index].touch(hash);
                 }
             }
@@ -64,13 +70,14 @@ impl KvCache {
     pub fn publish(
         &mut self,
         pages: &RequestPages,
-        hashes: &[BlockHash],
+        hashes: &PromptHashes,
         computed_tokens: usize,
     ) -> usize {
-        let blocks = (computed_tokens / self.tokens_per_block).min(hashes.len());
+        let blocks = computed_tokens / self.tokens_per_block;
         let mut cached = 0;
         for (group, table) in self.groups.iter_mut().zip(&pages.tables) {
-            for (hash, &page) in hashes.iter().zip(table).take(blocks) {
+            let names = hashes.names(group.policy.naming);
+            for (hash, &page) in names.iter().zip(table).take(blocks) {
                 if let Ok(page) = u32::try_from(page) {
                     cached += usize::from(group.register(*hash, page));
                 }
@@ -96,12 +103,14 @@ mod tests {
         // The same prompt: block 9 holds its last token, so 9 blocks match.
         assert_eq!(cache.local_match(&served, 160, usize::MAX), 144);
         // A longer prompt starting with it matches all 10 cached blocks.
-        let mut longer = served.clone();
+        let mut longer = served.chain().to_vec();
         longer.extend([hash(1, 10), hash(1, 11)]);
+        let longer = PromptHashes::from(longer);
         assert_eq!(cache.local_match(&longer, 200, usize::MAX), 160);
         // A prompt that diverges at block 4 matches 4 blocks; a cap cuts to whole blocks.
-        let mut diverging = served.clone();
+        let mut diverging = served.chain().to_vec();
         diverging[4] = hash(2, 4);
+        let diverging = PromptHashes::from(diverging);
         assert_eq!(cache.local_match(&diverging, 200, usize::MAX), 64);
         assert_eq!(cache.local_match(&longer, 200, 50), 48);
         assert_eq!(cache.local_match(&hashes(3, 10), 200, usize::MAX), 0);

@@ -1,7 +1,9 @@
 //! Helpers of the cache's unit tests: made-up chain hashes and a request's life in the
 //! cache (admit, compute chunk by chunk, publish, release).
 
-use super::{BlockHash, GroupPolicy, KvCache, KvCacheError, RequestPages, SharedPrefix};
+use crate::core::hash::BlockHash;
+
+use super::{GroupPolicy, PromptHashes, KvCache, KvCacheError, RequestPages, SharedPrefix};
 
 /// A window group: `W = 64`, `S = 4`, nothing kept past the window.
 pub(super) const WINDOW: GroupPolicy = GroupPolicy::window(64, 4, 0);
@@ -19,13 +21,13 @@ pub(super) fn hash(stream: u8, block: usize) -> BlockHash {
 }
 
 /// The chain hashes of the first `blocks` blocks of `stream`.
-pub(super) fn hashes(stream: u8, blocks: usize) -> Vec<BlockHash> {
-    (0..blocks).map(|block| hash(stream, block)).collect()
+pub(super) fn hashes(stream: u8, blocks: usize) -> PromptHashes {
+    PromptHashes::from_chain((0..blocks).map(|block| hash(stream, block)).collect())
 }
 
 /// Admits a prompt without a local match.
 pub(super) fn admit(cache: &mut KvCache, prompt_len: usize) -> Result<RequestPages, KvCacheError> {
-    Ok(cache.admit(prompt_len, SharedPrefix::NONE)?.pages)
+    Ok(cache.admit(prompt_len, SharedPrefix::none())?.pages)
 }
 
 /// Computes tokens `[from, to)` chunk by chunk as the engine does (window pages
@@ -55,7 +57,7 @@ pub(super) fn serve(
     cache: &mut KvCache,
     stream: u8,
     prompt_len: usize,
-) -> Result<Vec<BlockHash>, KvCacheError> {
+) -> Result<PromptHashes, KvCacheError> {
     let hashes = hashes(stream, prompt_len / 16);
     let mut pages = admit(cache, prompt_len)?;
     compute(cache, &mut pages, 0, prompt_len)?;
