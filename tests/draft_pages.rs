@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use common::{finished_loads, memory_pool, page_content, reserve, start, Instance};
 use kv_connector::config::Config;
-use kv_connector::connector::{EngineConnector, ReserveAnswer};
+use kv_connector::connector::ReserveAnswer;
 use kv_connector::core::ids::{RequestId, ReservationId};
 use kv_connector::core::layout::{GroupId, Layout, ModelRole};
 use kv_connector::pool::{MemoryPool, Pool};
@@ -42,17 +42,14 @@ fn eagle_layout() -> Result<Layout, Box<dyn std::error::Error>> {
 /// A prompt of `blocks` full blocks and `extra` more tokens whose token at `blocks_before *
 /// T` is `fork` (the rest counts up from 0).
 fn forked(blocks: usize, extra: usize, fork_at_block: usize, fork: i64) -> Arc<[i64]> {
-    let mut tokens: Vec<i64> = (0..i64::try_from(blocks * T + extra).unwrap()).collect();
+    let mut tokens: Vec<i64> = (0_i64..).take(blocks * T + extra).collect();
     tokens[fork_at_block * T] = fork;
     tokens.into()
 }
 
 /// The offer of a fresh lookup of `tokens` on `instance`.
 fn offer(instance: &mut Instance, request: RequestId, tokens: &Arc<[i64]>) -> usize {
-    instance
-        .handle
-        .lookup_prefix(request, Arc::clone(tokens), 0)
-        .unwrap();
+    common::look_up(&mut instance.handle, request, tokens);
     match reserve(&mut instance.handle, request, ReservationId(request.0)) {
         ReserveAnswer::Offer { extra_tokens, .. } => extra_tokens,
         ReserveAnswer::Pending => unreachable!("reserve waits for an answer"),
@@ -116,8 +113,8 @@ fn r37_the_last_block_of_a_block_aligned_prompt_saves_no_draft_page() -> TestRes
         4 + 3,
         "4 target pages and draft pages of blocks 0-2"
     );
-    let saves = saver.handle.shutdown().saves;
-    assert_eq!(saves.saves_enqueued, 7);
-    assert_eq!(saves.saves_done, 7);
+    let stats = saver.handle.shutdown().saves;
+    assert_eq!(stats.saves_enqueued, 7);
+    assert_eq!(stats.saves_done, 7);
     Ok(())
 }

@@ -183,6 +183,37 @@ fn draft_layer_groups_are_saved_and_loaded_with_the_prefix() -> TestResult {
     Ok(())
 }
 
+/// The drafter's report side by side: with the drafter's KV in the layout and the engines'
+/// local prefix caches on, some requests resume from the pool and some from their own
+/// cache; every verification is counted once under its prefix source, and every loaded or
+/// shared page (draft pages named by their next token, R37) verifies.
+#[test]
+fn drafts_are_reported_by_prefix_source_r37() -> TestResult {
+    let mut params = replay_params("llama-3.1-8b-eagle", Some(DRAFTER), 1.0 / 1024.0)?;
+    params.local_prefix_cache = true;
+    let report = replay_with(&params)?;
+    assert_eq!(report.mismatched_pages, 0);
+    assert_eq!(report.published_uncomputed_pages, 0);
+    let drafter = report.drafter.as_ref().ok_or("no drafter report")?;
+    assert!(drafter.draft_kv_in_layout);
+    let by = &drafter.by_prefix;
+    assert!(by.pool.requests > 0 && by.local.requests > 0, "{by:?}");
+    let tallies = [by.pool, by.local, by.computed];
+    assert_eq!(
+        tallies.iter().map(|t| t.requests).sum::<u64>(),
+        report.completed
+    );
+    for tally in tallies {
+        assert_eq!(tally.tokens_proposed, tally.requests * 5, "{by:?}");
+        assert!(tally.tokens_accepted <= tally.tokens_proposed);
+    }
+    assert_eq!(
+        tallies.iter().map(|t| t.tokens_accepted).sum::<u64>(),
+        drafter.tokens_accepted
+    );
+    Ok(())
+}
+
 /// A pool whose test can evict keys: an evicted key is absent for probes and gets until
 /// a put writes it again (the put is counted as a rewrite).
 struct EvictingPool {

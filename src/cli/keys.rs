@@ -16,6 +16,10 @@
 //! 5. Print one line per full block, `block<TAB>hash<TAB>key...`, or with `--json` one JSON
 //!    array of `{"block": i, "hash": "<hex>", "keys": [...]}`. Input without a full block
 //!    is an error that says so.
+//!
+//! The keys are those of target-model groups: a drafter's group names its pages by the
+//! chain extended with the next token (R37), which this tool does not compute; the Python
+//! package's `Connector.keys` gives them for a layout with draft groups.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};

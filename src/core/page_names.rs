@@ -178,7 +178,7 @@ mod tests {
             t in 1_usize..9,
             flip in 0_usize..80,
         ) {
-            let tokens: Vec<i64> = (0..len as i64).map(|i| i * 7 % 13).collect();
+            let tokens: Vec<i64> = (0_i64..).take(len).map(|i| i * 7 % 13).collect();
             let hashes = PromptHashes::of_prompt(seed(), &tokens, t, true).map_err(|e| TestCaseError::fail(e.to_string()))?;
             let expected = (0..hashes.chain().len()).filter(|k| (k + 1) * t < len).count();
             prop_assert_eq!(hashes.names(PageNaming::NextToken).len(), expected);

@@ -35,7 +35,8 @@
 //! payload is not their block's computed content, counted at the pool by the replay's
 //! witness, `super::witness`; must be 0), `drafter`
 //! (null without `--drafter`; else {`draft_tokens`, `acceptance`, `tokens_proposed`,
-//! `tokens_accepted`, `pages_written`, `pages_rewound`}), `sim` {`duration_s`,
+//! `tokens_accepted`, `pages_written`, `pages_rewound`, `by_prefix` {`pool`, `local`,
+//! `computed`: {`requests`, `tokens_proposed`, `tokens_accepted`}}, `draft_kv_in_layout`}), `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
 //! `wall_seconds`, `stopped_by` (only in a partial report: `sigint` or `sigterm`),
@@ -70,6 +71,7 @@ use crate::stats::LatencySummary;
 
 use super::baseline::BaselineComparison;
 use super::cost::CostModel;
+use super::engine::{DraftTally, DraftsByPrefix};
 
 /// Simulated-time figures.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -179,6 +181,12 @@ pub struct DrafterReport {
     pub pages_written: u64,
     /// Pages given back after rejected drafts.
     pub pages_rewound: u64,
+    /// The same verifications by where each request's prefix came from: pool-served
+    /// against locally reused against computed.
+    pub by_prefix: DraftsByPrefix,
+    /// Whether the layout carries the drafter's KV (a `role = "draft"` group): only then
+    /// does a pool-served request's drafter resume on loaded rows rather than none.
+    pub draft_kv_in_layout: bool,
 }
 
 /// Everything a replay reports.
@@ -581,6 +589,19 @@ impl ReplayReport {
                 out,
                 "  drafter             {:>14} of {} draft tokens accepted, {} pages rewound",
                 drafter.tokens_accepted, drafter.tokens_proposed, drafter.pages_rewound
+            )?;
+            let rate = |tally: &DraftTally| 100.0 * share(tally.tokens_accepted, tally.tokens_proposed);
+            let by = &drafter.by_prefix;
+            writeln!(
+                out,
+                "  drafts by prefix    pool {:.1} % of {} requests, local {:.1} % of {}, computed {:.1} % of {} (draft KV {})",
+                rate(&by.pool),
+                by.pool.requests,
+                rate(&by.local),
+                by.local.requests,
+                rate(&by.computed),
+                by.computed.requests,
+                if drafter.draft_kv_in_layout { "loaded with the prefix" } else { "not in the layout" }
             )?;
         }
         Ok(())

@@ -66,6 +66,7 @@ fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
     sum.draft_tokens_accepted += other.draft_tokens_accepted;
     sum.draft_pages_written += other.draft_pages_written;
     sum.draft_pages_rewound += other.draft_pages_rewound;
+    sum.drafts_by_prefix.add(&other.drafts_by_prefix);
 }
 
 /// Window groups' bytes per filled load against the R15 bound.
@@ -206,14 +207,7 @@ pub(super) fn summarize(
         held_at_end,
         published_past_chunk_end: connector.saves.published_past_chunk_end,
         published_uncomputed_pages: deployment.witness.uncomputed_pages(),
-        drafter: params.drafter.map(|drafter| DrafterReport {
-            draft_tokens: drafter.draft_tokens,
-            acceptance: drafter.acceptance,
-            tokens_proposed: counters.draft_tokens_proposed,
-            tokens_accepted: counters.draft_tokens_accepted,
-            pages_written: counters.draft_pages_written,
-            pages_rewound: counters.draft_pages_rewound,
-        }),
+        drafter: drafter_report(params, &counters),
         sim: SimSummary {
             duration_s,
             throughput_rps: if duration_s > 0.0 {
@@ -238,4 +232,22 @@ pub(super) fn summarize(
         faults_injected: None,
         baseline: None,
     }
+}
+
+/// The drafter's section of the report; `None` without `--drafter`.
+fn drafter_report(params: &ReplayParams, counters: &EngineCounters) -> Option<DrafterReport> {
+    params.drafter.map(|drafter| DrafterReport {
+        draft_tokens: drafter.draft_tokens,
+        acceptance: drafter.acceptance,
+        tokens_proposed: counters.draft_tokens_proposed,
+        tokens_accepted: counters.draft_tokens_accepted,
+        pages_written: counters.draft_pages_written,
+        pages_rewound: counters.draft_pages_rewound,
+        by_prefix: counters.drafts_by_prefix,
+        draft_kv_in_layout: params
+            .layout
+            .groups
+            .iter()
+            .any(|group| group.role == crate::core::layout::ModelRole::Draft),
+    })
 }

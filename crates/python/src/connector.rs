@@ -287,7 +287,7 @@ impl PyConnector {
     /// shard, in layout order (as `kv-connector keys` prints them).
     fn keys(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
         let tokens = int_sequence(tokens, "tokens")?;
-        Ok(self.with(py, |state| {
+        self.with(py, |state| {
             let keys = state.handle.keys();
             let hashes = PromptHashes::of_prompt(
                 self.seed,
@@ -309,7 +309,7 @@ impl PyConnector {
                     })
                     .collect(),
             )
-        })?)
+        })
     }
 
     /// The layout served.

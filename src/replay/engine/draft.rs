@@ -126,6 +126,17 @@ impl Engine {
         let kept = active.request.prompt_len + accepted;
         self.counters.draft_pages_rewound += self.cache.rewind(&mut active.pages, kept);
         self.counters.draft_tokens_accepted += u64::try_from(accepted).unwrap_or(0);
+        let by_prefix = &mut self.counters.drafts_by_prefix;
+        let tally = if active.reused_tokens > 0 {
+            &mut by_prefix.pool
+        } else if active.local_hit_tokens > 0 {
+            &mut by_prefix.local
+        } else {
+            &mut by_prefix.computed
+        };
+        tally.requests += 1;
+        tally.tokens_proposed += u64::try_from(drafter.draft_tokens).unwrap_or(0);
+        tally.tokens_accepted += u64::try_from(accepted).unwrap_or(0);
     }
 }
 

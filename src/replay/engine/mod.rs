@@ -94,7 +94,10 @@ mod types;
 
 pub use admit::lookup_wait;
 pub use draft::DrafterSetup;
-pub use types::{ArrivedRequest, EngineCounters, EngineSummary, PromptDone, StepResult};
+pub use types::{
+    ArrivedRequest, DraftTally, DraftsByPrefix, EngineCounters, EngineSummary, PromptDone,
+    StepResult,
+};
 
 use std::collections::VecDeque;
 use std::sync::Arc;

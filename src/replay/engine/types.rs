@@ -100,6 +100,51 @@ pub struct EngineCounters {
     pub draft_pages_written: u64,
     /// Pages given back because they held only rejected draft tokens.
     pub draft_pages_rewound: u64,
+    /// The drafter's verifications, by where the request's prefix came from.
+    pub drafts_by_prefix: DraftsByPrefix,
+}
+
+/// The drafter's proposals and acceptances of requests whose reused prefix came from the
+/// pool, from the local prefix cache alone, or that computed their whole prompt: with the
+/// drafter's KV in the layout, a pool-served request resumes its drafter on the same rows
+/// as a locally reused one (R37), so the rates agree up to the requests' own draws.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DraftsByPrefix {
+    /// Some prefix tokens were loaded from the pool.
+    pub pool: DraftTally,
+    /// Prefix tokens came from the local prefix cache only.
+    pub local: DraftTally,
+    /// Nothing was reused.
+    pub computed: DraftTally,
+}
+
+/// Draft tokens of one set of requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DraftTally {
+    /// Requests whose drafts were verified.
+    pub requests: u64,
+    /// Draft tokens proposed.
+    pub tokens_proposed: u64,
+    /// Of those, accepted.
+    pub tokens_accepted: u64,
+}
+
+impl DraftTally {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &DraftTally) {
+        self.requests += other.requests;
+        self.tokens_proposed += other.tokens_proposed;
+        self.tokens_accepted += other.tokens_accepted;
+    }
+}
+
+impl DraftsByPrefix {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &DraftsByPrefix) {
+        self.pool.add(&other.pool);
+        self.local.add(&other.local);
+        self.computed.add(&other.computed);
+    }
 }
 
 /// What an engine hands back at the end of a replay.

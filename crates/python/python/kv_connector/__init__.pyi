@@ -179,7 +179,9 @@ class Connector:
     def shutdown(self) -> dict[str, dict[str, Any]]:
         """Drains and returns the final counters; idempotent; releases the tensors."""
     def keys(self, tokens: Tokens) -> list[list[str]]:
-        """Per full block of tokens, the pool keys of every group and shard."""
+        """Per full block of tokens, the pool keys of every group and shard. A draft group's
+        key names the block with the token after it (R37): a block whose next token is not
+        in `tokens` has no draft key."""
     @property
     def layout(self) -> Layout: ...
     @property
