@@ -97,6 +97,7 @@ pub use crate::core::layout::{GroupId, LayerGroup, Layout, LayoutError};
 pub use crate::core::object::object_len;
 pub use crate::core::page_names::{PageNaming, PromptHashes};
 pub use crate::core::planner::load_blocks;
+pub use crate::core::request_scope::RequestScope;
 pub use crate::gpu::host_memory::{host_memory, HostArena};
 pub use crate::gpu::{BorrowedPages, Device, DeviceRequest, GpuError, PagePoolSpec};
 #[cfg(feature = "metrics-server")]

@@ -132,6 +132,7 @@ impl Rig {
             ticket: LookupTicket(request + 100),
             prompt: Arc::clone(&self.prompt),
             local_match_tokens: 0,
+            scope: kv_connector::RequestScope::default(),
             enqueued_at: Instant::now(),
         };
         self.planner.send(message).await?;
@@ -176,6 +177,7 @@ async fn a_batch_of_lookups_is_answered_once_per_lookup() -> TestResult {
             ticket: LookupTicket(request * 7),
             prompt: Arc::clone(prompt),
             local_match_tokens: 0,
+            scope: kv_connector::RequestScope::default(),
             enqueued_at: Instant::now(),
         })
         .collect();
@@ -233,6 +235,7 @@ async fn the_planner_runs_a_bounded_number_of_lookups_and_sheds_past_its_queue()
             ticket: LookupTicket(request),
             prompt: Arc::clone(&rig.prompt),
             local_match_tokens: 0,
+            scope: kv_connector::RequestScope::default(),
             enqueued_at: Instant::now(),
         })
         .collect();

@@ -175,7 +175,9 @@ impl LookupPlanner {
         let keys = Arc::clone(&self.keys);
         let asked = (message.request, message.ticket);
         let work =
-            tokio::task::spawn_blocking(move || hash_only(&settings, &keys, &message.prompt));
+            tokio::task::spawn_blocking(move || {
+                hash_only(&settings, &keys, &message.prompt, &message.scope)
+            });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
             actor.send(
                 joined.unwrap_or_else(|_| LookupResult::failed()),
@@ -212,6 +214,7 @@ impl LookupPlanner {
                 &settings,
                 &message.prompt,
                 message.local_match_tokens,
+                &message.scope,
             )
         });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {

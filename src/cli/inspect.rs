@@ -39,6 +39,7 @@ use crate::config::{Config, ConfigError, LoadedConfig, PoolBackend};
 use crate::core::hash::{scope_seed, HashError, Scope};
 use crate::core::keys::KeyError;
 use crate::core::keys::KeySpace;
+use crate::core::request_scope::RequestScope;
 use crate::core::layout::{Layout, LayoutError};
 use crate::replay::workload::{read_mooncake_trace, TraceError};
 use crate::replay::ReplayError;
@@ -314,13 +315,14 @@ fn inspect(
     let tokens_per_block = usize::try_from(layout.tokens_per_block).unwrap_or(usize::MAX);
     let seed = scope_seed(&Scope::default());
     let settings = PlannerSettings::new(&loaded.runtime, layout, seed);
-    let hashes = settings.prompt_hashes(&keys, prompt)?;
+    let hashes = settings.prompt_hashes(&keys, prompt, &RequestScope::default())?;
     let result = run_lookup(
         under_test.pool.as_ref(),
         &keys,
         &settings,
         prompt,
         args.local_match,
+        &RequestScope::default(),
     );
     let lookup = match &result.plan {
         Some(plan) => LookupSummary {

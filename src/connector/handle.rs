@@ -17,6 +17,7 @@ use crate::actors::stats_reporter::StatsReporter;
 use crate::core::ids::{LookupTicket, RequestId, ReservationId};
 use crate::core::keys::KeySpace;
 use crate::core::page_names::PromptHashes;
+use crate::core::request_scope::RequestScope;
 use crate::core::layout::{Attention, Layout};
 use crate::core::save_order::SavePriority;
 use crate::messages::courier::{LookupAnswer, Outgoing};
@@ -296,6 +297,16 @@ impl EngineConnector for ConnectorHandle {
         prompt: Arc<[i64]>,
         local_match_tokens: usize,
     ) -> Result<(), HookError> {
+        self.lookup_prefix_in_scope(request, prompt, local_match_tokens, RequestScope::default())
+    }
+
+    fn lookup_prefix_in_scope(
+        &mut self,
+        request: RequestId,
+        prompt: Arc<[i64]>,
+        local_match_tokens: usize,
+        scope: RequestScope,
+    ) -> Result<(), HookError> {
         if let Some(live) = self.requests.get_mut(&request) {
             live.disputed = true;
             return Err(HookError::LiveRequest { request });
@@ -316,6 +327,7 @@ impl EngineConnector for ConnectorHandle {
                 ticket,
                 prompt,
                 local_match_tokens,
+                scope,
                 enqueued_at: Instant::now(),
             });
         }

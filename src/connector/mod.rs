@@ -46,6 +46,7 @@ pub use start::{ConnectorParams, StartError};
 /// Defined with the other engine-inbox messages (the reservation manager sends it).
 pub use crate::messages::FinishedLoad;
 
+use crate::core::request_scope::RequestScope;
 use crate::core::ids::{RequestId, ReservationId};
 
 /// The connector's answer to `reserve_prefix`.
@@ -109,6 +110,28 @@ pub trait EngineConnector {
         prompt: Arc<[i64]>,
         local_match_tokens: usize,
     ) -> Result<(), HookError>;
+
+    /// [`EngineConnector::lookup_prefix`] of a request with a scope of its own (R34): its
+    /// cache salt and `LoRA` adapter seed its chain, so it shares KV only with requests of
+    /// the same scope. An empty scope is a plain lookup. A connector that cannot key
+    /// scopes refuses a non-empty one (the default), so scopes never share KV through it.
+    ///
+    /// # Errors
+    /// As [`EngineConnector::lookup_prefix`]; [`HookError::ScopeUnsupported`] for a
+    /// non-empty scope the connector does not key.
+    fn lookup_prefix_in_scope(
+        &mut self,
+        request: RequestId,
+        prompt: Arc<[i64]>,
+        local_match_tokens: usize,
+        scope: RequestScope,
+    ) -> Result<(), HookError> {
+        if scope.is_empty() {
+            self.lookup_prefix(request, prompt, local_match_tokens)
+        } else {
+            Err(HookError::ScopeUnsupported { request })
+        }
+    }
 
     /// The engine has made the `lookup_prefix` calls of one admission pass: a connector
     /// that batches lookups sends them now (one message to its planner a pass). Calling

@@ -22,6 +22,16 @@ pub enum HookError {
         /// The request looked up again.
         request: RequestId,
     },
+    /// `lookup_prefix_in_scope` with a cache salt or adapter on a connector that does not
+    /// key request scopes (R34): nothing is looked up, so no scope shares KV through it.
+    #[error(
+        "request {request}: this connector does not key request scopes (cache salt, LoRA \
+         adapter); look the request up without one, or use a connector that keys them"
+    )]
+    ScopeUnsupported {
+        /// The request.
+        request: RequestId,
+    },
     /// `on_step` names a reservation that `reserve_prefix` did not offer tokens for, or
     /// not as the request's latest reservation.
     #[error(

@@ -16,6 +16,7 @@ pub mod ledger;
 pub mod object;
 pub mod page_names;
 pub mod planner;
+pub mod request_scope;
 pub mod pool_health;
 pub mod save_order;
 pub mod save_plan;

@@ -1,5 +1,6 @@
 //! Messages to the lookup planner.
 
+use crate::core::request_scope::RequestScope;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,6 +29,8 @@ pub struct LookupPrefix {
     pub prompt: Arc<[i64]>,
     /// The engine's own prefix-cache hit (block aligned).
     pub local_match_tokens: usize,
+    /// The request's own scope (R34); empty for most requests.
+    pub scope: RequestScope,
     /// When the handle sent it (queueing time in stats).
     pub enqueued_at: Instant,
 }

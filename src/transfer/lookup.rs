@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use crate::core::hash::BlockHash;
 use crate::core::page_names::PromptHashes;
+use crate::core::request_scope::RequestScope;
 use crate::core::keys::KeySpace;
 use crate::core::layout::Layout;
 use crate::core::planner::{Lookup, LookupPlan, LookupRequest, PlannerGroup};
@@ -65,8 +66,8 @@ impl PlannerSettings {
         }
     }
 
-    /// The names of `prompt`'s pages under `keys`: its chain hashes, and its next-token
-    /// hashes when a group is named by them (R37).
+    /// The names of `prompt`'s pages under `keys`, chained from the seed of `scope` (R34):
+    /// its chain hashes, and its next-token hashes when a group is named by them (R37).
     ///
     /// # Errors
     ///
@@ -75,9 +76,10 @@ impl PlannerSettings {
         &self,
         keys: &KeySpace,
         prompt: &[i64],
+        scope: &RequestScope,
     ) -> Result<PromptHashes, crate::core::hash::HashError> {
         PromptHashes::of_prompt(
-            self.seed,
+            scope.seed(self.seed),
             prompt,
             self.tokens_per_block,
             keys.needs_next_token(),
@@ -117,8 +119,13 @@ impl LookupResult {
 
 /// A lookup that probes nothing: the prompt's chain hashes (so its computed pages are still
 /// saved) and nothing offered. The planner answers a shed lookup with it.
-pub fn hash_only(settings: &PlannerSettings, keys: &KeySpace, prompt: &[i64]) -> LookupResult {
-    match settings.prompt_hashes(keys, prompt) {
+pub fn hash_only(
+    settings: &PlannerSettings,
+    keys: &KeySpace,
+    prompt: &[i64],
+    scope: &RequestScope,
+) -> LookupResult {
+    match settings.prompt_hashes(keys, prompt, scope) {
         Ok(hashes) => LookupResult {
             hashes,
             ..LookupResult::failed()
@@ -134,8 +141,9 @@ pub fn run_lookup(
     settings: &PlannerSettings,
     prompt: &[i64],
     local_match_tokens: usize,
+    scope: &RequestScope,
 ) -> LookupResult {
-    let Ok(hashes) = settings.prompt_hashes(keys, prompt) else {
+    let Ok(hashes) = settings.prompt_hashes(keys, prompt, scope) else {
         return LookupResult::failed();
     };
     let shard_keys = keys

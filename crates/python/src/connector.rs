@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_connector::{
-    BlockHash, EngineConnector, HookError, Layout, PromptHashes, RequestId, ReservationId,
-    ReserveAnswer, ScheduledRequest, SchedulerOutput,
+    BlockHash, EngineConnector, HookError, Layout, PromptHashes, RequestId, RequestScope,
+    ReservationId, ReserveAnswer, ScheduledRequest, SchedulerOutput,
 };
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
@@ -100,20 +100,31 @@ impl PyConnector {
     /// or a 1-D integer array or tensor. `local_match_tokens`: the engine's own prefix-cache
     /// hit (block aligned). The tokens are the request's until it ends (R32): a lookup for
     /// a live request id (looked up and not ended, or ended with saves pending) raises
-    /// `ValueError`, and nothing more of that request is saved or loaded.
-    #[pyo3(signature = (request_id, tokens, local_match_tokens = 0))]
+    /// `ValueError`, and nothing more of that request is saved or loaded. `cache_salt` and
+    /// `adapter` (a `LoRA` adapter, named by what identifies its weights) scope the request
+    /// (R34): it shares KV only with requests of the same salt and adapter.
+    #[pyo3(signature = (request_id, tokens, local_match_tokens = 0, cache_salt = None, adapter = None))]
     fn lookup(
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = arg::request_id)] request_id: u64,
         tokens: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = arg::local_match_tokens)] local_match_tokens: usize,
+        cache_salt: Option<String>,
+        adapter: Option<String>,
     ) -> PyResult<()> {
         let tokens: Arc<[i64]> = int_sequence(tokens, "tokens")?.into();
+        let scope = RequestScope {
+            cache_salt,
+            adapter,
+        };
         self.with_nowait(py, |state| {
-            state
-                .handle
-                .lookup_prefix(RequestId(request_id), tokens, local_match_tokens)
+            state.handle.lookup_prefix_in_scope(
+                RequestId(request_id),
+                tokens,
+                local_match_tokens,
+                scope,
+            )
         })
         .map_err(|refused| PyValueError::new_err(refused.to_string()))
     }
@@ -284,13 +295,25 @@ impl PyConnector {
     }
 
     /// The pool keys of every full block of `tokens`, per block: every group's key for every
-    /// shard, in layout order (as `kv-connector keys` prints them).
-    fn keys(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
+    /// shard, in layout order (as `kv-connector keys` prints them), chained from the scope
+    /// of `cache_salt` and `adapter` (R34).
+    #[pyo3(signature = (tokens, cache_salt = None, adapter = None))]
+    fn keys(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        cache_salt: Option<String>,
+        adapter: Option<String>,
+    ) -> PyResult<Vec<Vec<String>>> {
+        let scope = RequestScope {
+            cache_salt,
+            adapter,
+        };
         let tokens = int_sequence(tokens, "tokens")?;
         self.with(py, |state| {
             let keys = state.handle.keys();
             let hashes = PromptHashes::of_prompt(
-                self.seed,
+                scope.seed(self.seed),
                 &tokens,
                 self.layout.tokens_per_block as usize,
                 keys.needs_next_token(),

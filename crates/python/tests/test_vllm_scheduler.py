@@ -235,3 +235,39 @@ def test_preemption_waits_for_saves_then_resumes_from_the_pool():
     stats = a.close()
     assert stats["saves"]["saves_failed"] == 0 and stats["loads"]["loads_failed"] == 0
     assert stats["saves"]["published_past_chunk_end"] == 0
+
+
+def test_cache_salt_and_lora_adapter_scope_the_keys():
+    """R34 under vLLM's scheduler: a request's `cache_salt` and LoRA adapter (by name and
+    path) seed its chain. B is offered A's prefix only for the same scope, and then resumes
+    bit-exact; another salt, another adapter's path or no scope at all finds nothing."""
+    from vllm.lora.request import LoRARequest
+
+    spec, model, model_dir, extra = make("llama", "scopes")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    prompt = scenarios.random_tokens(7, scenarios.FIRST_TURN_TOKENS)
+    adapter = LoRARequest("tenant-lora", 1, "/adapters/tenant-lora")
+    # Same name, other weights, and vLLM's number for it differs on the other engine.
+    same_name = LoRARequest("tenant-lora", 1, "/adapters/other")
+    renumbered = LoRARequest("tenant-lora", 7, "/adapters/tenant-lora")
+    for n, scope in enumerate(({"cache_salt": "tenant-a"}, {"lora_request": adapter})):
+        a.serve(f"a{n}", prompt, **scope)
+        a.conn.settle_saves()
+    misses = [
+        {"cache_salt": "tenant-b"},
+        {"lora_request": same_name},
+        {"cache_salt": "tenant-a", "lora_request": adapter},
+        {},
+    ]
+    for n, scope in enumerate(misses):
+        s = b.serve(f"miss{n}", prompt, **scope)
+        assert s.start == 0 and not s.parked, f"{scope}: resumed at {s.start}"
+        b.conn.settle_saves()
+    for n, scope in enumerate(({"cache_salt": "tenant-a"}, {"lora_request": renumbered})):
+        c = vs.VllmInstance(spec, model, model_dir, extra=extra)  # no local prefix cache hit
+        s = c.serve(f"hit{n}", prompt, **scope)
+        assert s.parked, scope
+        assert_bit_exact(model, s, 160)
+        c.close()
+    a.close(), b.close()

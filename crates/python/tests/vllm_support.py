@@ -214,12 +214,13 @@ class VllmInstance:
 
     # -- the engine loop ---------------------------------------------------------------
 
-    def add(self, req_id: str, tokens: list[int], max_tokens: int = 17) -> Served:
+    def add(self, req_id: str, tokens: list[int], max_tokens: int = 17, **scope) -> Served:
+        """Adds a request; `scope` is vLLM's `cache_salt` and `lora_request`, if any."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        request = Request(req_id, list(tokens), params, None, block_hasher=self.block_hasher)
+        request = Request(req_id, list(tokens), params, None, block_hasher=self.block_hasher, **scope)
         self.sched.add_request(request)
         self.served[req_id] = Served(req_id, list(tokens))
         return self.served[req_id]
@@ -294,8 +295,8 @@ class VllmInstance:
         """No request left, no blocks held for pending saves."""
         return not self.sched.requests
 
-    def serve(self, req_id: str, tokens: list[int], max_tokens: int = 17) -> Served:
-        s = self.add(req_id, tokens, max_tokens)
+    def serve(self, req_id: str, tokens: list[int], max_tokens: int = 17, **scope) -> Served:
+        s = self.add(req_id, tokens, max_tokens, **scope)
         self.run(self.idle, f"request {req_id}")
         return s
 

@@ -2,13 +2,16 @@
 
 Each vLLM request gets a runtime request id at its first `get_num_new_matched_tokens`;
 a preempted request gets a new one when it is admitted again (the runtime sees a new
-prompt: everything computed so far). Requests the runtime cannot key (a per-request
-`cache_salt`, LoRA, multimodal inputs, prompt embeddings) are passed over: no lookup,
-no saves.
+prompt: everything computed so far). A request's `cache_salt` and LoRA adapter scope its
+keys (R34): it shares KV only with requests of the same salt and adapter, the adapter
+named by its name and path (vLLM's `lora_int_id` is the engine's own number for it).
+Requests the runtime cannot key (multimodal inputs, prompt embeddings) are passed over:
+no lookup, no saves.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +32,17 @@ class _Req:
 
 
 def keyable(request) -> bool:
-    """Whether the runtime's keys describe this request's KV (one salt per connector)."""
-    return not (
-        request.cache_salt
-        or request.lora_request is not None
-        or request.mm_features
-        or request.prompt_embeds is not None
-    )
+    """Whether the runtime's keys describe this request's KV: its tokens and its scope do,
+    unless multimodal inputs or prompt embeddings stand in for tokens."""
+    return not (request.mm_features or request.prompt_embeds is not None)
+
+
+def scope(request) -> tuple[str | None, str | None]:
+    """The request's (cache salt, adapter) for the runtime's lookup (R34). The adapter is
+    named by what identifies its weights on every instance: its name and path."""
+    lora = request.lora_request
+    adapter = None if lora is None else json.dumps([lora.lora_name, lora.lora_path])
+    return request.cache_salt or None, adapter
 
 
 class SchedulerSide:
@@ -63,7 +70,8 @@ class SchedulerSide:
             tokens = list(request.all_token_ids[: request.num_tokens])
             r = _Req(rid=engine.new_rid(), prompt_len=len(tokens))
             self.reqs[request.request_id] = r
-            engine.conn.lookup(r.rid, tokens, local_match_tokens=num_computed)
+            cache_salt, adapter = scope(request)
+            engine.conn.lookup(r.rid, tokens, local_match_tokens=num_computed, cache_salt=cache_salt, adapter=adapter)
             engine.conn.flush()
         if r.loaded:
             return 0, False
