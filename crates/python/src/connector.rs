@@ -160,6 +160,27 @@ impl PyConnector {
         }
     }
 
+    /// The blocks of each window group that `on_step` would save for this chunk of the
+    /// request (R17 at the prompt's last chunk, R28 at each checkpoint it passes), per
+    /// layout group; empty for full groups. An engine that copies window blocks aside
+    /// before handing them over (vLLM's bounce pages) copies exactly these.
+    fn window_save_blocks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+        #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
+        #[pyo3(from_py_with = arg::computed_before)] computed_before: usize,
+        #[pyo3(from_py_with = arg::computed_after)] computed_after: usize,
+    ) -> Vec<Vec<usize>> {
+        self.with_nowait(py, |state| {
+            state.handle.window_blocks_to_save(
+                RequestId(request_id),
+                prompt_len,
+                computed_before..computed_after,
+            )
+        })
+    }
+
     /// The engine trims or gives up tokens `[start, end)` of a reservation.
     fn release(
         &self,

@@ -271,3 +271,64 @@ def test_cache_salt_and_lora_adapter_scope_the_keys():
         assert_bit_exact(model, s, 160)
         c.close()
     a.close(), b.close()
+
+
+def test_a_last_chunk_of_the_whole_budget_bounces_only_the_saved_window():
+    """A prompt computed in one chunk of `max_num_batched_tokens` (16 blocks) with 8 bounce
+    pages: the worker copies aside only the window blocks the runtime saves (R17: the tail
+    `W + R` back), so the save succeeds and the next turn resumes at its full hit."""
+    spec, model, model_dir, extra = make("gpt-oss", "long-chunk")
+    extra = {**extra, "bounce_pages": 8}
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra, budget=256)
+    b = vs.VllmInstance(spec, model, model_dir, extra=extra, budget=256)
+    prompt = scenarios.random_tokens(11, 250)
+    a.serve("first", prompt)
+    a.conn.settle_saves()
+    assert a.worker._worker.bounce_exhausted == 0
+    s = b.serve("next", prompt + scenarios.random_tokens(12, 30))
+    assert s.parked and s.start == 240, f"resumed at {s.start}"
+    stats_a, stats_b = a.close(), b.close()
+    assert stats_a["saves"]["saves_failed"] == 0 and stats_a["saves"]["saves_dropped"] == 0
+    assert stats_b["lookups"]["full"] == 1 and stats_b["lookups"]["window_miss"] == 0
+
+
+def test_default_bounce_pages_hold_two_long_prompts_windows():
+    """Sized from the model: two prompts of max_model_len tokens, each with its checkpoint
+    windows (R28) and its tail (R17) bounced at once."""
+    from kv_connector.vllm._layout import GroupPlan, LayoutPlan
+    from kv_connector.vllm._pages import bounce_pages_needed
+
+    window = GroupPlan(1, "window", 128, ("l0",), 1)
+    plan = LayoutPlan(groups=(GroupPlan(0, "full", None, ("l1",), 1), window), tokens_per_block=16,
+                      layout={}, num_vllm_groups=2)
+    runtime = {"planner": {"swa_endpoint_rewind_tokens": 2048}, "saver": {"window_checkpoint_tokens": 8192}}
+    # Tail: ceil((128 + 2048) / 16) + 1 = 137; 16 checkpoints of ceil(128 / 16) + 1 = 9.
+    assert bounce_pages_needed(plan, 131072, runtime) == 2 * (137 + 16 * 9)
+    # A short model still gets the floor.
+    assert bounce_pages_needed(plan, 1024, {**runtime, "planner": {"swa_endpoint_rewind_tokens": 0}}) == 256
+
+
+def test_a_shared_document_resumes_at_a_window_checkpoint_bit_exact():
+    """R28 under vLLM: A's prompt is a 400-token document and a question longer than the
+    rewind and window, so A's prompt-end window (R17) lies past the document; the worker
+    bounces the window of each checkpoint (every 80 tokens) the chunks pass. B's prompt
+    shares only the document: it is offered the checkpoint at 400, parks while the load
+    runs and resumes bit-exact."""
+    spec, model, model_dir, extra = make("gpt-oss", "checkpoints")
+    config = scenarios.config()
+    config["saver"] = {**config.get("saver", {}), "window_checkpoint_tokens": 80}
+    extra = {**extra, "kvc": config}
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    b = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    document = scenarios.random_tokens(21, 400)
+    a.serve("a", document + scenarios.random_tokens(22, 120))
+    a.conn.settle_saves()
+    s = b.serve("b", document + scenarios.random_tokens(23, 45))
+    assert s.parked
+    assert_bit_exact(model, s, 400)
+    assert a.worker._worker.bounce_exhausted == 0
+    stats_a, stats_b = a.close(), b.close()
+    assert stats_a["saves"]["checkpoint_pages_planned"] > 0
+    # The walk's own end (R12) finds the checkpoint's window: outcome `full`, not
+    # `window_miss` as when checkpoint windows were not bounced.
+    assert stats_b["lookups"]["full"] == 1 and stats_b["lookups"]["window_miss"] == 0

@@ -107,7 +107,7 @@ impl ConnectorHandle {
         scheduled: &ScheduledRequest<'_>,
         per_rank: &mut [EnqueueSave],
     ) {
-        let Some(state) = self.requests.get_mut(&scheduled.request) else {
+        let Some(state) = self.requests.get(&scheduled.request) else {
             return;
         };
         // A disputed request's engine may be computing other tokens than its hashes' (R32).
@@ -115,20 +115,14 @@ impl ConnectorHandle {
             return;
         };
         let hashes = hashes.clone();
-        let last_chunk = scheduled.computed_after >= scheduled.prompt_len && !state.window_saved;
-        state.window_saved |= last_chunk;
-        let mut step = SaveStep {
-            tokens_per_block: self.tokens_per_block,
-            prompt_len: scheduled.prompt_len,
-            computed_before: scheduled.computed_before,
-            computed_after: scheduled.computed_after,
-            reused_until: state.reused_until,
-            hashed_blocks: 0,
-            last_chunk,
-            rewind_tokens: self.rewind_tokens,
-            checkpoint_tokens: self.checkpoint_tokens,
-            resave_min_tokens: self.resave_min_tokens,
-        };
+        let mut step = self.save_step(
+            state,
+            scheduled.prompt_len,
+            scheduled.computed_before..scheduled.computed_after,
+        );
+        if let Some(state) = self.requests.get_mut(&scheduled.request) {
+            state.window_saved |= step.last_chunk;
+        }
         for (position, group) in self.groups.iter().enumerate() {
             let (Some(keys), Some(table)) = (
                 self.keys.group(position),
@@ -164,6 +158,62 @@ impl ConnectorHandle {
                 }
             }
         }
+    }
+
+    /// The save step of a request's chunk `computed` (`hashed_blocks` left 0: it is the
+    /// group's to set, R37).
+    fn save_step(
+        &self,
+        state: &super::RequestState,
+        prompt_len: usize,
+        computed: std::ops::Range<usize>,
+    ) -> SaveStep {
+        SaveStep {
+            tokens_per_block: self.tokens_per_block,
+            prompt_len,
+            computed_before: computed.start,
+            computed_after: computed.end,
+            reused_until: state.reused_until,
+            hashed_blocks: 0,
+            last_chunk: computed.end >= prompt_len && !state.window_saved,
+            rewind_tokens: self.rewind_tokens,
+            checkpoint_tokens: self.checkpoint_tokens,
+            resave_min_tokens: self.resave_min_tokens,
+        }
+    }
+
+    /// The blocks of each window group that `on_step` would save for `request`'s chunk
+    /// `computed` of a `prompt_len`-token prompt (R17, R28), per layout group: empty for a
+    /// full group, and for a request whose saves are off (unknown, or disputed, R32). An
+    /// engine that must copy window blocks aside before handing them over (vLLM's bounce
+    /// pages) copies exactly these. Reads only: `on_step` plans the step itself.
+    pub fn window_blocks_to_save(
+        &self,
+        request: crate::core::ids::RequestId,
+        prompt_len: usize,
+        computed: std::ops::Range<usize>,
+    ) -> Vec<Vec<usize>> {
+        let mut planned = vec![Vec::new(); self.groups.len()];
+        let Some(state) = self.requests.get(&request) else {
+            return planned;
+        };
+        let (false, Some((_, hashes))) = (state.disputed, &state.lookup) else {
+            return planned;
+        };
+        let mut step = self.save_step(state, prompt_len, computed);
+        let mut ranges = Vec::new();
+        for (position, group) in self.groups.iter().enumerate() {
+            let Some(keys) = self.keys.group(position) else {
+                continue;
+            };
+            if group.attention.kind != GroupKind::Window {
+                continue;
+            }
+            step.hashed_blocks = hashes.names(keys.naming).len();
+            block_ranges_to_save(group.attention, &step, SaveCap::ChunkEnd, &mut ranges);
+            planned[position] = ranges.iter().flat_map(|(blocks, _)| blocks.clone()).collect();
+        }
+        planned
     }
 
     /// Hands one step's saves to the courier: one message per rank however many requests

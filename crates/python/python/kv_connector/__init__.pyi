@@ -156,6 +156,11 @@ class Connector:
         """Sends queued lookups now (optional)."""
     def reserve(self, request_id: int, num_computed: int, reservation_id: int) -> tuple[int, bool] | None:
         """None while the lookup runs; else (extra_tokens, is_async). Starts no transfer."""
+    def window_save_blocks(
+        self, request_id: int, prompt_len: int, computed_before: int, computed_after: int
+    ) -> list[list[int]]:
+        """Per layout group, the window blocks on_step would save for this chunk (R17, R28);
+        empty for full groups."""
     def release(self, request_id: int, reservation_id: int, start: int, end: int) -> None:
         """The engine trims or gives up tokens [start, end) of a reservation."""
     def on_step(self, requests: Sequence[StepRequest]) -> None:

@@ -32,7 +32,7 @@ from . import _engine
 from ._config import check_transfer, settings
 from ._engine import Engine, KvcMetadata
 from ._layout import BLOCK_OUTERMOST_LAYOUTS, UnsupportedVllmSetup, check_parallelism, plan_layout
-from ._pages import WorkerPages
+from ._pages import WorkerPages, bounce_pages_needed
 from ._scheduler import SchedulerSide
 from ._stats import KvcPromMetrics, KvcStats, flat_counters
 from ._worker import WorkerSide
@@ -108,8 +108,9 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         model = model[0] if isinstance(model, (list, tuple)) else model
         name = _segment(str(model or self._vllm_config.model_config.model))
         plan = plan_layout(self._kv_cache_config, name)
-        pages = WorkerPages(plan, kv_caches, self._kv_cache_config.num_blocks, self._settings.bounce_pages)
         s = self._settings
+        bounce = s.bounce_pages or bounce_pages_needed(plan, self._vllm_config.model_config.max_model_len, s.runtime)
+        pages = WorkerPages(plan, kv_caches, self._kv_cache_config.num_blocks, bounce)
         pool = None
         if s.shared_pool is not None:
             pool = _engine.shared_pool(s.shared_pool, s.config)

@@ -8,7 +8,9 @@ connector (before the weights load), every refusal naming its key and a value th
 - `model_key`, `namespace`, `salt`: the key segments and the cache salt of
   `kv_connector.Connector` (strings);
 - `bounce_pages`: pages per sliding-window group for window loads and saves (an int in
-  1..MAX_BOUNCE_PAGES, default 256);
+  1..MAX_BOUNCE_PAGES); by default sized at start from the model's window, its
+  `max_model_len` and the runtime's rewind and checkpoint interval
+  (`_pages.bounce_pages_needed`), at least DEFAULT_BOUNCE_PAGES;
 - `shared_pool`: a name; engines of one process that give the same name share one
   embedded `MemoryPool` (capacity `pool.capacity_bytes` of the configuration);
 - `log_to_vllm`: `true` (default) emits the runtime's log records through vLLM's logger
@@ -47,7 +49,7 @@ class Settings:
     model_key: str | None = None
     namespace: str | None = None
     salt: str | None = None
-    bounce_pages: int = DEFAULT_BOUNCE_PAGES
+    bounce_pages: int | None = None  # None: sized at start (`_pages.bounce_pages_needed`)
     shared_pool: str | None = None
     log_to_vllm: bool = True
     runtime: dict[str, Any] = field(default_factory=dict)  # the effective runtime configuration
@@ -87,8 +89,10 @@ def _optional_str(extra: dict, key: str, example: str) -> str | None:
     return value
 
 
-def _bounce_pages(extra: dict) -> int:
-    value = extra.get("bounce_pages", DEFAULT_BOUNCE_PAGES)
+def _bounce_pages(extra: dict) -> int | None:
+    if "bounce_pages" not in extra:
+        return None
+    value = extra["bounce_pages"]
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BOUNCE_PAGES:
         raise UnsupportedVllmSetup(
             f"{EXTRA}.bounce_pages={value!r}: give an integer from 1 to {MAX_BOUNCE_PAGES} "

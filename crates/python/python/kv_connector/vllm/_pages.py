@@ -29,6 +29,7 @@ from collections import deque
 
 import torch
 
+from ._config import DEFAULT_BOUNCE_PAGES, MAX_BOUNCE_PAGES
 from ._layout import BLOCK_OUTERMOST_LAYOUTS, LayoutPlan, UnsupportedVllmSetup
 
 
@@ -55,6 +56,26 @@ def _layer_block_bytes(view: torch.Tensor, num_blocks: int, page_bytes: int, nam
     raw = _storage_bytes(view)
     start = view.data_ptr() - raw.data_ptr()
     return raw.as_strided((num_blocks, page_bytes), (view.stride(0) * elt, 1), start), start
+
+
+def bounce_pages_needed(plan: LayoutPlan, max_model_len: int, runtime: dict) -> int:
+    """Bounce pages per window group when the extra config sets none: room for two prompts
+    of `max_model_len` tokens at once, each holding the windows of every checkpoint it
+    passes (R28, held until its saves settle) and its tail at the prompt end (`W + R`
+    back, R17), and never fewer than DEFAULT_BOUNCE_PAGES. Only what the runtime saves
+    is bounced, so no chunk size enters (a long last chunk bounces one tail)."""
+    t = plan.tokens_per_block
+    rewind = int(runtime["planner"]["swa_endpoint_rewind_tokens"])
+    interval = int(runtime["saver"]["window_checkpoint_tokens"])
+    checkpoints = max_model_len // interval if interval > 0 else 0
+    needed = 0
+    for g in plan.groups:
+        if g.kind != "window" or g.window_tokens is None:
+            continue
+        tail = -(-(g.window_tokens + rewind) // t) + 1
+        window = -(-g.window_tokens // t) + 1
+        needed = max(needed, 2 * (tail + checkpoints * window))
+    return min(MAX_BOUNCE_PAGES, max(DEFAULT_BOUNCE_PAGES, needed))
 
 
 class WorkerPages:

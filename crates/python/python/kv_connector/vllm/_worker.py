@@ -136,16 +136,17 @@ class WorkerSide:
         for c in chunks:
             if c.after <= c.before:
                 continue
-            last_prompt_chunk = c.before < c.prompt_len <= c.after
+            # The window blocks the runtime saves for this chunk: its tail at the prompt's
+            # last chunk (R17), each checkpoint window it passes (R28). Only those are
+            # copied aside, so a long last chunk needs no more bounce pages than a window.
+            saved = self.conn.window_save_blocks(c.rid, c.prompt_len, c.before, c.after)
             tables = []
             for gi, g in enumerate(self.plan.groups):
                 ids = c.block_ids[g.vllm_index]
                 if not self.pages.bounced(gi):
                     tables.append(self._table(ids))
-                elif last_prompt_chunk:
-                    tables.append(self._bounce_window(gi, c, ids))
                 else:
-                    tables.append([-1] * len(ids))
+                    tables.append(self._bounce_window(gi, c, ids, saved[gi]))
             steps.append(self._step(c.rid, c.prompt_len, c.before, c.after, tables))
         if not steps:
             return
@@ -153,12 +154,12 @@ class WorkerSide:
             torch.cuda.current_stream(self.pages.device).synchronize()
         self.conn.on_step(steps)
 
-    def _bounce_window(self, gi: int, c, ids: list[int]) -> list[int]:
-        """Copies the full window blocks vLLM still holds at the prompt's end into bounce
-        pages; the runtime saves those it needs (R17)."""
+    def _bounce_window(self, gi: int, c, ids: list[int], blocks: list[int]) -> list[int]:
+        """Copies the window blocks the runtime saves this step (`blocks`), those vLLM still
+        holds, into bounce pages; a pool that runs dry publishes none of them."""
         table = [-1] * len(ids)
-        for block in range(min(len(ids), c.prompt_len // self.t)):
-            if ids[block] == NULL_BLOCK:
+        for block in blocks:
+            if block >= len(ids) or ids[block] == NULL_BLOCK:
                 continue
             page = self.pages.take(gi)
             if page is None:  # the window is not published; a later lookup rewinds or misses
