@@ -41,25 +41,13 @@ def run(api, name: str, scenario: scenarios.Scenario, *, chunk: int = scenarios.
     return pair, head, steps, live, final
 
 
-def assert_conversation(pair, head, steps: list[scenarios.Step]) -> None:
-    """Every turn drafts as the local reference does, and as no reuse does from its
-    resume point on."""
-    assert [s.served.offer for s in steps] == [0, 160, 240, 320]
-    assert all(s.served.filled for s in steps[1:])
-    local = ds.local_references(pair.spec, pair.model, head, [(s.tokens, s.served.start) for s in steps])
-    for step, reference in zip(steps, local):
-        ds.assert_drafts_identically(f"{step.name} against local reuse", step.served.trace, reference)
-        fresh = ds.fresh_reference(pair.spec, pair.model, head, step)
-        ds.assert_drafts_identically(f"{step.name} against no reuse", step.served.trace, fresh)
-
-
 # -- the harness, without the package ----------------------------------------------------
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_fake_drafted_conversation(name):
     pair, head, steps, live, final = run(fake, name, ds.conversation)
-    assert_conversation(pair, head, steps)
+    ds.assert_conversation(pair.spec, pair.model, head, steps)
     scenarios.assert_loads_and_saves(pair, live, final)
 
 
@@ -80,7 +68,7 @@ def test_drafted_conversation_resumes_identically(name):
     """A serves turns 1-2 (turn 2 from the pool), B turns 3-4 (turn 3 from A's objects,
     turn 4 from its own), drafting at every step."""
     pair, head, steps, live, final = run(kvc, name, ds.conversation)
-    assert_conversation(pair, head, steps)
+    ds.assert_conversation(pair.spec, pair.model, head, steps)
     scenarios.assert_loads_and_saves(pair, live, final)
 
 

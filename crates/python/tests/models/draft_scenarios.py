@@ -46,7 +46,7 @@ def make_instance(
 def make_pair(api, spec: ModelSpec, *, chunk: int = CHUNK) -> tuple[Pair, DraftHead]:
     """Drafting instances A and B of one model and head on one memory pool."""
     model = build_model(spec, scenarios.device())
-    head = DraftHead(model, kv_heads=spec.kv_heads, head_dim=spec.head_dim)
+    head = make_head(spec, model)
     pool = api.MemoryPool(capacity_bytes=64 << 20)
     a, b = (make_instance(api, spec, model, head, pool=pool, chunk=chunk) for _ in range(2))
     return Pair(spec, model, a, b, pool), head
@@ -113,6 +113,22 @@ def accepted_counts(trace: list[DraftStep]) -> list[int]:
 # draft page B loads was saved with the same next token B has (each turn extends the
 # previous prompt past the resume point), so the next-token keying changes no offer.
 conversation = scenarios.conversation
+
+
+def assert_conversation(spec, model, head, steps: list[Step]) -> None:
+    """The conversation's offers, and every turn drafting as the local reference does and
+    as no reuse does from its resume point on."""
+    assert [s.served.offer for s in steps] == [0, 160, 240, 320]
+    assert all(s.served.filled for s in steps[1:])
+    local = local_references(spec, model, head, [(s.tokens, s.served.start) for s in steps])
+    for step, reference in zip(steps, local):
+        assert_drafts_identically(f"{step.name} against local reuse", step.served.trace, reference)
+        fresh = fresh_reference(spec, model, head, step)
+        assert_drafts_identically(f"{step.name} against no reuse", step.served.trace, fresh)
+
+
+def make_head(spec: ModelSpec, model) -> DraftHead:
+    return DraftHead(model, kv_heads=spec.kv_heads, head_dim=spec.head_dim)
 
 
 # -- negative controls ------------------------------------------------------------------
