@@ -14,11 +14,13 @@ harness self-tests run the same proof against `fake_connector`, without the pack
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from models import draft_scenarios as ds
 from models import fake_connector as fake
 from models import scenarios
-from models.tiny import SPECS
+from models.engine import chunk_bounds, forward
+from models.tiny import SPECS, build_model
 
 try:
     import kv_connector as kvc
@@ -42,6 +44,25 @@ def run(api, name: str, scenario: scenarios.Scenario, *, chunk: int = scenarios.
 
 
 # -- the harness, without the package ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_draft_cache_from_pages_equals_native_cache(name):
+    """A prompt's prefill on a drafting instance (no connector) against the target and the
+    head each carrying transformers' own cache over the same chunks: the target's and the
+    head's logits are bit-identical, so the draft group's pages hold the head's KV."""
+    spec = SPECS[name]
+    model = build_model(spec, scenarios.device())
+    head = ds.make_head(spec, model)
+    tokens = scenarios.random_tokens(7, 203)
+    trace = ds.make_instance(None, spec, model, head).serve(tokens, decode=0).trace
+    target, draft = DynamicCache(config=model.config), DynamicCache(config=head.config)
+    with torch.no_grad():
+        for step, (lo, hi) in zip(trace, chunk_bounds(0, len(tokens), scenarios.CHUNK)):
+            logits, hidden = forward(model, tokens[lo:hi], lo, target, scenarios.device(), hidden=True)
+            following = tokens[lo + 1 : hi + 1] + ([int(logits[-1].argmax())] if hi == len(tokens) else [])
+            draft_logits, _ = head(hidden, following, lo, draft)
+            assert torch.equal(step.logits, logits) and torch.equal(step.draft_logits[: hi - lo], draft_logits)
 
 
 @pytest.mark.parametrize("name", MODELS)
