@@ -80,6 +80,20 @@ def test_fake_zeroed_draft_pages_are_caught(name):
     assert ds.differences(step.served.trace, [s for s in reference if s.start >= step.served.start])
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_fake_next_token_keys(name):
+    """The next-token scenario on the harness: with draft pages named by the next token
+    (R37) B resumes a block early and drafts as the local reference does; named by the
+    chain alone, B resumes on A's draft row at 159 and its drafts differ (the package's
+    test below can fail)."""
+    for api, offer in ((fake, ds.NEXT_TOKEN_OFFER), (ds.CHAIN_KEYED, ds.SHARED_TOKENS)):
+        pair, head, [_a, step], _live, _final = run(api, name, ds.next_token, chunk=ds.NEXT_TOKEN_CHUNK)
+        prompts = [(step.tokens, 0), (step.tokens, offer)]
+        reference = ds.local_references(pair.spec, pair.model, head, prompts, chunk=ds.NEXT_TOKEN_CHUNK)[-1]
+        assert step.served.offer == offer
+        assert bool(ds.differences(step.served.trace, reference)) == (api is ds.CHAIN_KEYED)
+
+
 # -- through the memory pool -----------------------------------------------------------------
 
 

@@ -18,9 +18,11 @@ point on: the conversation resumes on `scenarios.RESUME_GRID`; the next-token sc
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
-from . import scenarios
+from . import fake_connector, scenarios
 from .drafter import DraftHead, DraftingInstance, DraftStep
 from .scenarios import CHUNK, Pair, Scenario, Step, random_tokens, serve
 from .tiny import TOKENS_PER_BLOCK, ModelSpec, build_model, layout
@@ -204,4 +206,13 @@ def next_token_prompts() -> tuple[list[int], list[int]]:
 next_token = Scenario(
     a=lambda inst: [serve(inst, "A prompt", next_token_prompts()[0], 0, decode=0)],
     b=lambda inst, _a: [serve(inst, "B prompt", next_token_prompts()[1], NEXT_TOKEN_OFFER)],
+)
+
+# The fake connector with draft pages named by the chain alone (before R37): the harness's
+# control that the next-token scenario fails without the next-token keying.
+CHAIN_KEYED = SimpleNamespace(
+    Connector=fake_connector.ChainKeyedConnector,
+    Layout=fake_connector.Layout,
+    MemoryPool=fake_connector.MemoryPool,
+    StepRequest=fake_connector.StepRequest,
 )
