@@ -13,9 +13,9 @@ whole group role "draft" (R6): every page of it carries draft rows.
 - tiny GPT-OSS: the head's layer makes full layers outnumber sliding ones, so vLLM splits
   them: [1, 4] (the head's layer 4 among them, role "draft"), [3] (padded to two layers'
   memory) and [0, 2] (sliding). The connector maps one full-attention group onto vLLM's
-  memory and refuses this at `register_kv_caches`, naming the two groups: EAGLE on a
-  model whose full layers do not outnumber its sliding ones (gpt-oss: 18 and 18) is
-  refused by the vLLM connector today.
+  memory and refuses this at `register_kv_caches`, naming the two groups. (The split
+  depends on the layer counts: 18 full + 1 head and 18 sliding layers, gpt-oss-120b's,
+  make one full group of 19 and one sliding group.)
 
 The engines run vLLM's real Scheduler with the speculative config (lookahead slots
 included); the test's model runner computes the target only and proposes no drafts (the
