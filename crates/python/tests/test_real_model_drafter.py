@@ -8,8 +8,12 @@ from its own) records what a reference instance records reusing the same prefix 
 own pages, and what computing the prompt from token 0 records from the resume point on:
 target logits and draft logits bit for bit, the same drafts, the same accepted counts
 (`draft_scenarios`). Negative controls: draft pages zeroed after the load, or one draft
-element nudged, change the draft logits (and never the target's first step). The
-harness self-tests run the same proof against `fake_connector`, without the package.
+element nudged, change the draft logits (and never the target's first step). A draft
+row depends on the token after it (`models.drafter`, D1): a prompt diverging from A's at a
+block boundary must not load A's last draft row there (the next-token keying, R37), and
+resumes a block earlier. The harness self-tests run the same proof against
+`fake_connector`, without the package, and show the next-token test failing where draft
+pages are named by the chain alone.
 """
 
 import pytest
