@@ -11,7 +11,10 @@ rest and 16 greedy tokens; each test reads the counters its own part changed. Pa
 cache, logits and tokens equal a no-reuse baseline bit for bit). Controls: a page of
 another prompt misses the baseline by more than CONTROL_MIN_DIFF; an object A's process
 rewrote with a flipped payload byte, through a raw Mooncake client, is refused and B
-recomputes it to the baseline's bits.
+recomputes it to the baseline's bits. Drafting (test_real_model_drafter.py's proof): A's
+process serves the first turns of a conversation with an EAGLE-style drafter, B the next
+ones from A's objects, each drafting as a local reference that reuses the same prefix from
+its own pages.
 
 `KV_CONNECTOR_TEST_DEVICE=cuda` runs the models and page tensors of both processes on the
 GPU.
@@ -24,15 +27,16 @@ import pytest
 
 import kv_connector as kvc
 from api_support import mooncake_master, needs_mooncake  # noqa: F401 (fixture)
-from models import scenarios
+from models import draft_scenarios, scenarios
 from models.engine import Instance
-from models.peer import CONVERSATION, CORRUPT, FOREIGN_PAGE, SHARED_PREFIX, WALK_BACK, Answer, Peer, plan
+from models.peer import CONVERSATION, CORRUPT, DRAFTED, FOREIGN_PAGE, SHARED_PREFIX, WALK_BACK, Answer, Peer, plan
 from models.tiny import SPECS, build_model
 
 pytestmark = needs_mooncake
 
 MODELS = list(SPECS)
 HYBRID = [name for name in MODELS if SPECS[name].sliding_window]
+DRAFTER_MODELS = ["gpt-oss", "llama"]
 # B's counters a test reads, as changed by its own part (B serves the parts of several tests).
 COUNTERS = ("pages_loaded", "loads_failed", "failed_corrupt", "full", "rewound", "recovered")
 
@@ -40,6 +44,11 @@ COUNTERS = ("pages_loaded", "loads_failed", "failed_corrupt", "full", "rewound",
 @functools.cache
 def model(name: str):
     return build_model(SPECS[name], scenarios.device())
+
+
+@functools.cache
+def head(name: str):
+    return draft_scenarios.make_head(SPECS[name], model(name))
 
 
 @dataclass
@@ -56,6 +65,15 @@ class Deployment:
             self.instances[name] = scenarios.make_instance(kvc, SPECS[name], model(name), base_config=self.peer.config)
         return self.instances[name]
 
+    def drafting_b(self, name: str) -> Instance:
+        """Instance B of `name` with the drafter (a connector of its own)."""
+        key = f"{name} drafting"
+        if key not in self.instances:
+            self.instances[key] = draft_scenarios.make_instance(
+                kvc, SPECS[name], model(name), head(name), base_config=self.peer.config
+            )
+        return self.instances[key]
+
     def serve_b(self, name: str, key: str) -> tuple[list[scenarios.Step], dict, dict]:
         """B's part of scenario `key`: its steps, B's stats after it, and the change of
         B's COUNTERS and pages_filled it made."""
@@ -69,7 +87,8 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(mooncake_master, tmp_path_factory):  # noqa: F811 (fixture)
-    with Peer.start(mooncake_master.config(), MODELS, tmp_path_factory.mktemp("peer")) as peer:
+    folder = tmp_path_factory.mktemp("peer")
+    with Peer.start(mooncake_master.config(), MODELS, folder, drafter_models=DRAFTER_MODELS) as peer:
         d = Deployment(peer, peer.wait_ready())
         try:
             yield d
@@ -137,3 +156,18 @@ def test_corrupt_object_is_refused_and_recomputed_across_processes(deployment, n
     assert c.served.filled is False and c.served.start == 0
     assert c.exact(), f"max abs diff {c.max_abs_diff():.3e}"
     assert c.served.generated == c.baseline_generated
+
+
+@pytest.mark.parametrize("name", DRAFTER_MODELS)
+def test_drafted_conversation_resumes_identically_across_processes(deployment, name):
+    """A's process serves turns 1-2 with the drafter, B turns 3-4 (turn 3 from A's
+    objects): every turn drafts as the local reference and no reuse do (draft logits,
+    drafts, accepted counts and target logits)."""
+    a_steps = deployment.answer.steps[name][DRAFTED]
+    b = deployment.drafting_b(name)
+    b_steps = draft_scenarios.conversation.b(b, a_steps)
+    draft_scenarios.assert_conversation(SPECS[name], model(name), head(name), a_steps + b_steps)
+    stats = b.conn.stats()
+    assert scenarios.stat(stats, "pages_loaded") == b.pages_filled > 0, "B loaded through Mooncake"
+    scenarios.assert_saves(stats)
+    scenarios.assert_loads(deployment.answer.drafting_stats[name], deployment.answer.drafting_pages_filled[name])

@@ -43,8 +43,22 @@ def write_model_dir(spec: ModelSpec, path) -> str:
     return str(path)
 
 
+def write_eagle_dir(path) -> str:
+    """A config dir of an EAGLE head for the tiny models (one Llama layer; no weights: the
+    test's model runner never drafts through vLLM)."""
+    from transformers import LlamaConfig
+
+    from models import tiny
+
+    config = LlamaConfig(vocab_size=tiny.VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=4096)
+    config.architectures = ["EagleLlamaForCausalLM"]
+    config.save_pretrained(path)
+    return str(path)
+
+
 def vllm_config(model_dir: str, *, extra: dict, engine_id: str | None = None, budget: int = 40,
-                max_seqs: int = 4, prefix_caching: bool = False):
+                max_seqs: int = 4, prefix_caching: bool = False, eagle_dir: str | None = None):
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -64,12 +78,20 @@ def vllm_config(model_dir: str, *, extra: dict, engine_id: str | None = None, bu
         engine_id=engine_id or str(uuid.uuid4()),
         kv_connector_extra_config=extra,
     )
+    parallel = ParallelConfig(distributed_executor_backend="uni")
+    speculative = None
+    if eagle_dir is not None:  # vLLM's EAGLE: k = 3 drafts a step from the head in eagle_dir
+        from vllm.config import SpeculativeConfig
+
+        speculative = SpeculativeConfig(method="eagle", model=eagle_dir, num_speculative_tokens=3,
+                                        target_model_config=model, target_parallel_config=parallel)
     config = VllmConfig(
         model_config=model,
+        speculative_config=speculative,
         cache_config=CacheConfig(block_size=T, cache_dtype="auto", enable_prefix_caching=prefix_caching),
         scheduler_config=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=1024,
                                          enable_chunked_prefill=True, is_encoder_decoder=False),
-        parallel_config=ParallelConfig(distributed_executor_backend="uni"),
+        parallel_config=parallel,
         kv_transfer_config=kt,
         device_config=DeviceConfig("cpu"),
     )
@@ -85,8 +107,11 @@ def layer_name(i: int) -> str:
 
 def kv_cache_config(config, spec: ModelSpec, num_blocks: int):
     """vLLM's KVCacheConfig of `spec`: a full-attention group and, for hybrid models, a
-    sliding-window group, from vLLM's own planner (BLHNC layout)."""
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+    sliding-window group, from vLLM's own planner (BLHNC layout). With a speculative
+    config, the groups are those vLLM's planner makes of the target's layers and the EAGLE
+    head's one layer (named after the target's last, `is_draft`, as vLLM's EAGLE models
+    register it)."""
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_config_from_groups
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 
     common = dict(block_size=T, num_kv_heads=spec.kv_heads, head_size=spec.head_dim, dtype=torch.float32)
@@ -95,6 +120,10 @@ def kv_cache_config(config, spec: ModelSpec, num_blocks: int):
         groups.append(KVCacheGroupSpec([layer_name(i) for i in spec.window_layers()],
                                        SlidingWindowSpec(**common, sliding_window=spec.sliding_window)))
     config.cache_config.kv_cache_layout = "BLHNC"
+    if config.speculative_config is not None:
+        layers = {name: g.kv_cache_spec for g in groups for name in g.layer_names}
+        layers[layer_name(len(spec.layer_types))] = FullAttentionSpec(**common, is_draft=True)
+        groups = get_global_kv_cache_groups(config, [layers])
     per_block = max(len(g.layer_names) for g in groups) * groups[0].kv_cache_spec.page_size_bytes
     return get_kv_cache_config_from_groups(config, groups, per_block * num_blocks)
 

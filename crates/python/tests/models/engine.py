@@ -21,7 +21,8 @@ Per request (`Instance.serve`):
    chunk with `on_step`, then drop window pages no later token reads (the group keeps
    its sinks and `[computed - W - R, computed)`, R being the connector's rewind, as the
    engine must hold a prompt end's rewind range for R17's window saves);
-4. decode greedily, one token a step, reported like chunks;
+4. decode greedily, one token a step, reported like chunks (`models.drafter.DraftingInstance`
+   instead drafts k tokens a step and verifies them);
 5. `request_finished`; pages (dropped ones included) go back to the free lists only once
    the connector no longer reads them (`finished_saves`, R22).
 """
@@ -58,15 +59,26 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def forward(model, tokens: list[int], start: int, cache, device) -> torch.Tensor:
-    """Logits of tokens `[start, start + len(tokens))`, the cache holding `[0, start)`.
-    Positions are explicit; the cache goes in as `cache`, or as `past_key_values` where
+def cache_argument(model) -> str:
+    """The name `model.forward` takes its cache by: `cache`, or `past_key_values` where
     the installed transformers predates that name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def forward(model, tokens: list[int], start: int, cache, device, *, hidden: bool = False):
+    """Logits of tokens `[start, start + len(tokens))`, the cache holding `[0, start)`;
+    with `hidden`, also the last hidden states (`[len(tokens), hidden_size]`, what a
+    drafter reads). Positions are explicit."""
     ids = torch.tensor([tokens], device=device)
     positions = torch.arange(start, start + len(tokens), device=device).unsqueeze(0)
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    out = model(input_ids=ids, position_ids=positions, use_cache=True, **{name: cache})
-    return out.logits[0]
+    out = model(
+        input_ids=ids,
+        position_ids=positions,
+        use_cache=True,
+        output_hidden_states=hidden,
+        **{cache_argument(model): cache},
+    )
+    return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
 
 
 @dataclass
@@ -80,6 +92,7 @@ class Served:
     logits: torch.Tensor  # rows for positions start .. P + decode - 1
     generated: list[int]  # greedy tokens: argmax of the last prompt row, then each decode row
     first_cache: list | None = None  # (keys, values) per layer of the first forward pass's cache
+    trace: list | None = None  # a drafting instance's record of every step (`models.drafter`)
 
 
 @dataclass
@@ -131,6 +144,7 @@ class Instance:
         # Pages that loads reported filled were asked to fill (R15's blocks, all groups).
         self.pages_filled = 0
         self.unfreed: dict[int, Request] = {}  # finished requests whose saves are pending
+        self.kept: dict[int, Request] = {}  # finished requests served with `keep_pages`
 
     # -- pages -------------------------------------------------------------------------
 
@@ -241,10 +255,24 @@ class Instance:
         for gi, page in req.dropped:
             self.paged.release(gi, page)
 
+    def _reuse_local(self, req: Request, source: Request, end: int) -> None:
+        """Local prefix reuse (an engine's own prefix cache, no connector): copies the pages
+        of `source`, a request kept with `keep_pages`, that a resume at `end` reads (R15's
+        blocks of every group) into fresh pages of `req`."""
+        assert self.conn is None, "local reuse is for instances without a connector"
+        for gi, g in enumerate(self.layout["groups"]):
+            for block in self.load_blocks(g, 0, end):
+                self._ensure(req, gi, block)
+                self.paged.tensors[gi][req.tables[gi][block]] = self.paged.tensors[gi][source.tables[gi][block]]
+            while len(req.tables[gi]) < end // self.t:
+                req.tables[gi].append(-1)
+
     # -- serving -----------------------------------------------------------------------
 
-    def _compute(self, req: Request, start: int, tokens: list[int], first_cache: list | None):
-        """One forward pass over `tokens` at `start`; pages its K/V, reports the step."""
+    def _target_pass(self, req: Request, start: int, tokens: list[int], first_cache: list | None, hidden=False):
+        """One forward pass of the target over `tokens` at `start`, its K/V paged; the
+        logits (and with `hidden` the last hidden states). Pages of every group are
+        allocated for the tokens' blocks."""
         end = start + len(tokens)
         for gi in range(len(req.tables)):
             for block in range(start // self.t, (end - 1) // self.t + 1):
@@ -252,11 +280,35 @@ class Instance:
         cache = self.paged.build_cache(self.model.config, req.tables, start, self.zeros_for_missing)
         if first_cache is not None and not first_cache:
             first_cache.extend((layer.keys, layer.values) for layer in cache.layers)
-        logits = forward(self.model, tokens, start, cache, self.device)
+        out = forward(self.model, tokens, start, cache, self.device, hidden=hidden)
         self.paged.write(req.tables, start, cache.added)
+        return out
+
+    def _report(self, req: Request, start: int, end: int) -> None:
+        """Tells the connector `[start, end)` is computed (and paged), then drops the window
+        pages no later token reads."""
         self._step(req, start, end)
         self._drop_out_of_window(req, end)
+
+    def _compute(self, req: Request, start: int, tokens: list[int], first_cache: list | None):
+        """One forward pass over `tokens` at `start`; pages its K/V, reports the step."""
+        logits = self._target_pass(req, start, tokens, first_cache)
+        self._report(req, start, start + len(tokens))
         return logits
+
+    def _generate(self, req: Request, start: int, decode: int, first_cache: list):
+        """Computes the prompt from `start` in chunks, then decodes `decode` tokens greedily.
+        Returns (logits rows, greedy tokens, trace: None here)."""
+        rows = []
+        for lo, hi in chunk_bounds(start, len(req.tokens), self.chunk):
+            rows.append(self._compute(req, lo, req.tokens[lo:hi], first_cache))
+        generated = [int(rows[-1][-1].argmax())]
+        for _ in range(decode):
+            position = len(req.tokens)
+            req.tokens.append(generated[-1])
+            rows.append(self._compute(req, position, [generated[-1]], first_cache))
+            generated.append(int(rows[-1][-1].argmax()))
+        return rows, generated, None
 
     @torch.no_grad()
     def serve(
@@ -266,11 +318,14 @@ class Instance:
         decode: int = 16,
         after_load=None,
         keep_pages: bool = False,
+        reuse: tuple[int, int] | None = None,
     ) -> Served:
         """Serves one prompt: lookup, load what the pool offers, compute the rest in
         chunks, decode `decode` tokens greedily. `after_load(request)` runs once the load
         is settled (negative controls tamper there). `keep_pages`: the request's pages
-        stay allocated after it ends (another test reads them)."""
+        stay allocated after it ends (another test reads them, or `reuse` does).
+        `reuse=(request_id, end)`: without a connector, resume at `end` from the pages of
+        that kept request (local prefix reuse)."""
         req = Request(self.next_rid, list(tokens), len(tokens), [[] for _ in self.layout["groups"]])
         self.next_rid += 1
         start, offer, filled = 0, 0, None
@@ -280,24 +335,20 @@ class Instance:
             offer = self._reserve(req, 0, self.next_reservation)
             if offer > 0:
                 start, filled = self._load(req, offer)
+        elif reuse is not None:
+            self._reuse_local(req, self.kept[reuse[0]], reuse[1])
+            start = reuse[1]
         if after_load is not None:
             after_load(req)
         first_cache: list = []
-        rows = []
-        for lo, hi in chunk_bounds(start, len(tokens), self.chunk):
-            rows.append(self._compute(req, lo, req.tokens[lo:hi], first_cache))
-        generated = [int(rows[-1][-1].argmax())]
-        for _ in range(decode):
-            position = len(req.tokens)
-            req.tokens.append(generated[-1])
-            rows.append(self._compute(req, position, [generated[-1]], first_cache))
-            generated.append(int(rows[-1][-1].argmax()))
+        rows, generated, trace = self._generate(req, start, decode, first_cache)
         self._finish(req, keep_pages)
-        return Served(req.rid, start, offer, filled, torch.cat(rows), generated, first_cache)
+        return Served(req.rid, start, offer, filled, torch.cat(rows), generated, first_cache, trace)
 
     def _finish(self, req: Request, keep_pages: bool) -> None:
         keep_for_saves = self.conn.request_finished(req.rid) if self.conn is not None else False
         if keep_pages:
+            self.kept[req.rid] = req
             return
         if keep_for_saves:
             self.unfreed[req.rid] = req

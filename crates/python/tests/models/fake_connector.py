@@ -3,8 +3,10 @@
 It implements the hooks of the package's API over a dict "pool", synchronously, with the
 package's rules where the harness depends on them: chain hashes and keys (R1, R3), the
 lookup's resume point (R10-R13), loads of exactly the blocks R15 names, integrity checks
-(R5, a corrupt object fails the load), saves capped at the chunk end (R16), window saves
-at the prompt's last chunk (R17), no re-save of loaded blocks (R19). It exists so the
+(R5, a corrupt object fails the load), a draft group's pages named by the chain and the
+token after their block (R37; none for a block whose next token is not a prompt token),
+saves capped at the chunk end (R16), window saves at the prompt's last chunk (R17), no
+re-save of loaded blocks (R19). It exists so the
 model, cache and chunking parts of the harness are proven against a known connector; the
 real-model tests run the real package.
 """
@@ -76,6 +78,10 @@ def _digest(payload: torch.Tensor) -> bytes:
 
 
 class Connector:
+    # R37: a draft group's page of block b is named by block b's chain hash and token
+    # (b + 1) T. `ChainKeyedConnector` turns it off (harness controls only).
+    next_token_keys = True
+
     def __init__(self, layout, kv_caches, pool=None, config=None, model_key="", namespace=None, salt=None):
         self.layout, self.kv, self.pool = layout, kv_caches, pool
         self.t, self.salt = layout.t, salt
@@ -102,16 +108,31 @@ class Connector:
         g = self.layout.groups[gi]
         return f"{self.prefix}/{self.model_key}/w1r0/lg{g['id']}/t{self.t}b{self.layout.page_bytes(g['id'])}/{digest.hex()}"
 
-    def keys(self, tokens) -> list[list[str]]:
-        hashes = chain_hashes(list(tokens), self.t, self.salt)
-        return [[self._key(gi, h) for gi in range(len(self.layout.groups))] for h in hashes]
+    def block_names(self, tokens) -> list[list[bytes | None]]:
+        """Per full block, per group, the digest naming its page (None: never saved)."""
+        out = []
+        for b, chain in enumerate(chain_hashes(tokens, self.t, self.salt)):
+            row: list[bytes | None] = []
+            for g in self.layout.groups:
+                after = (b + 1) * self.t
+                if g.get("role") != "draft" or not self.next_token_keys:
+                    row.append(chain)
+                elif after < len(tokens):
+                    row.append(hashlib.blake2b(chain + struct.pack("<q", tokens[after]), digest_size=16).digest())
+                else:
+                    row.append(None)
+            out.append(row)
+        return out
+
+    def keys(self, tokens) -> list[list[str | None]]:
+        return [[n and self._key(gi, n) for gi, n in enumerate(row)] for row in self.block_names(list(tokens))]
 
     # -- lookup and reserve ----------------------------------------------------------------
 
     def lookup(self, request_id, tokens, local_match_tokens=0):
         tokens = list(tokens)
         self.requests[request_id] = {
-            "hashes": chain_hashes(tokens, self.t, self.salt),
+            "names": self.block_names(tokens),
             "prompt_len": len(tokens),
             "asked": False,
             "resume": None,
@@ -122,28 +143,29 @@ class Connector:
     def flush(self):
         pass
 
-    def _present(self, gi: int, hashes, block: int) -> bool:
-        return self._key(gi, hashes[block]) in self.pool.objects
+    def _present(self, gi: int, names, block: int) -> bool:
+        name = names[block][gi]
+        return name is not None and self._key(gi, name) in self.pool.objects
 
-    def _window_complete(self, hashes, e: int) -> bool:
+    def _window_complete(self, names, e: int) -> bool:
         for gi, g in enumerate(self.layout.groups):
             if g["kind"] == "window":
                 sinks = range(-(-g["sink_tokens"] // self.t))
                 tail = range(max(0, e - g["window_tokens"]) // self.t, e // self.t)
-                if not all(self._present(gi, hashes, b) for b in (*sinks, *tail)):
+                if not all(self._present(gi, names, b) for b in (*sinks, *tail)):
                     return False
         return True
 
     def _resume_point(self, state) -> int:
-        hashes = state["hashes"]
+        names = state["names"]
         candidates = (state["prompt_len"] - 1) // self.t
         full = [gi for gi, g in enumerate(self.layout.groups) if g["kind"] == "full"]
         h = 0
-        while h < candidates and all(self._present(gi, hashes, h) for gi in full):
+        while h < candidates and all(self._present(gi, names, h) for gi in full):
             h += 1
         # R12 walks back at most R; R13's fallback (on by default) goes further.
         for e in range(h * self.t, 0, -self.t):
-            if self._window_complete(hashes, e):
+            if self._window_complete(names, e):
                 outcome = "full" if e == h * self.t else "rewound" if e >= h * self.t - self.rewind else "recovered"
                 self.counters[outcome] += 1
                 return e
@@ -182,7 +204,8 @@ class Connector:
                 blocks = sorted({b for b in (*sinks, *tail) if b >= first})
             for b in blocks:
                 page = step.page_tables[gi][b] if b < len(step.page_tables[gi]) else -1
-                digest, payload = self.pool.objects.get(self._key(gi, state["hashes"][b]), (None, None))
+                name = state["names"][b][gi]
+                digest, payload = self.pool.objects.get(name and self._key(gi, name), (None, None))
                 if page < 0 or payload is None or _digest(payload) != digest:
                     self.counters["loads_failed"] += 1
                     self.counters["failed_corrupt"] += payload is not None and page >= 0
@@ -199,7 +222,7 @@ class Connector:
         t, p = self.t, step.prompt_len
         if step.computed_after <= step.computed_before:
             return
-        prompt_blocks = min(p // t, len(state["hashes"]))
+        prompt_blocks = min(p // t, len(state["names"]))
         reused = -(-state["reused"] // t)
         last = step.computed_after >= p and not state["window_saved"]
         state["window_saved"] |= last
@@ -214,8 +237,9 @@ class Connector:
                 blocks = []
             for b in blocks:
                 page = step.page_tables[gi][b] if b < len(step.page_tables[gi]) else -1
-                key = self._key(gi, state["hashes"][b])
-                if b >= prompt_blocks or page < 0 or key in self.pool.objects:
+                name = state["names"][b][gi] if b < prompt_blocks else None
+                key = name and self._key(gi, name)
+                if name is None or page < 0 or key in self.pool.objects:
                     continue
                 payload = self.kv[gi][page].detach().to("cpu", copy=True).contiguous()
                 self.pool.objects[key] = (_digest(payload), payload)
@@ -243,3 +267,9 @@ class Connector:
 
     def shutdown(self) -> dict:
         return self.stats()
+
+
+class ChainKeyedConnector(Connector):
+    """Draft pages named by the chain alone, as before R37 (harness controls only)."""
+
+    next_token_keys = False

@@ -2,9 +2,12 @@
 
 `PagedKv` owns one tensor per layout group, page-major, shaped
 `[num_pages, layers_in_group, 2 (K, V), T, kv_heads, head_dim]` (the tensors the connector
-registers), and a page allocator per group. The pages are the instance's only KV store:
-before every forward pass `build_cache` assembles a transformers `DynamicCache` from them,
-and `write` stores the K/V the forward pass produced (captured by `RecordingCache`) back
+registers), and a page allocator per group. A group's `role` (layout R6: "target", the
+default, or "draft") says which model its layers belong to; layers are numbered within
+their model, so the target's layer 0 and a drafter's layer 0 live in different groups
+(`models.drafter` pages the drafter's KV exactly as the target's). The pages are the
+instance's only KV store: before every forward pass `build_cache` assembles a transformers
+`DynamicCache` from them, and `write` stores the K/V the forward pass produced (captured by `RecordingCache`) back
 into them. A sliding layer's cache holds only the keys its next query reads,
 `[c - W + 1, c)` for a chunk starting at `c` (what transformers' own
 `DynamicSlidingWindowLayer` keeps), with `cumulative_length = c`.
@@ -26,6 +29,11 @@ import torch
 from transformers import DynamicCache
 
 from .tiny import ModelSpec
+
+
+def role(group: dict) -> str:
+    """The model a layout group's layers belong to: "target" (the default) or "draft"."""
+    return group.get("role", "target")
 
 
 class RecordingCache(DynamicCache):
@@ -59,10 +67,13 @@ class PagedKv:
             for g in self.groups
         ]
         self.free = [deque(range(num_pages)) for _ in self.groups]
-        # layer -> (group position, index of the layer inside its group)
+        # (role, layer) -> (group position, index of the layer inside its group)
         self.where = {
-            layer: (gi, li) for gi, g in enumerate(self.groups) for li, layer in enumerate(g["layers"])
+            (role(g), layer): (gi, li) for gi, g in enumerate(self.groups) for li, layer in enumerate(g["layers"])
         }
+        # The attention type of every layer of each model: the drafter's layers are full.
+        draft_layers = 1 + max((layer for r, layer in self.where if r == "draft"), default=-1)
+        self.layer_types = {"target": spec.layer_types, "draft": ("full_attention",) * draft_layers}
 
     def allocate(self, group: int) -> int:
         if not self.free[group]:
@@ -73,11 +84,13 @@ class PagedKv:
         self.tensors[group][page].fill_(float("nan"))
         self.free[group].append(page)
 
-    def write(self, tables: list[list[int]], start: int, added: dict) -> None:
-        """Stores the K/V of tokens `[start, start + n)` of every layer (`added`: layer ->
-        (K, V), each `[1, kv_heads, n, head_dim]`) into the request's pages."""
+    def write(self, tables: list[list[int]], start: int, added: dict, model: str = "target") -> None:
+        """Stores the K/V of tokens `[start, start + n)` of every layer of `model` (`added`:
+        layer -> (K, V), each `[1, kv_heads, n, head_dim]`) into the request's pages."""
         n = next(iter(added.values()))[0].shape[2]
         for gi, group in enumerate(self.groups):
+            if role(group) != model:
+                continue
             # [layers, 2, n, kv_heads, head_dim]
             kv = torch.stack(
                 [torch.stack([added[layer][0][0], added[layer][1][0]]).transpose(1, 2) for layer in group["layers"]]
@@ -91,9 +104,10 @@ class PagedKv:
                     :, :, lo - start : hi - start
                 ]
 
-    def gather(self, tables, layer: int, lo: int, hi: int, zeros_for_missing: bool):
-        """K and V of `layer` for tokens `[lo, hi)`, each `[1, kv_heads, hi - lo, head_dim]`."""
-        gi, li = self.where[layer]
+    def gather(self, tables, layer: int, lo: int, hi: int, zeros_for_missing: bool, model: str = "target"):
+        """K and V of `model`'s `layer` for tokens `[lo, hi)`, each `[1, kv_heads, hi - lo,
+        head_dim]`."""
+        gi, li = self.where[(model, layer)]
         parts = []
         for block in range(lo // self.t, (hi - 1) // self.t + 1):
             a, b = max(lo, block * self.t) - block * self.t, min(hi, (block + 1) * self.t) - block * self.t
@@ -108,17 +122,20 @@ class PagedKv:
         kv = kv.transpose(1, 2).unsqueeze(1).contiguous()  # [2, 1, kv_heads, n, head_dim]
         return kv[0], kv[1]
 
-    def build_cache(self, config, tables, computed: int, zeros_for_missing: bool) -> RecordingCache:
-        """The cache a forward pass starting at token `computed` reads: full layers hold
-        `[0, computed)`, sliding layers `[computed - W + 1, computed)`."""
+    def build_cache(
+        self, config, tables, computed: int, zeros_for_missing: bool, model: str = "target"
+    ) -> RecordingCache:
+        """The cache a forward pass of `model` (its `config`) starting at token `computed`
+        reads: full layers hold `[0, computed)`, sliding layers `[computed - W + 1,
+        computed)`."""
         cache = RecordingCache(config)
         if computed == 0:
             return cache
-        for layer, kind in enumerate(self.spec.layer_types):
+        for layer, kind in enumerate(self.layer_types[model]):
             lo = 0
             if kind == "sliding_attention":
                 lo = max(0, computed - self.spec.sliding_window + 1)
-            keys, values = self.gather(tables, layer, lo, computed, zeros_for_missing)
+            keys, values = self.gather(tables, layer, lo, computed, zeros_for_missing, model)
             entry = cache.layers[layer]
             entry.lazy_initialization(keys, values)
             entry.keys, entry.values = keys, values

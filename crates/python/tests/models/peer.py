@@ -5,7 +5,9 @@ The parent (`Peer.start`) runs `python -m models.peer REQUEST` in tests/. REQUES
 JSON file: the models, the connector configuration of a Mooncake client (master and
 metadata server) and the folder to answer in. For every model the child builds instance
 A, with its own connector and so its own Mooncake client, and runs A's part of every
-scenario in its `plan`, each settling its saves. Then it damages the object of the corrupt
+scenario in its `plan`, each settling its saves, and for the models REQUEST names as
+drafter models a drafting instance A (`models.drafter`, its own connector) serves A's
+part of the drafted conversation (`DRAFTED`). Then it damages the object of the corrupt
 control through a raw Mooncake client of its own (`damage`; the client lives as long as
 A, as the rewritten object may be in its segment), writes its answer
 (`torch.save` of an `Answer`) to `a.pt`, whole (renamed into place), and waits for a line
@@ -26,14 +28,14 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 import kv_connector as kvc
 
-from . import scenarios
+from . import draft_scenarios, scenarios
 from .tiny import SPECS, ModelSpec, build_model
 
 # The scenarios both processes run, each on prompts of its own: the controls have their
@@ -45,6 +47,10 @@ CONVERSATION, SHARED_PREFIX, WALK_BACK, FOREIGN_PAGE, CORRUPT = (
     "page of another prompt",
     "corrupt object",
 )
+
+
+# The drafted conversation (`draft_scenarios.conversation` on drafting instances).
+DRAFTED = "drafted conversation"
 
 
 def plan(spec: ModelSpec) -> dict[str, scenarios.Scenario]:
@@ -77,6 +83,8 @@ class Answer:
     stats: dict[str, dict]  # A's connector stats once every save is settled
     pages_filled: dict[str, int]  # A's Instance.pages_filled
     damaged: dict[str, list[str]]  # the keys `damage` rewrote
+    drafting_stats: dict[str, dict] = field(default_factory=dict)  # the drafting A's stats
+    drafting_pages_filled: dict[str, int] = field(default_factory=dict)  # and its pages_filled
 
 
 # ---- the child ----
@@ -124,6 +132,13 @@ def main(request_path: str) -> None:
             answer.pages_filled[name] = a.pages_filled
             store = store or raw_client(request["config"])
             answer.damaged[name] = damage(store, scenarios.corrupt_key(a.conn, answer.steps[name][CORRUPT]))
+            if name in request.get("drafter_models", []):
+                head = draft_scenarios.make_head(spec, model)
+                drafting = draft_scenarios.make_instance(kvc, spec, model, head, base_config=request["config"])
+                instances.append(drafting)
+                answer.steps[name][DRAFTED] = draft_scenarios.conversation.a(drafting)
+                answer.drafting_stats[name] = drafting.conn.stats()
+                answer.drafting_pages_filled[name] = drafting.pages_filled
         partial = folder / f"{ANSWER}.partial"
         torch.save(answer, partial)
         os.replace(partial, folder / ANSWER)
@@ -146,10 +161,12 @@ class Peer:
         self.answer: Answer | None = None
 
     @classmethod
-    def start(cls, config: dict, models: list[str], folder: Path) -> Peer:
-        """Starts A's process for `models` on the Mooncake client configuration `config`."""
+    def start(cls, config: dict, models: list[str], folder: Path, drafter_models: list[str] = ()) -> Peer:
+        """Starts A's process for `models` (`drafter_models` also drafting) on the Mooncake
+        client configuration `config`."""
         request = folder / "request.json"
-        request.write_text(json.dumps({"config": config, "models": models, "folder": str(folder)}))
+        fields = {"config": config, "models": models, "folder": str(folder), "drafter_models": list(drafter_models)}
+        request.write_text(json.dumps(fields))
         env = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
         with open(folder / "peer.log", "wb") as log:
             process = subprocess.Popen(

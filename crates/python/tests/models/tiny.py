@@ -128,11 +128,13 @@ def build_model(spec: ModelSpec, device: torch.device | str = "cpu") -> torch.nn
 
 
 def layout(
-    spec: ModelSpec, *, window_tokens: int | None = None, name: str | None = None
+    spec: ModelSpec, *, window_tokens: int | None = None, name: str | None = None, drafter: bool = False
 ) -> dict:
     """The kv_connector layout of `spec`: group 0 = full-attention layers, group 1 (hybrid
     models only) = sliding-window layers. `window_tokens` overrides W (negative controls
-    only: a layout whose window is shorter than the model's)."""
+    only: a layout whose window is shorter than the model's). `drafter`: one more group,
+    the draft head's single layer (`models.drafter`), `role = "draft"` (R6), layer 0 of
+    the draft model, a full group like the `-eagle` presets' draft group."""
     groups = [
         {
             "id": 0,
@@ -156,8 +158,20 @@ def layout(
                 "dtype_bytes": 4,
             }
         )
+    if drafter:
+        groups.append(
+            {
+                "id": len(groups),
+                "kind": "full",
+                "role": "draft",
+                "layers": [0],
+                "kv_heads": spec.kv_heads,
+                "head_dim": spec.head_dim,
+                "dtype_bytes": 4,
+            }
+        )
     return {
-        "name": name or f"tiny-{spec.name}",
+        "name": name or f"tiny-{spec.name}" + ("-eagle" if drafter else ""),
         "tokens_per_block": TOKENS_PER_BLOCK,
         "world_size": 1,
         "groups": groups,
