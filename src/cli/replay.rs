@@ -261,9 +261,10 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "I/N", value_parser = parse_node)]
     pub node: Option<NodeShare>,
     /// Simulated seconds per real second, at most: the simulated clock reaches `t` no
-    /// earlier than `t / F` real seconds after the replay starts (F > 0). Keeps the
-    /// processes of --node on one timeline and bounds a run's wall time to about the
-    /// workload's simulated span divided by F. Default: as fast as the machine goes.
+    /// earlier than `t / F` real seconds after the engines start, once the pool and the
+    /// connectors are up (F > 0). Keeps the processes of --node on one timeline and bounds
+    /// a run's wall time to about the workload's simulated span divided by F. Default: as
+    /// fast as the machine goes.
     #[arg(long, value_name = "F", value_parser = parse_pace)]
     pub pace: Option<f64>,
     /// Store and move F times each page's bytes (0 < F <= 1, rounded to a multiple of 64
