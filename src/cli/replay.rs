@@ -267,6 +267,12 @@ pub struct ReplayArgs {
     /// fast as the machine goes.
     #[arg(long, value_name = "F", value_parser = parse_pace)]
     pub pace: Option<f64>,
+    /// With --pace: simulated time 0 is this wall-clock instant, in Unix milliseconds
+    /// (`date +%s%3N`), instead of when the engines start. Node processes given the same
+    /// one share a timeline whatever their start-up took; one whose engines start after it
+    /// runs at full speed until it catches up.
+    #[arg(long, value_name = "UNIX_MS", requires = "pace")]
+    pub start_at: Option<u64>,
     /// Store and move F times each page's bytes (0 < F <= 1, rounded to a multiple of 64
     /// bytes, at least 64); the cost model still uses full sizes. Default: the largest
     /// power of two that fits --host-memory-limit.
@@ -672,7 +678,10 @@ fn replay_params(args: &ReplayArgs, config: Config) -> Result<ReplayParams, Repl
         local_prefix_cache: args.local_prefix_cache,
         drafter: drafter_setup(args)?,
         release_during_loads: args.release_during_loads,
-        pace: args.pace.and_then(Pace::new),
+        pace: args.pace.and_then(Pace::new).map(|pace| Pace {
+            start_at_unix_ms: args.start_at,
+            ..pace
+        }),
     })
 }
 

@@ -144,7 +144,7 @@ struct Driver<'w> {
     totals: RunTotals,
     /// Time series hooks, only with [`run_replay_with_timeline`].
     timeline: Option<TimelineHooks>,
-    /// When the event loop started: simulated time 0 of a paced replay.
+    /// Simulated time 0 of a paced replay: when the event loop started, or `--start-at`.
     started: Instant,
 }
 
@@ -435,7 +435,14 @@ impl<'w> Driver<'w> {
     /// The event loop (module workflow step 2).
     fn run(&mut self, progress: &mut dyn ProgressSink) -> Result<(), ReplayError> {
         let mut stalled_since: Option<Instant> = None;
-        self.started = Instant::now();
+        self.started = match self.params.pace {
+            Some(pace) => pace.origin(Instant::now()),
+            None => Instant::now(),
+        };
+        // Simulated time 0 may be to come (`--start-at`).
+        if !self.keep_pace(0, progress) {
+            return Ok(());
+        }
         loop {
             if progress.stop_requested() {
                 tracing::warn!(completed = self.totals.completed, "replay stopped early");

@@ -19,7 +19,9 @@
 //!    simulated time `t` is in the pool when another node asks for it later in simulated
 //!    time, give or take the start-up skew (`F` times a second or so), and a run lasts
 //!    about the workload's simulated span divided by `F`: a bounded time in which nodes
-//!    can be killed, cut off, restarted or started late.
+//!    can be killed, cut off, restarted or started late. With `--start-at UNIX_MS` every
+//!    node's simulated time 0 is that one wall-clock instant, so the skew of their
+//!    start-ups (a Mooncake client takes a second or so to connect) drops out.
 //!
 //! Invariants:
 //! - `replay::nodes::N1`. The shares of `0/N` .. `N-1/N` partition the workload: every
@@ -31,7 +33,7 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::workload::WorkloadRequest;
 
@@ -125,19 +127,38 @@ impl NodeShare {
     }
 }
 
-/// Simulated seconds a paced replay covers per real second (`--pace F`, `F > 0`).
+/// Simulated seconds a paced replay covers per real second (`--pace F`, `F > 0`), and
+/// optionally the wall-clock instant of simulated time 0 (`--start-at`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pace {
     /// `F`.
     pub sim_seconds_per_second: f64,
+    /// Simulated time 0 as Unix milliseconds (`--start-at`): processes given the same one
+    /// share a timeline whatever their start-up took. `None`: when the engines start.
+    pub start_at_unix_ms: Option<u64>,
 }
 
 impl Pace {
-    /// The pace `F`, or `None` unless `F` is finite and positive.
+    /// The pace `F` from the engines' start, or `None` unless `F` is finite and positive.
     pub fn new(sim_seconds_per_second: f64) -> Option<Self> {
         (sim_seconds_per_second.is_finite() && sim_seconds_per_second > 0.0).then_some(Self {
             sim_seconds_per_second,
+            start_at_unix_ms: None,
         })
+    }
+
+    /// The instant of simulated time 0 for a replay whose engines start `now`: `now`
+    /// itself, or `--start-at` (later when it is to come, earlier when it has passed: the
+    /// replay then runs at full speed until it catches up, `replay::nodes::N3`).
+    pub fn origin(&self, now: Instant) -> Instant {
+        let Some(unix_ms) = self.start_at_unix_ms else {
+            return now;
+        };
+        let at = UNIX_EPOCH + Duration::from_millis(unix_ms);
+        match at.duration_since(SystemTime::now()) {
+            Ok(ahead) => now.checked_add(ahead).unwrap_or(now),
+            Err(behind) => now.checked_sub(behind.duration()).unwrap_or(now),
+        }
     }
 
     /// Real time after the start at which simulated time `sim_seconds` is due.
@@ -250,6 +271,7 @@ mod tests {
         assert_eq!(Pace::new(f64::NAN), None);
         let pace = Pace::new(100.0).unwrap_or(Pace {
             sim_seconds_per_second: 100.0,
+            start_at_unix_ms: None,
         });
         assert_eq!(pace.due_after(50.0), Duration::from_millis(500));
         assert_eq!(pace.due_after(-1.0), Duration::ZERO);
@@ -261,5 +283,24 @@ mod tests {
         let before = Instant::now();
         assert!(!pace.wait_until(Instant::now(), 1.0e6, &mut || true));
         assert!(before.elapsed() < Duration::from_millis(40), "a stop ends the wait");
+    }
+
+    /// `--start-at`: simulated time 0 is that wall-clock instant, past or to come.
+    #[test]
+    fn a_start_instant_sets_the_origin_of_simulated_time() {
+        let now = Instant::now();
+        let unix_ms = |offset_ms: i64| {
+            let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            u64::try_from(i64::try_from(since.as_millis()).unwrap_or(0) + offset_ms).unwrap_or(0)
+        };
+        let pace = |start_at_unix_ms| Pace {
+            sim_seconds_per_second: 10.0,
+            start_at_unix_ms,
+        };
+        assert_eq!(pace(None).origin(now), now);
+        let ahead = pace(Some(unix_ms(5_000))).origin(now).duration_since(now);
+        assert!(ahead > Duration::from_millis(4_900) && ahead <= Duration::from_millis(5_000));
+        let behind = now.duration_since(pace(Some(unix_ms(-5_000))).origin(now));
+        assert!(behind >= Duration::from_millis(4_990) && behind < Duration::from_millis(5_100));
     }
 }
