@@ -1,9 +1,9 @@
 //! Several nodes sharing one Mooncake pool (R36, R25, R30), on a multi-host test bed built
 //! from network namespaces (`nodes/net.rs`): a `mooncake_master` in its own namespace and
 //! three nodes, each its own namespace on a bridge the test creates, each running its own
-//! engine process (`kv-connector replay --node I/N --pace F`) with its own Mooncake client
-//! and segment at its own address. KV crosses veth pairs between namespaces as it would
-//! cross a network between hosts.
+//! engine process (`kv-connector replay --node I/N --pace F --start-at T`, one simulated
+//! time 0 for all) with its own Mooncake client and segment at its own address. KV crosses
+//! veth pairs between namespaces as it would cross a network between hosts.
 //!
 //! Why the replay and not the Python package with the tiny model: the replay checks every
 //! loaded page byte for byte and closes its own accounting (exit status 3 otherwise), and
@@ -38,7 +38,7 @@ mod report;
 
 use std::time::{Duration, Instant};
 
-use bed::{finish, sim_at, single_host, sleep_until, test_bed, Bed, NODES, SERIAL};
+use bed::{finish, sim_at, single_host, sleep_until, test_bed, Bed, SharedStart, NODES, SERIAL};
 use report::{ratio, summary_line};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -54,8 +54,12 @@ fn sharing_across_nodes() -> TestResult {
     let started = Instant::now();
     let bed = Bed::up(venv, "sharing", 10)?;
     let one_host = single_host(&bed)?;
+    let start = SharedStart::soon()?;
     let nodes = (0..NODES)
-        .map(|i| bed.node(i, &format!("node{i}"), &bed.report_dir(&format!("node{i}"))))
+        .map(|i| {
+            let label = format!("node{i}");
+            bed.node(i, &label, &start.node_args(&bed, &label))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let results = nodes
         .into_iter()
@@ -105,14 +109,14 @@ fn node_killed_mid_run() -> TestResult {
     let started = Instant::now();
     let client_ttl_s = 2;
     let bed = Bed::up(venv, "killed", client_ttl_s)?;
+    let start = SharedStart::soon()?;
     let labels = ["node0", "node1", "node2"];
     let mut nodes = Vec::new();
     for (i, label) in labels.iter().enumerate() {
-        nodes.push(bed.node(i, label, &bed.report_dir(label))?);
+        nodes.push(bed.node(i, label, &start.node_args(&bed, label))?);
     }
     let kill_at = Duration::from_secs(4);
-    let nodes_started = Instant::now();
-    sleep_until(nodes_started, kill_at);
+    sleep_until(start.instant, kill_at);
     let mut killed = nodes.pop().ok_or("no node")?;
     killed.proc.kill();
     let gone_after = sim_at(kill_at + Duration::from_secs(client_ttl_s + 1));
@@ -162,16 +166,16 @@ fn node_cut_off_and_restored() -> TestResult {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let started = Instant::now();
     let bed = Bed::up(venv, "cut-off", 10)?;
+    let start = SharedStart::soon()?;
     let labels = ["node0", "node1", "node2"];
     let mut nodes = Vec::new();
     for (i, label) in labels.iter().enumerate() {
-        nodes.push(bed.node(i, label, &bed.report_dir(label))?);
+        nodes.push(bed.node(i, label, &start.node_args(&bed, label))?);
     }
     let (cut_at, restore_at) = (Duration::from_secs(3), Duration::from_secs(6));
-    let nodes_started = Instant::now();
-    sleep_until(nodes_started, cut_at);
+    sleep_until(start.instant, cut_at);
     bed.net.set_node_link(2, false)?;
-    sleep_until(nodes_started, restore_at);
+    sleep_until(start.instant, restore_at);
     bed.net.set_node_link(2, true)?;
     // Back once its background retry has found the pool again (R30), a second or so.
     let back_after = sim_at(restore_at + Duration::from_secs(3));
@@ -220,15 +224,15 @@ fn master_restarted_and_a_node_joining_late() -> TestResult {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let started = Instant::now();
     let mut bed = Bed::up(venv, "master-restart", 10)?;
+    let start = SharedStart::soon()?;
     let first = [
-        bed.node(0, "node0", &bed.report_dir("node0"))?,
-        bed.node(1, "node1", &bed.report_dir("node1"))?,
+        bed.node(0, "node0", &start.node_args(&bed, "node0"))?,
+        bed.node(1, "node1", &start.node_args(&bed, "node1"))?,
     ];
-    let nodes_started = Instant::now();
     let (restart_at, join_at) = (Duration::from_secs(3), Duration::from_secs(7));
-    sleep_until(nodes_started, restart_at);
+    sleep_until(start.instant, restart_at);
     bed.restart_master()?;
-    sleep_until(nodes_started, join_at);
+    sleep_until(start.instant, join_at);
     let late = bed.node(2, "node2-late", &bed.report_dir("node2-late"))?;
     let mut results = Vec::new();
     for (node, label) in first.into_iter().zip(["node0", "node1"]) {

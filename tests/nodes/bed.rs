@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::common;
 use super::net::TestNet;
@@ -157,15 +157,48 @@ impl Bed {
     }
 }
 
-/// Sleeps until `at` after `start`.
+/// Sleeps until `at` after `start` (which may still be to come).
 pub fn sleep_until(start: Instant, at: Duration) {
-    std::thread::sleep(at.saturating_sub(start.elapsed()));
+    let due = start + at;
+    std::thread::sleep(due.saturating_duration_since(Instant::now()));
 }
 
-/// Simulated seconds a paced node has covered `wall` after it started (start-up excluded,
-/// so this is an upper bound).
+/// Simulated seconds a paced node on the shared timeline has covered `wall` after its
+/// simulated time 0.
 pub fn sim_at(wall: Duration) -> f64 {
     wall.as_secs_f64() * PACE
+}
+
+/// How long after the nodes are spawned their shared simulated time 0 comes: enough for
+/// each to start its Mooncake client first (about a second on two busy cores).
+const START_DELAY: Duration = Duration::from_secs(3);
+
+/// Simulated time 0 shared by the nodes of a scenario (`replay --start-at`), so that their
+/// start-ups do not skew their clocks.
+pub struct SharedStart {
+    /// `--start-at`.
+    unix_ms: u64,
+    /// The same instant on this process's clock.
+    pub instant: Instant,
+}
+
+impl SharedStart {
+    /// [`START_DELAY`] from now.
+    pub fn soon() -> Result<Self, Box<dyn std::error::Error>> {
+        let at = SystemTime::now() + START_DELAY;
+        let unix_ms = u64::try_from(at.duration_since(UNIX_EPOCH)?.as_millis())?;
+        Ok(Self {
+            unix_ms,
+            instant: Instant::now() + START_DELAY,
+        })
+    }
+
+    /// The flags of a node on this timeline, with `--report-dir` for `label`'s timeline.
+    pub fn node_args(&self, bed: &Bed, label: &str) -> Vec<String> {
+        let mut args = vec!["--start-at".to_owned(), self.unix_ms.to_string()];
+        args.extend(bed.report_dir(label));
+        args
+    }
 }
 
 pub fn finish(
