@@ -70,8 +70,14 @@ fn sharing_across_nodes() -> TestResult {
         .map(|i| bed.net.node_link_bytes(i))
         .collect::<Result<Vec<_>, _>>()?;
     let reused: u64 = results.iter().map(|r| r.reused_tokens).sum();
+    let own_oracles: u64 = results.iter().map(|r| r.oracle_reusable_tokens).sum();
+    let first: Vec<f64> = results
+        .iter()
+        .map(report::NodeResult::first_prompts_reuse)
+        .collect::<Result<_, _>>()?;
     eprintln!(
-        "{} single_host_reused={} nodes_reused={reused} ratio={:.2} link_rx_tx={link_bytes:?}",
+        "{} single_host_reused={} nodes_reused={reused} ratio={:.2} own_oracles={own_oracles} \
+         first_prompts_reuse={first:.2?} link_rx_tx={link_bytes:?}",
         summary_line("sharing", &results, started.elapsed()),
         one_host.reused_tokens,
         ratio(reused, one_host.reused_tokens),
@@ -81,13 +87,16 @@ fn sharing_across_nodes() -> TestResult {
         result.assert_clean()?;
         result.assert_no_outage()?;
     }
+    // A node's oracle counts what its own requests could give each other: reuse above it
+    // is of prefixes only another node saved. Not asserted on the first prompts alone:
+    // node 1's first comes 0.2 s of wall time after node 0's, whose save may still be on
+    // its way on two busy cores.
     for result in &results[1..] {
-        // Its first prompt came after node 0's first (conversations start 2 s apart).
-        let first = result.first_prompts_reuse()?;
         assert!(
-            first > 0.0,
-            "{}: its first prompts loaded nothing another node saved",
-            result.label
+            result.reused_tokens > result.oracle_reusable_tokens,
+            "{}: reused no more than its own requests could give: {}",
+            result.label,
+            result.line()
         );
     }
     assert!(
