@@ -64,6 +64,7 @@ fn replay_params(
         local_prefix_cache: false,
         drafter,
         release_during_loads: false,
+        pace: None,
     })
 }
 

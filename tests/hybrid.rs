@@ -77,6 +77,7 @@ fn replay_params(
         local_prefix_cache: false,
         drafter: None,
         release_during_loads: false,
+        pace: None,
     })
 }
 

@@ -164,6 +164,7 @@ fn tiny_full_params(max_num_tokens: usize) -> Result<ReplayParams, Box<dyn std::
         local_prefix_cache: false,
         drafter: None,
         release_during_loads: false,
+        pace: None,
     })
 }
 

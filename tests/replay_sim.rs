@@ -490,6 +490,7 @@ fn params(
         local_prefix_cache: false,
         drafter: None,
         release_during_loads: false,
+        pace: None,
     })
 }
 

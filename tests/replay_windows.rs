@@ -69,6 +69,7 @@ fn params(layout: &Layout) -> ReplayParams {
         local_prefix_cache: false,
         drafter: None,
         release_during_loads: false,
+        pace: None,
     }
 }
 

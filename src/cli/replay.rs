@@ -11,7 +11,8 @@
 //! 3. Build the workload: `--trace FILE`, `--generate long-multiturn` or `--generate
 //!    shared-documents` (the generator's presets, which its flags override), or with neither
 //!    the built-in demo (a scaled-down long multi-turn workload of 12 requests of 10k-17k
-//!    tokens); `--limit` keeps the first requests.
+//!    tokens); `--limit` keeps the first requests; `--node I/N` then keeps this node's
+//!    share ([`crate::replay::nodes`]).
 //! 4. Run the replay with the connector of `--connector` (`kvc`, the real one, or `none`,
 //!    the baseline) and a progress bar on stderr (hidden when stderr is not a terminal or
 //!    with `--quiet`).
@@ -59,6 +60,7 @@ use crate::replay::checks::{check, FailedChecks};
 use crate::replay::cost::CostModel;
 use crate::replay::engine::DrafterSetup;
 use crate::replay::kvc::kvc_handle;
+use crate::replay::nodes::{NodeShare, NodeShareError, Pace};
 use crate::replay::plots::{check_report_dir, write_report_dir, PlotError};
 use crate::replay::workload::{
     generate_long_multiturn, read_mooncake_trace, LongMultiturnParams, WorkloadRequest,
@@ -251,6 +253,26 @@ pub struct ReplayArgs {
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
+    /// Run node I of N (I from 0): replay only this node's share of the workload, every
+    /// turn of conversation `s` on node `s % N` (requests without a conversation, as in
+    /// traces, go in turn), with the other nodes' processes running the other shares
+    /// against the same pool (--pool mooncake --master HOST:PORT). Usually with --pace, so
+    /// that the nodes advance together; docs/RELIABILITY.md, "Several nodes".
+    #[arg(long, value_name = "I/N", value_parser = parse_node)]
+    pub node: Option<NodeShare>,
+    /// Simulated seconds per real second, at most: the simulated clock reaches `t` no
+    /// earlier than `t / F` real seconds after the engines start, once the pool and the
+    /// connectors are up (F > 0). Keeps the processes of --node on one timeline and bounds
+    /// a run's wall time to about the workload's simulated span divided by F. Default: as
+    /// fast as the machine goes.
+    #[arg(long, value_name = "F", value_parser = parse_pace)]
+    pub pace: Option<f64>,
+    /// With --pace: simulated time 0 is this wall-clock instant, in Unix milliseconds
+    /// (`date +%s%3N`), instead of when the engines start. Node processes given the same
+    /// one share a timeline whatever their start-up took; one whose engines start after it
+    /// runs at full speed until it catches up.
+    #[arg(long, value_name = "UNIX_MS", requires = "pace")]
+    pub start_at: Option<u64>,
     /// Store and move F times each page's bytes (0 < F <= 1, rounded to a multiple of 64
     /// bytes, at least 64); the cost model still uses full sizes. Default: the largest
     /// power of two that fits --host-memory-limit.
@@ -428,6 +450,20 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
     parse_byte_size(text).ok_or_else(|| format!("{text:?} is not a byte size; 4GiB works"))
 }
 
+/// `--node I/N`.
+fn parse_node(text: &str) -> Result<NodeShare, String> {
+    text.parse().map_err(|err: NodeShareError| err.to_string())
+}
+
+/// `--pace F`: finite and above 0.
+fn parse_pace(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .and_then(Pace::new)
+        .map(|pace| pace.sim_seconds_per_second)
+        .ok_or_else(|| format!("{text:?} is not a pace above 0 (simulated seconds per second); 60 works"))
+}
+
 /// The demo workload: the long multi-turn shape at a tenth of its size.
 pub fn demo_params() -> LongMultiturnParams {
     LongMultiturnParams {
@@ -557,6 +593,7 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
         report.baseline = Some(BaselineComparison::new(&report, &without));
     }
     report.stopped_by = stopped.map(|signal| signal.as_str().to_owned());
+    report.node = args.node;
     write_report(args, &report, out, err)?;
     if let (Some(dir), Some(timeline)) = (&args.report_dir, timeline) {
         let written = write_report_dir(dir, &report, &timeline)?;
@@ -641,6 +678,10 @@ fn replay_params(args: &ReplayArgs, config: Config) -> Result<ReplayParams, Repl
         local_prefix_cache: args.local_prefix_cache,
         drafter: drafter_setup(args)?,
         release_during_loads: args.release_during_loads,
+        pace: args.pace.and_then(Pace::new).map(|pace| Pace {
+            start_at_unix_ms: args.start_at,
+            ..pace
+        }),
     })
 }
 
@@ -742,6 +783,9 @@ fn build_workload(args: &ReplayArgs) -> Result<Vec<WorkloadRequest>, ReplayError
     };
     if let Some(limit) = args.limit {
         requests.truncate(limit);
+    }
+    if let Some(node) = args.node {
+        requests = node.split(requests);
     }
     Ok(requests)
 }

@@ -14,7 +14,8 @@
 //!    past its modeled end, pages held for saves) gets `wait_for_progress` in real time,
 //!    and the clock stays where it is;
 //!    d. otherwise the clock jumps to the next event: an arrival, the end of a step, a
-//!    load's modeled end, a resumed request;
+//!    load's modeled end, a resumed request, with a pace (`replay --pace`) no earlier than
+//!    the wall clock allows ([`super::nodes::Pace`]);
 //! 3. when every request has its first token (or the progress sink asks for a stop, the
 //!    CLI's SIGINT / SIGTERM; the report is then partial): settle and drain saves, ask every connector
 //!    for its report, and sum it all into a [`ReplayReport`].
@@ -58,6 +59,7 @@ use super::connectors::{ConnectorFactory, InstanceContext};
 use super::cost::{CostModel, SimMicros};
 use super::engine::{ArrivedRequest, DrafterSetup, Engine, EngineSetup, PromptDone};
 use super::error::ReplayError;
+use super::nodes::Pace;
 use super::pool_fit::prompt_stored_bytes;
 use super::progress::ProgressSink;
 use super::report::ReplayReport;
@@ -119,6 +121,10 @@ pub struct ReplayParams {
     /// Every engine takes back half of each load while it runs and hands those pages to
     /// another request (off by default; `engine`'s docs, R29).
     pub release_during_loads: bool,
+    /// Ties the simulated clock to the wall clock (`replay --pace`, `super::nodes`): the
+    /// clock reaches `t` no earlier than `t / F` real seconds after the event loop starts.
+    /// `None` runs as fast as the machine goes.
+    pub pace: Option<Pace>,
 }
 
 /// The event loop's state.
@@ -139,6 +145,8 @@ struct Driver<'w> {
     totals: RunTotals,
     /// Time series hooks, only with [`run_replay_with_timeline`].
     timeline: Option<TimelineHooks>,
+    /// Simulated time 0 of a paced replay: when the event loop started, or `--start-at`.
+    started: Instant,
 }
 
 /// Runs a replay of `workload` (module workflow).
@@ -421,12 +429,21 @@ impl<'w> Driver<'w> {
                 ..RunTotals::default()
             },
             timeline: None,
+            started: Instant::now(),
         }
     }
 
     /// The event loop (module workflow step 2).
     fn run(&mut self, progress: &mut dyn ProgressSink) -> Result<(), ReplayError> {
         let mut stalled_since: Option<Instant> = None;
+        self.started = match self.params.pace {
+            Some(pace) => pace.origin(Instant::now()),
+            None => Instant::now(),
+        };
+        // Simulated time 0 may be to come (`--start-at`).
+        if !self.keep_pace(0, progress) {
+            return Ok(());
+        }
         loop {
             if progress.stop_requested() {
                 tracing::warn!(completed = self.totals.completed, "replay stopped early");
@@ -449,6 +466,9 @@ impl<'w> Driver<'w> {
             let next = self.next_event();
             if blocked.is_empty() {
                 if let Some(next) = next {
+                    if !self.keep_pace(next, progress) {
+                        continue;
+                    }
                     if let Some(hooks) = &mut self.timeline {
                         hooks.clock_moves(self.now, next);
                     }
@@ -471,6 +491,19 @@ impl<'w> Driver<'w> {
             for index in waiting_on {
                 self.engines[index].wait_for_progress(self.params.wait_timeout);
             }
+        }
+    }
+
+    /// With a pace, waits until simulated time `next` is due (`replay::nodes::N3`); `false`
+    /// when a stop arrived meanwhile (the loop then stops at its top).
+    fn keep_pace(&self, next: SimMicros, progress: &mut dyn ProgressSink) -> bool {
+        match self.params.pace {
+            Some(pace) => pace.wait_until(
+                self.started,
+                super::cost::micros_to_seconds(next),
+                &mut || progress.stop_requested(),
+            ),
+            None => true,
         }
     }
 

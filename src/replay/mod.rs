@@ -33,6 +33,7 @@ pub mod kv_cache;
 pub mod kvc;
 #[cfg(feature = "mooncake")]
 pub mod mooncake;
+pub mod nodes;
 pub mod plots;
 pub mod pool_fit;
 pub mod progress;

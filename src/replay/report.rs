@@ -39,7 +39,8 @@
 //! `computed`: {`requests`, `tokens_proposed`, `tokens_accepted`}}, `draft_kv_in_layout`}), `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
-//! `wall_seconds`, `stopped_by` (only in a partial report: `sigint` or `sigterm`),
+//! `wall_seconds`, `stopped_by` (only in a partial report: `sigint` or `sigterm`), `node`
+//! (only with `--node`: `I/N`, the share this process replayed),
 //! `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
 //! `window_fallback`, `window_first`, `window_checkpoint_tokens`,
 //! `save_queue_capacity_pages`, ...}; with `--faults`,
@@ -316,6 +317,10 @@ pub struct ReplayReport {
     /// closed all the same.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,
+    /// With `--node I/N`: which share of the workload this process replayed (`I/N`); the
+    /// figures are this node's only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<super::nodes::NodeShare>,
     /// With `--faults`: how often each fault point fired.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults_injected: Option<std::collections::BTreeMap<String, u64>>,

@@ -229,6 +229,7 @@ pub(super) fn summarize(
             summaries.first().map_or("none", |summary| summary.device),
         ),
         stopped_by: None,
+        node: None,
         faults_injected: None,
         baseline: None,
     }

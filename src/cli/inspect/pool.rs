@@ -98,6 +98,7 @@ fn seed_memory_pool(
         local_prefix_cache: false,
         drafter: None,
         release_during_loads: false,
+        pace: None,
     };
     // The factory keeps the pool and the stored page sizes the connector was built with.
     let mut seeded: Option<(Arc<dyn Pool>, Vec<usize>)> = None;
