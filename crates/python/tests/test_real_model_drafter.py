@@ -9,7 +9,7 @@ own pages, and what computing the prompt from token 0 records from the resume po
 target logits and draft logits bit for bit, the same drafts, the same accepted counts
 (`draft_scenarios`). Negative controls: draft pages zeroed after the load, or one draft
 element nudged, change the draft logits (and never the target's first step). A draft
-row depends on the token after it (`models.drafter`, D1): a prompt diverging from A's at a
+row depends on the token after it (`drafter::D1`): a prompt diverging from A's at a
 block boundary must not load A's last draft row there (the next-token keying, R37), and
 resumes a block earlier. The harness self-tests run the same proof against
 `fake_connector`, without the package, and show the next-token test failing where draft
@@ -155,7 +155,7 @@ def test_nudged_draft_page_is_caught(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_draft_row_of_another_next_token_is_not_served(name):
     """A's prompt and B's diverge at 160, a block boundary: A's draft row at 159 was
-    computed with A's token 160 (D1). B must draft as it does computing its own prompt:
+    computed with A's token 160 (`drafter::D1`). B must draft as it does computing its own prompt:
     the draft page of block 9 saved by A is not B's (keyed by the next token), so B
     resumes a block earlier, at NEXT_TOKEN_OFFER, and drafts identically from there."""
     pair, head, [_a, step], _live, _final = run(kvc, name, ds.next_token, chunk=ds.NEXT_TOKEN_CHUNK)

@@ -7,7 +7,7 @@ serves the same prompts in order, each resuming at the same point from the pages
 previous one (copied, as an engine's own prefix cache holds them). Each also gets a
 no-reuse reference (`fresh_reference`: the prompt from token 0, its steps from the resume
 point on). Pass (`assert_drafts_identically`): the two records are equal, step by step
-(D3: the target's logits and the head's logits bit for bit, the drafts, the accepted
+(`drafter::D3`: the target's logits and the head's logits bit for bit, the drafts, the accepted
 counts).
 
 Resume points are chunk boundaries of every instance (`engine`'s chunking), so the
@@ -75,7 +75,7 @@ def fresh_reference(spec, model, head, step: Step, *, chunk: int = CHUNK) -> lis
 
 
 def differences(got: list[DraftStep], want: list[DraftStep]) -> list[str]:
-    """Where two records differ (empty when they draft identically, D3)."""
+    """Where two records differ (empty when they draft identically, `drafter::D3`)."""
     if [(s.kind, s.start) for s in got] != [(s.kind, s.start) for s in want]:
         return [f"steps {[(s.kind, s.start) for s in got]} != {[(s.kind, s.start) for s in want]}"]
     out = []

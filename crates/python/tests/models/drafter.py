@@ -21,14 +21,14 @@ from that group's pages exactly as it builds the target's from the target groups
    states (overwriting its speculative rows) and proposes again.
 
 Invariants:
-- D1. A draft row at `i` depends on token `i + 1`: the draft page of block `b` (rows
+- `drafter::D1`. A draft row at `i` depends on token `i + 1`: the draft page of block `b` (rows
   `bT .. bT + T - 1`) depends on token `(b + 1) T`, which block `b`'s chain hash does not
   cover. A pool that keys a draft page by the chain hash alone can serve a row computed
   with another next token (the next-token keying of the runtime's draft groups closes it).
-- D2. Draft rows past the last reported position are speculative (drafts, rejected
+- `drafter::D2`. Draft rows past the last reported position are speculative (drafts, rejected
   verify tokens); they are rewritten before anything reads them as final, and they lie
   past every chunk end the connector is told, so they are never saved (R16, R18).
-- D3. Every step is recorded (`DraftStep`): the target's logits, the head's logits of
+- `drafter::D3`. Every step is recorded (`DraftStep`): the target's logits, the head's logits of
   every row it computed, the drafts proposed and the accepted count. Two runs "draft
   identically" when their records are equal, tensors bit for bit.
 """
@@ -92,7 +92,7 @@ class DraftHead(torch.nn.Module):
 
 @dataclass
 class DraftStep:
-    """One step of a drafting instance (invariant D3)."""
+    """One step of a drafting instance (`drafter::D3`)."""
 
     kind: str  # "prefill" (one prompt chunk) or "verify"
     start: int  # the first position the target computed in this step
@@ -127,7 +127,7 @@ class DraftingInstance(Instance):
     def _propose(self, req: Request, position: int, logits: torch.Tensor, states: torch.Tensor):
         """The `k` drafts after draft rows ending at `position` (exclusive), whose last
         logits and hidden state are given: the first from them, each further one from a
-        draft step at the next position (speculative rows, D2). Returns (drafts, the draft
+        draft step at the next position (speculative rows, `drafter::D2`). Returns (drafts, the draft
         steps' logits rows)."""
         drafts, rows = [int(logits[-1].argmax())], []
         for j in range(self.k - 1):
