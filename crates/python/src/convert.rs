@@ -136,7 +136,19 @@ pub fn to_py<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<B
 /// A one-dimensional integer sequence (`python::convert::C2`): a list or tuple of ints, or a 1-D
 /// numpy array or torch tensor of an integer dtype. `what` names the argument in errors.
 pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
-    if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+    // A list is read item by item in place (no sequence protocol per item): a vLLM prompt
+    // of 128k tokens arrives as one, on the scheduler's thread.
+    if let Ok(list) = value.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            out.push(
+                item.extract::<i64>()
+                    .map_err(|_| first_bad_element(value, what))?,
+            );
+        }
+        return Ok(out);
+    }
+    if value.is_instance_of::<PyTuple>() {
         return value.extract().map_err(|_| first_bad_element(value, what));
     }
     let Ok(ndim) = value.getattr("ndim").and_then(|ndim| ndim.extract::<i64>()) else {

@@ -37,6 +37,15 @@ def keyable(request) -> bool:
     return not (request.mm_features or request.prompt_embeds is not None)
 
 
+def _tokens(request) -> list[int]:
+    """The request's tokens so far. A new request's are its prompt, handed over as vLLM's
+    own list (no copy on the scheduler's thread: the runtime reads it once, at lookup)."""
+    prompt = request.prompt_token_ids
+    if prompt is not None and request.num_tokens == len(prompt):
+        return prompt
+    return list(request.all_token_ids[: request.num_tokens])
+
+
 def scope(request) -> tuple[str | None, str | None]:
     """The request's (cache salt, adapter) for the runtime's lookup (R34). The adapter is
     named by what identifies its weights on every instance: its name and path."""
@@ -67,7 +76,7 @@ class SchedulerSide:
         engine = self.engine
         r = self.reqs.get(request.request_id)
         if r is None:
-            tokens = list(request.all_token_ids[: request.num_tokens])
+            tokens = _tokens(request)
             r = _Req(rid=engine.new_rid(), prompt_len=len(tokens))
             self.reqs[request.request_id] = r
             cache_salt, adapter = scope(request)
