@@ -170,6 +170,11 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x6e61_6d65),
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        })]
         /// `page_names::N1`, N3: names exist exactly where the next token does, and each
         /// depends on that token.
         #[test]
