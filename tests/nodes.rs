@@ -38,33 +38,32 @@ mod report;
 
 use std::time::{Duration, Instant};
 
-use bed::{finish, sim_at, single_host, sleep_until, test_bed, Bed, SharedStart, NODES, SERIAL};
-use report::{ratio, summary_line};
+use bed::{
+    finish, one_at_a_time, sim_at, single_host, sleep_until, test_bed, Bed, SharedStart, NODES,
+};
+use kv_connector::replay::report::share;
+use report::summary_line;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The nodes' labels, node `i` first as `node{i}`.
+const LABELS: [&str; NODES] = ["node0", "node1", "node2"];
 
 #[test]
 fn sharing_across_nodes() -> TestResult {
     let Some(venv) = test_bed() else {
         return Ok(());
     };
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = one_at_a_time();
     let started = Instant::now();
     let bed = Bed::up(venv, "sharing", 10)?;
     let one_host = single_host(&bed)?;
     let start = SharedStart::soon()?;
-    let nodes = (0..NODES)
-        .map(|i| {
-            let label = format!("node{i}");
-            bed.node(i, &label, &start.node_args(&bed, &label))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let nodes = bed.start_nodes(&start, &LABELS)?;
     let results = nodes
         .into_iter()
-        .enumerate()
-        .map(|(i, node)| finish(node, &format!("node{i}"), &bed.dir))
+        .zip(LABELS)
+        .map(|(node, label)| finish(node, label, &bed.dir))
         .collect::<Result<Vec<_>, _>>()?;
     let link_bytes = (0..NODES)
         .map(|i| bed.net.node_link_bytes(i))
@@ -80,7 +79,7 @@ fn sharing_across_nodes() -> TestResult {
          first_prompts_reuse={first:.2?} link_rx_tx={link_bytes:?}",
         summary_line("sharing", &results, started.elapsed()),
         one_host.reused_tokens,
-        ratio(reused, one_host.reused_tokens),
+        share(reused, one_host.reused_tokens),
     );
     one_host.assert_clean()?;
     for result in &results {
@@ -112,18 +111,12 @@ fn node_killed_mid_run() -> TestResult {
     let Some(venv) = test_bed() else {
         return Ok(());
     };
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = one_at_a_time();
     let started = Instant::now();
     let client_ttl_s = 2;
     let bed = Bed::up(venv, "killed", client_ttl_s)?;
     let start = SharedStart::soon()?;
-    let labels = ["node0", "node1", "node2"];
-    let mut nodes = Vec::new();
-    for (i, label) in labels.iter().enumerate() {
-        nodes.push(bed.node(i, label, &start.node_args(&bed, label))?);
-    }
+    let mut nodes = bed.start_nodes(&start, &LABELS)?;
     let kill_at = Duration::from_secs(4);
     sleep_until(start.instant, kill_at);
     let mut killed = nodes.pop().ok_or("no node")?;
@@ -131,7 +124,7 @@ fn node_killed_mid_run() -> TestResult {
     let gone_after = sim_at(kill_at + Duration::from_secs(client_ttl_s + 1));
     let results = nodes
         .into_iter()
-        .zip(labels)
+        .zip(LABELS)
         .map(|(node, label)| finish(node, label, &bed.dir))
         .collect::<Result<Vec<_>, _>>()?;
     let after: Vec<f64> = results
@@ -170,17 +163,11 @@ fn node_cut_off_and_restored() -> TestResult {
     let Some(venv) = test_bed() else {
         return Ok(());
     };
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = one_at_a_time();
     let started = Instant::now();
     let bed = Bed::up(venv, "cut-off", 10)?;
     let start = SharedStart::soon()?;
-    let labels = ["node0", "node1", "node2"];
-    let mut nodes = Vec::new();
-    for (i, label) in labels.iter().enumerate() {
-        nodes.push(bed.node(i, label, &start.node_args(&bed, label))?);
-    }
+    let nodes = bed.start_nodes(&start, &LABELS)?;
     let (cut_at, restore_at) = (Duration::from_secs(3), Duration::from_secs(6));
     sleep_until(start.instant, cut_at);
     bed.net.set_node_link(2, false)?;
@@ -190,7 +177,7 @@ fn node_cut_off_and_restored() -> TestResult {
     let back_after = sim_at(restore_at + Duration::from_secs(3));
     let results = nodes
         .into_iter()
-        .zip(labels)
+        .zip(LABELS)
         .map(|(node, label)| finish(node, label, &bed.dir))
         .collect::<Result<Vec<_>, _>>()?;
     let after: Vec<f64> = results
@@ -228,23 +215,18 @@ fn master_restarted_and_a_node_joining_late() -> TestResult {
     let Some(venv) = test_bed() else {
         return Ok(());
     };
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = one_at_a_time();
     let started = Instant::now();
     let mut bed = Bed::up(venv, "master-restart", 10)?;
     let start = SharedStart::soon()?;
-    let first = [
-        bed.node(0, "node0", &start.node_args(&bed, "node0"))?,
-        bed.node(1, "node1", &start.node_args(&bed, "node1"))?,
-    ];
+    let first = bed.start_nodes(&start, &LABELS[..2])?;
     let (restart_at, join_at) = (Duration::from_secs(3), Duration::from_secs(7));
     sleep_until(start.instant, restart_at);
     bed.restart_master()?;
     sleep_until(start.instant, join_at);
     let late = bed.node(2, "node2-late", &bed.report_dir("node2-late"))?;
     let mut results = Vec::new();
-    for (node, label) in first.into_iter().zip(["node0", "node1"]) {
+    for (node, label) in first.into_iter().zip(LABELS) {
         results.push(finish(node, label, &bed.dir)?);
     }
     results.push(finish(late, "node2-late", &bed.dir)?);

@@ -206,14 +206,14 @@ pub fn hash_blocks(
 }
 
 /// `BLAKE2b` parameters with a 16-byte digest; created once per chain.
-fn digest_params() -> blake2b_simd::Params {
+pub(crate) fn digest_params() -> blake2b_simd::Params {
     let mut params = blake2b_simd::Params::new();
     params.hash_length(HASH_BYTES);
     params
 }
 
 /// Copies a 16-byte digest into a [`BlockHash`].
-fn to_block_hash(digest: &[u8]) -> BlockHash {
+pub(crate) fn to_block_hash(digest: &[u8]) -> BlockHash {
     let mut bytes = [0u8; HASH_BYTES];
     bytes.copy_from_slice(&digest[..HASH_BYTES]);
     BlockHash(bytes)

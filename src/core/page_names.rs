@@ -32,7 +32,7 @@
 
 use std::sync::Arc;
 
-use crate::core::hash::{hash_blocks, BlockHash, HashError, HASH_BYTES};
+use crate::core::hash::{digest_params, hash_blocks, to_block_hash, BlockHash, HashError, HASH_BYTES};
 use crate::core::layout::ModelRole;
 
 /// How a group's pages are named in the pool.
@@ -128,8 +128,7 @@ pub fn next_token_hashes(
     tokens: &[i64],
     tokens_per_block: usize,
 ) -> Vec<BlockHash> {
-    let mut params = blake2b_simd::Params::new();
-    params.hash_length(HASH_BYTES);
+    let params = digest_params();
     let mut input = [0_u8; HASH_BYTES + 8];
     chain
         .iter()
@@ -138,9 +137,7 @@ pub fn next_token_hashes(
             let next = tokens.get((block + 1).checked_mul(tokens_per_block)?)?;
             input[..HASH_BYTES].copy_from_slice(&hash.0);
             input[HASH_BYTES..].copy_from_slice(&next.to_le_bytes());
-            let mut name = [0_u8; HASH_BYTES];
-            name.copy_from_slice(&params.hash(&input).as_bytes()[..HASH_BYTES]);
-            Some(BlockHash(name))
+            Some(to_block_hash(params.hash(&input).as_bytes()))
         })
         .collect()
 }

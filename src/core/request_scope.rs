@@ -25,7 +25,7 @@
 //!   bytes, so a salted seed is a digest, never the deployment seed itself, barring a
 //!   collision).
 
-use crate::core::hash::{BlockHash, HASH_BYTES};
+use crate::core::hash::{digest_params, to_block_hash, BlockHash};
 
 /// A request's own scope: `None` fields are absent (R34).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -47,9 +47,7 @@ impl RequestScope {
         if self.is_empty() {
             return deployment;
         }
-        let mut state = blake2b_simd::Params::new()
-            .hash_length(HASH_BYTES)
-            .to_state();
+        let mut state = digest_params().to_state();
         state.update(&deployment.0);
         for part in [&self.cache_salt, &self.adapter] {
             match part {
@@ -64,9 +62,7 @@ impl RequestScope {
                 }
             }
         }
-        let mut bytes = [0_u8; HASH_BYTES];
-        bytes.copy_from_slice(&state.finalize().as_bytes()[..HASH_BYTES]);
-        BlockHash(bytes)
+        to_block_hash(state.finalize().as_bytes())
     }
 }
 

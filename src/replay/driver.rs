@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::core::hash::{scope_seed, BlockHash, Scope};
 use crate::core::ids::RequestId;
-use crate::core::layout::{LayerGroup, Layout, ModelRole};
+use crate::core::layout::{LayerGroup, Layout};
 use crate::core::page_names::PromptHashes;
 
 use super::connectors::{ConnectorFactory, InstanceContext};
@@ -535,8 +535,12 @@ impl<'w> Driver<'w> {
         let request = &self.workload[index];
         request.write_prompt_tokens(&mut self.tokens);
         let tokens_per_block = usize::try_from(self.params.layout.tokens_per_block).unwrap_or(1);
-        let has_drafter = self.params.layout.groups.iter().any(|group| group.role == ModelRole::Draft);
-        let hashes = PromptHashes::of_prompt(self.seed, &self.tokens, tokens_per_block, has_drafter)?;
+        let hashes = PromptHashes::of_prompt(
+            self.seed,
+            &self.tokens,
+            tokens_per_block,
+            self.params.layout.has_draft_groups(),
+        )?;
         let prompt_len = self.tokens.len();
         let reusable = self.oracle.admit(hashes.chain(), prompt_len, tokens_per_block);
         if let Some(hooks) = &mut self.timeline {

@@ -245,10 +245,6 @@ fn drafter_report(params: &ReplayParams, counters: &EngineCounters) -> Option<Dr
         pages_written: counters.draft_pages_written,
         pages_rewound: counters.draft_pages_rewound,
         by_prefix: counters.drafts_by_prefix,
-        draft_kv_in_layout: params
-            .layout
-            .groups
-            .iter()
-            .any(|group| group.role == crate::core::layout::ModelRole::Draft),
+        draft_kv_in_layout: params.layout.has_draft_groups(),
     })
 }

@@ -2,7 +2,7 @@
 //! ([`Bed`]: its network and master), and the one-host reference replay.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::common;
@@ -58,7 +58,13 @@ pub const PACE: f64 = 10.0;
 const NODE_LIMIT: Duration = Duration::from_secs(60);
 
 /// One scenario at a time: each runs four processes on a two-core machine.
-pub static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Holds the machine for one scenario ([`SERIAL`]); a scenario that panicked before
+/// leaves it usable.
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The venv when the test bed can run here; `None` (skip, said once on stderr) without
 /// root or the Mooncake install, unless they are required (`common::mooncake::required`).
@@ -88,6 +94,20 @@ pub struct Bed {
 }
 
 impl Bed {
+    /// Nodes `0..labels.len()`, node `i` labelled `labels[i]`, all on `start`'s
+    /// simulated time 0.
+    pub fn start_nodes(
+        &self,
+        start: &SharedStart,
+        labels: &[&str],
+    ) -> Result<Vec<Node>, Box<dyn std::error::Error>> {
+        labels
+            .iter()
+            .enumerate()
+            .map(|(i, label)| self.node(i, label, &start.node_args(self, label)))
+            .collect()
+    }
+
     pub fn up(
         venv: PathBuf,
         scenario: &str,

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use kv_connector::replay::report::share;
 use serde_json::Value;
 
 use super::procs::Finished;
@@ -42,16 +43,6 @@ pub struct NodeResult {
     pub accounting_closed: bool,
     /// The timeline's buckets with `--report-dir`: (simulated start, prompt tokens, reused).
     buckets: Option<Vec<(f64, u64, u64)>>,
-}
-
-/// `part / whole`, 0 for an empty whole.
-#[expect(clippy::cast_precision_loss, reason = "a share for a test's message")]
-pub fn ratio(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 / whole as f64
-    }
 }
 
 fn number(report: &Value, path: &[&str]) -> u64 {
@@ -165,7 +156,7 @@ impl NodeResult {
             )
             .into());
         }
-        Ok(ratio(reused, prompt))
+        Ok(share(reused, prompt))
     }
 
     /// Reused share of the first prompts this node completed (its first timeline bucket
@@ -184,12 +175,12 @@ impl NodeResult {
             .iter()
             .find(|(_, prompt, _)| *prompt > 0)
             .ok_or_else(|| format!("{}: no prompt completed", self.label))?;
-        Ok(ratio(*reused, *prompt))
+        Ok(share(*reused, *prompt))
     }
 
     /// Reused share of all prompt tokens.
     pub fn reuse(&self) -> f64 {
-        ratio(self.reused_tokens, self.prompt_tokens)
+        share(self.reused_tokens, self.prompt_tokens)
     }
 
     /// The node's part of a summary line.
@@ -203,7 +194,7 @@ impl NodeResult {
             self.completed,
             self.requests,
             self.reuse(),
-            ratio(self.oracle_reusable_tokens, self.prompt_tokens),
+            share(self.oracle_reusable_tokens, self.prompt_tokens),
             self.verified_pages,
             self.mismatched_pages,
             self.loads_failed,

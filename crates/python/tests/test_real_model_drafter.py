@@ -38,12 +38,7 @@ MODELS = ["gpt-oss", "llama"]
 def run(api, name: str, scenario: scenarios.Scenario, *, chunk: int = scenarios.CHUNK):
     """Both parts of `scenario` on a drafting pair; (pair, head, steps, live stats, final stats)."""
     pair, head = ds.make_pair(api, SPECS[name], chunk=chunk)
-    try:
-        a_steps = scenario.a(pair.a)
-        steps = a_steps + scenario.b(pair.b, a_steps)
-        live = pair.a.conn.stats(), pair.b.conn.stats()
-    finally:
-        final = pair.close()
+    steps, live, final = scenarios.run_parts(pair, scenario)
     return pair, head, steps, live, final
 
 

@@ -107,7 +107,7 @@ impl ConnectorHandle {
         scheduled: &ScheduledRequest<'_>,
         per_rank: &mut [EnqueueSave],
     ) {
-        let Some(state) = self.requests.get(&scheduled.request) else {
+        let Some(state) = self.requests.get_mut(&scheduled.request) else {
             return;
         };
         // A disputed request's engine may be computing other tokens than its hashes' (R32).
@@ -115,14 +115,14 @@ impl ConnectorHandle {
             return;
         };
         let hashes = hashes.clone();
+        let (reused_until, window_saved) = (state.reused_until, state.window_saved);
+        state.window_saved |= scheduled.computed_after >= scheduled.prompt_len;
         let mut step = self.save_step(
-            state,
+            reused_until,
+            window_saved,
             scheduled.prompt_len,
             scheduled.computed_before..scheduled.computed_after,
         );
-        if let Some(state) = self.requests.get_mut(&scheduled.request) {
-            state.window_saved |= step.last_chunk;
-        }
         for (position, group) in self.groups.iter().enumerate() {
             let (Some(keys), Some(table)) = (
                 self.keys.group(position),
@@ -160,11 +160,13 @@ impl ConnectorHandle {
         }
     }
 
-    /// The save step of a request's chunk `computed` (`hashed_blocks` left 0: it is the
-    /// group's to set, R37).
+    /// The save step of a request's chunk `computed`, given what came from the pool or the
+    /// local match and whether its window was saved before (`hashed_blocks` left 0: it is
+    /// the group's to set, R37).
     fn save_step(
         &self,
-        state: &super::RequestState,
+        reused_until: usize,
+        window_saved: bool,
         prompt_len: usize,
         computed: std::ops::Range<usize>,
     ) -> SaveStep {
@@ -173,9 +175,9 @@ impl ConnectorHandle {
             prompt_len,
             computed_before: computed.start,
             computed_after: computed.end,
-            reused_until: state.reused_until,
+            reused_until,
             hashed_blocks: 0,
-            last_chunk: computed.end >= prompt_len && !state.window_saved,
+            last_chunk: computed.end >= prompt_len && !window_saved,
             rewind_tokens: self.rewind_tokens,
             checkpoint_tokens: self.checkpoint_tokens,
             resave_min_tokens: self.resave_min_tokens,
@@ -200,7 +202,7 @@ impl ConnectorHandle {
         let (false, Some((_, hashes))) = (state.disputed, &state.lookup) else {
             return planned;
         };
-        let mut step = self.save_step(state, prompt_len, computed);
+        let mut step = self.save_step(state.reused_until, state.window_saved, prompt_len, computed);
         let mut ranges = Vec::new();
         for (position, group) in self.groups.iter().enumerate() {
             let Some(keys) = self.keys.group(position) else {

@@ -438,6 +438,12 @@ impl Layout {
         group.page_bytes(self.tokens_per_block, self.world_size)
     }
 
+    /// Whether the drafter's layers have groups of their own (role `draft`, R6): only
+    /// then are pages named by next-token hashes (R37).
+    pub fn has_draft_groups(&self) -> bool {
+        self.groups.iter().any(|group| group.role == ModelRole::Draft)
+    }
+
     /// The fingerprint over everything that changes a page's meaning (R4): `T`, world
     /// size, and per group its id, kind, window, sinks, role, replication, layers, heads,
     /// head dim, dtype and page bytes. The layout's name is not part of it.

@@ -343,8 +343,8 @@ def stat(stats: dict, name: str) -> int:
     raise KeyError(name)
 
 
-def run_and_close(pair: Pair, scenario: Scenario) -> tuple[list[Checked], tuple[dict, dict], tuple[dict, dict]]:
-    """Runs both parts of `scenario` on `pair`; returns the checks of every step, both
+def run_parts(pair, scenario: Scenario) -> tuple[list, tuple[dict, dict], tuple[dict, dict]]:
+    """Runs both parts of `scenario` on `pair` and closes it; returns every step, both
     connectors' stats at its end and their final reports."""
     try:
         a_steps = scenario.a(pair.a)
@@ -352,6 +352,13 @@ def run_and_close(pair: Pair, scenario: Scenario) -> tuple[list[Checked], tuple[
         live = pair.a.conn.stats(), pair.b.conn.stats()
     finally:
         final = pair.close()
+    return steps, live, final
+
+
+def run_and_close(pair: Pair, scenario: Scenario) -> tuple[list[Checked], tuple[dict, dict], tuple[dict, dict]]:
+    """Runs both parts of `scenario` on `pair`; returns the checks of every step, both
+    connectors' stats at its end and their final reports."""
+    steps, live, final = run_parts(pair, scenario)
     return [check(pair.model, s) for s in steps], live, final
 
 
