@@ -86,6 +86,7 @@ impl MiniEngine {
             layout: layout.clone(),
             pool,
             devices: devices.clone(),
+            share: kv_connector::RankShare::default(),
             seed: scope_seed(&Scope::default()),
             model_key: "embed-example".into(),
         })?;

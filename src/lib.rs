@@ -87,8 +87,8 @@ pub use crate::config::{
     Config, ConfigError, ConfigSources, ModelConfig, MooncakeConfig, PoolBackend, StatsConfig,
 };
 pub use crate::connector::{
-    ConnectorHandle, ConnectorParams, EngineConnector, HookError, ReserveAnswer, ScheduledRequest,
-    SchedulerOutput, StartError,
+    AdoptError, ConnectorHandle, ConnectorParams, EngineConnector, HookError, RankShare,
+    ReserveAnswer, ScheduledRequest, SchedulerOutput, ShareError, StartError,
 };
 pub use crate::core::eviction::EvictionPolicy;
 pub use crate::core::hash::{hash_blocks, scope_seed, BlockHash, HashError, Scope};

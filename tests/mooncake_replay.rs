@@ -267,6 +267,7 @@ fn start_scoped(
         layout: layout.clone(),
         pool,
         devices,
+        share: kv_connector::RankShare::default(),
         seed: scope_seed(&scope),
         model_key: model_key.to_owned(),
     })?)

@@ -274,6 +274,7 @@ fn a_window_layout_without_prefix_aware_scheduling_is_refused_r7() {
         layout,
         pool: memory_pool(1 << 20),
         devices: vec![device],
+        share: kv_connector::RankShare::default(),
         seed: kv_connector::core::hash::scope_seed(&kv_connector::core::hash::Scope::default()),
         model_key: "test".into(),
     };
@@ -316,6 +317,7 @@ fn a_configuration_the_connector_cannot_run_is_refused_at_start() {
             layout: layout.clone(),
             pool: memory_pool(1 << 20),
             devices: vec![device],
+            share: kv_connector::RankShare::default(),
             seed: kv_connector::core::hash::scope_seed(&kv_connector::core::hash::Scope::default()),
             model_key: "test".into(),
         };
@@ -351,6 +353,7 @@ fn a_checkpoint_interval_off_block_boundaries_is_refused_at_start_r28() {
         let params = kv_connector::connector::ConnectorParams {
             config,
             devices: vec![kv_connector::gpu::Device::open_host(&specs).unwrap()],
+            share: kv_connector::RankShare::default(),
             layout,
             pool: memory_pool(1 << 20),
             seed: kv_connector::core::hash::scope_seed(&kv_connector::core::hash::Scope::default()),

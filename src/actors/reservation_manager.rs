@@ -78,6 +78,8 @@ pub struct ReservationManager {
     keys: Arc<KeySpace>,
     /// Loaders per rank; a load goes round robin to one loader of every rank.
     loaders: Vec<Vec<Addr<Loader>>>,
+    /// The rank of `loaders[0]` (a connector may serve ranks from any rank on).
+    first_rank: u32,
     next_loader: usize,
     pending: HashMap<(ReservationId, LoadTicket), PendingLoad>,
     inbox: EngineInbox,
@@ -99,6 +101,7 @@ impl ReservationManager {
             ledger: Some(ledger),
             keys,
             loaders: Vec::new(),
+            first_rank: 0,
             next_loader: 0,
             pending: HashMap::new(),
             inbox,
@@ -224,13 +227,19 @@ impl Actor for ReservationManager {
 /// - Reply: none. Receiver gone: start-up fails.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
-pub struct AttachLoaders(pub Vec<Vec<Addr<Loader>>>);
+pub struct AttachLoaders {
+    /// The rank of the first list's loaders; the others follow in rank order.
+    pub first_rank: u32,
+    /// Per rank, its loaders.
+    pub loaders: Vec<Vec<Addr<Loader>>>,
+}
 
 impl Handler<AttachLoaders> for ReservationManager {
     type Result = ();
 
     fn handle(&mut self, message: AttachLoaders, _ctx: &mut Self::Context) {
-        self.loaders = message.0;
+        self.first_rank = message.first_rank;
+        self.loaders = message.loaders;
     }
 }
 
@@ -319,7 +328,7 @@ impl ReservationManager {
             },
         );
         self.next_loader = self.next_loader.wrapping_add(1);
-        for (rank, loaders) in (0..).zip(&self.loaders) {
+        for (rank, loaders) in (self.first_rank..).zip(&self.loaders) {
             let sent = loaders
                 .get(self.next_loader % loaders.len().max(1))
                 .is_some_and(|loader| {

@@ -34,6 +34,7 @@ mod handoff;
 mod loads;
 mod lookups;
 mod progress;
+mod records;
 mod report;
 mod reservations;
 mod saves;
@@ -80,8 +81,10 @@ struct SaveGroup {
 pub struct ConnectorHandle {
     /// Delivers every message for the planner, the manager and the savers (in order).
     courier: Courier,
-    /// Tensor-parallel ranks: one saver each.
+    /// Tensor-parallel ranks this connector serves: one saver each.
     ranks: usize,
+    /// Whether it stores the replicated groups' pages (it holds rank 0).
+    saves_replicated: bool,
     reporter: Addr<StatsReporter>,
     keys: Arc<KeySpace>,
     system: actix::System,
@@ -175,6 +178,7 @@ impl ConnectorHandle {
             named => named.to_owned(),
         };
         let groups = save_groups(&params.layout);
+        let saves_replicated = params.share.saves_replicated();
         let tokens_per_block = params.layout.tokens_per_block as usize;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -206,6 +210,7 @@ impl ConnectorHandle {
         Ok(ConnectorHandle {
             courier,
             ranks,
+            saves_replicated,
             reporter,
             keys,
             system,

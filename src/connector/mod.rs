@@ -33,12 +33,14 @@ pub mod courier;
 pub mod gate;
 mod handle;
 mod refusal;
+mod share;
 mod start;
 
 pub use handle::ConnectorHandle;
 #[cfg(feature = "internals")]
 pub use handle::{Progress, ProgressWaiter};
-pub use refusal::HookError;
+pub use refusal::{AdoptError, HookError};
+pub use share::{RankShare, ShareError};
 #[cfg(feature = "internals")]
 pub use start::StagingRole;
 pub use start::{ConnectorParams, StartError};

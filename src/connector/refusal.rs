@@ -6,6 +6,7 @@
 //! it carries, and a reservation is loaded only when `reserve_prefix` offered it.
 
 use crate::core::ids::{RequestId, ReservationId};
+use crate::core::lookup_record::RecordError;
 
 /// An engine hook call refused by the connector (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -58,5 +59,29 @@ pub enum HookError {
         request: RequestId,
         /// The reservation named again.
         reservation: ReservationId,
+    },
+    /// `on_step` on a lookup-only connector: it serves no rank, so it has nothing to load
+    /// into or save from.
+    #[error(
+        "this connector looks requests up only (it serves no rank): give the steps to the \
+         connectors of the ranks, which adopt its lookups"
+    )]
+    LookupOnly,
+}
+
+/// `adopt_lookup` refused: nothing of the request changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// The request is live (as for `lookup_prefix`).
+    #[error(transparent)]
+    Hook(#[from] HookError),
+    /// The record is not one this connector can take (`lookup_record::L2`).
+    #[error("request {request}: {source}")]
+    Record {
+        /// The request.
+        request: RequestId,
+        /// Why.
+        #[source]
+        source: RecordError,
     },
 }

@@ -17,10 +17,11 @@ use crate::actors::reservation_manager::{AttachLoaders, ReservationManager};
 use crate::actors::saver_queue::{SaverParams, SaverQueue};
 use crate::actors::stats_reporter::StatsReporter;
 use crate::actors::supervisor::{StagingSupervisor, Supervisee};
+use crate::connector::share::{RankShare, ShareError};
 use crate::config::{bytes_text, Config, RuntimeConfig, MIB};
 use crate::core::hash::BlockHash;
 use crate::core::keys::KeySpace;
-use crate::core::layout::Layout;
+use crate::core::layout::{GroupId, Layout};
 use crate::core::ledger::Ledger;
 use crate::core::object::HEADER_BYTES;
 use crate::gpu::host_memory::host_memory;
@@ -38,8 +39,11 @@ pub struct ConnectorParams {
     pub layout: Layout,
     /// The shared pool.
     pub pool: Arc<dyn Pool>,
-    /// One device per rank, with a page pool per group.
+    /// One device per rank of `share`, with a page pool per group; none for a lookup-only
+    /// connector (it looks up and offers, and never loads or saves).
     pub devices: Vec<Device>,
+    /// The part of the deployment this connector serves (all of it by default).
+    pub share: RankShare,
     /// Scope seed of every chain (R1).
     pub seed: BlockHash,
     /// Model key for pool keys (the fingerprint is appended, R4).
@@ -179,14 +183,9 @@ impl Drop for StagingRegistrations {
 /// Why a connector could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// No device was given, or not one per rank.
-    #[error("{devices} devices given for world size {world_size}: give one device per rank")]
-    Devices {
-        /// Devices given.
-        devices: usize,
-        /// World size of the layout.
-        world_size: u32,
-    },
+    /// The devices or the layout do not fit the connector's share of the deployment.
+    #[error(transparent)]
+    Share(#[from] ShareError),
     /// The layout is refused for this deployment (R7).
     #[error(transparent)]
     Layout(#[from] crate::core::layout::LayoutError),
@@ -273,6 +272,28 @@ impl From<crate::config::ConfigError> for StartError {
     }
 }
 
+/// Per group in layout order: the bytes of its pages, and the pages the ledger may lend.
+type PagePools = (Vec<usize>, Vec<(GroupId, usize)>);
+
+/// The [`PagePools`] of the first device's page pools or, for a lookup-only connector, the
+/// layout's page bytes and one page (its ledger never lends one: it has no loaders).
+fn page_pools(layout: &Layout, device: Option<&Device>) -> Result<PagePools, StartError> {
+    let mut lens = Vec::with_capacity(layout.groups.len());
+    let mut budgets = Vec::with_capacity(layout.groups.len());
+    for group in &layout.groups {
+        let (bytes, pages) = match device {
+            Some(device) => {
+                let spec = device.page_pool(group.id)?;
+                (spec.page_bytes, spec.num_pages as usize)
+            }
+            None => (usize::try_from(layout.page_bytes(group)?).unwrap_or(usize::MAX), 1),
+        };
+        lens.push(bytes);
+        budgets.push((group.id, pages));
+    }
+    Ok((lens, budgets))
+}
+
 /// Starts the actors on a new thread and returns their addresses once they run;
 /// `runtime` is `params.config` validated.
 pub(super) fn start_actors(
@@ -284,33 +305,12 @@ pub(super) fn start_actors(
         .layout
         .register(runtime.reservations.prefix_aware_scheduling)?;
     check_checkpoint_interval(&params.layout, &runtime)?;
-    let world = params.layout.world_size;
-    if params.devices.len() != world as usize || params.devices.is_empty() {
-        return Err(StartError::Devices {
-            devices: params.devices.len(),
-            world_size: world,
-        });
-    }
-    let device = &params.devices[0];
-    let payload_lens: Vec<usize> = params
-        .layout
-        .groups
-        .iter()
-        .map(|group| device.page_pool(group.id).map(|spec| spec.page_bytes))
-        .collect::<Result<_, _>>()?;
-    let budgets: Vec<_> = params
-        .layout
-        .groups
-        .iter()
-        .map(|group| {
-            device
-                .page_pool(group.id)
-                .map(|spec| (group.id, spec.num_pages as usize))
-        })
-        .collect::<Result<_, _>>()?;
+    params.share.check(&params.layout, params.devices.len())?;
+    let (payload_lens, budgets) = page_pools(&params.layout, params.devices.first())?;
     let ledger = Ledger::new(u64::from(params.layout.tokens_per_block), budgets)?;
-    let keys = Arc::new(KeySpace::new(
+    let keys = Arc::new(KeySpace::named_by(
         &params.layout,
+        &params.share.fingerprints(&params.layout),
         &params.config.keys.namespace,
         &params.model_key,
         &payload_lens,
@@ -407,12 +407,13 @@ async fn spawn_all(
     };
     let mut loaders = Vec::new();
     let mut savers = Vec::new();
-    // One device per rank, checked by `start_actors`.
-    for (rank, device) in (0..params.layout.world_size).zip(&params.devices) {
+    // One device per rank of the share, checked by `start_actors`.
+    let first_rank = params.share.first_rank;
+    for (rank, device) in (first_rank..).zip(&params.devices) {
         loaders.push(ranks.loaders(rank, device, &mut registrations)?);
         savers.push(ranks.saver(rank, device, &mut registrations)?);
     }
-    if manager.send(AttachLoaders(loaders)).await.is_err() {
+    if manager.send(AttachLoaders { first_rank, loaders }).await.is_err() {
         return Err(StartError::Thread);
     }
     let reporter = StatsReporter::new(

@@ -51,7 +51,9 @@ const TOKEN_BYTES: usize = 8;
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// The 16-byte chain hash of one block: BLAKE2b-16 over `parent || tokens` (R1).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct BlockHash(pub [u8; 16]);
 
 impl BlockHash {

@@ -96,6 +96,14 @@ impl PromptHashes {
         }
     }
 
+    /// Names made of both lists as they are (a record of another connector's lookup).
+    pub fn from_parts(chain: Vec<BlockHash>, next_token: Vec<BlockHash>) -> Self {
+        PromptHashes {
+            chain: Arc::from(chain),
+            next_token: Arc::from(next_token),
+        }
+    }
+
     /// The chain hashes of the prompt's full blocks.
     pub fn chain(&self) -> &[BlockHash] {
         &self.chain

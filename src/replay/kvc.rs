@@ -40,6 +40,7 @@ pub fn kvc_handle(context: &InstanceContext) -> Result<ConnectorHandle, ReplayEr
         layout: context.layout.as_ref().clone(),
         pool: context.pool.clone(),
         devices: context.devices.clone(),
+        share: crate::connector::RankShare::default(),
         seed: scope_seed(&Scope::default()),
         model_key,
     };

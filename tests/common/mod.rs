@@ -80,6 +80,7 @@ pub fn start(pool: Arc<dyn Pool>, layout: &Layout, config: Config) -> Instance {
         layout: layout.clone(),
         pool,
         devices: devices.clone(),
+        share: kv_connector::RankShare::default(),
         seed: scope_seed(&Scope::default()),
         model_key: "test".into(),
     };

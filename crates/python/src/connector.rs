@@ -35,6 +35,7 @@ use kv_connector::{
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 pub use self::lifecycle::shutdown_all;
 use self::lifecycle::State;
@@ -72,18 +73,25 @@ impl PyConnector {
     /// Starts a connector on the engine's KV cache tensors (one per layer group, in layout
     /// order; a list of such lists with world size > 1). `pool`: a shared `MemoryPool`, or
     /// `None` for the configured backend. `config`: `None`, a TOML path or a dict; `KVC_*`
-    /// variables apply over it. Raises `ConfigError`, `LayoutError`, `PoolError` or
-    /// `DeviceError` when refused.
+    /// variables apply over it. A deployment whose ranks live in separate processes (R33)
+    /// gives each process's connector `rank` (of its first list of tensors) and its own
+    /// stage's `layout`, and its scheduler a lookup-only connector (`kv_caches=None`: it
+    /// looks up and offers, its Mooncake client stores nothing) on the union of the
+    /// `stages`' layouts, whose `lookup_record`s the ranks adopt. Raises
+    /// `ConfigError`, `LayoutError`, `PoolError` or `DeviceError` when refused.
     #[new]
-    #[pyo3(signature = (layout, kv_caches, pool = None, config = None, model_key = None, namespace = None, salt = None))]
+    #[pyo3(signature = (layout, kv_caches, pool = None, config = None, model_key = None, namespace = None, salt = None, *, rank = None, stages = None))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         layout: &Bound<'_, PyAny>,
-        kv_caches: &Bound<'_, PyAny>,
+        kv_caches: Option<&Bound<'_, PyAny>>,
         pool: Option<&Bound<'_, PyMemoryPool>>,
         config: Option<&Bound<'_, PyAny>>,
         model_key: Option<String>,
         namespace: Option<String>,
         salt: Option<&str>,
+        rank: Option<u32>,
+        stages: Option<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<Self> {
         start::start(StartArgs {
             layout,
@@ -93,7 +101,38 @@ impl PyConnector {
             model_key,
             namespace,
             salt,
+            rank,
+            stages,
         })
+    }
+
+    /// A finished lookup as bytes for the connectors of the deployment's ranks in other
+    /// processes (`adopt_lookup`); `None` while it runs, or for an unknown request.
+    fn lookup_record<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+    ) -> Option<Bound<'py, PyBytes>> {
+        let record = self.with_nowait(py, |state| {
+            state.handle.lookup_record(RequestId(request_id))
+        })?;
+        Some(PyBytes::new(py, &record))
+    }
+
+    /// Takes another connector's `lookup_record` as this request's finished lookup, in place
+    /// of `lookup`: the request is then reserved, loaded and saved as if looked up here.
+    /// Raises `ValueError` for a live request, or a record of another deployment.
+    fn adopt_lookup(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+        record: &[u8],
+    ) -> PyResult<()> {
+        let record = record.to_vec();
+        self.with_nowait(py, |state| {
+            state.handle.adopt_lookup(RequestId(request_id), &record)
+        })
+        .map_err(|refused| PyValueError::new_err(refused.to_string()))
     }
 
     /// Starts the lookup of a new request's prompt; never blocks. `tokens`: a list of ints

@@ -130,7 +130,7 @@ pub fn start(error: &StartError) -> PyErr {
     let text = message(error);
     match error {
         StartError::Layout(inner) => raise::<LayoutError>(inner.kind(), text),
-        StartError::Devices { .. } => raise::<LayoutError>("devices", text),
+        StartError::Share(_) => raise::<LayoutError>("rank", text),
         StartError::Keys(inner) => raise::<ConfigError>(inner.kind(), text),
         StartError::Gpu(inner) => raise::<DeviceError>(inner.kind(), text),
         StartError::Ledger(inner) => raise::<LayoutError>(inner.kind(), text),

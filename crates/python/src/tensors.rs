@@ -96,11 +96,13 @@ impl Released {
     }
 }
 
-/// The per-rank tensor lists of `kv_caches`: a list of tensors (world size 1) or a list of
-/// per-rank lists.
+/// The per-rank tensor lists of `kv_caches`: a list of tensors (one rank) or a list of
+/// per-rank lists. `first_rank`: the rank of the first list (the others follow); `None`
+/// asks for every rank of the layout.
 pub fn per_rank<'py>(
     kv_caches: &Bound<'py, PyAny>,
     layout: &Layout,
+    first_rank: Option<u32>,
 ) -> PyResult<Vec<Vec<Bound<'py, PyAny>>>> {
     let outer: Vec<Bound<'py, PyAny>> = kv_caches.extract().map_err(|_| {
         refuse(
@@ -119,12 +121,18 @@ pub fn per_rank<'py>(
     } else {
         vec![outer]
     };
-    if ranks.len() != layout.world_size as usize {
+    let world = layout.world_size as usize;
+    let fits = match first_rank {
+        None => ranks.len() == world,
+        Some(first) => !ranks.is_empty() && first as usize + ranks.len() <= world,
+    };
+    if !fits {
+        let from = first_rank.map_or_else(String::new, |first| format!(" from rank {first}"));
         return Err(refuse(
             "kv_caches",
             format!(
-                "holds tensors for {} ranks, but layout {} has world size {}; give one list \
-                 of per-group tensors per rank",
+                "holds tensors for {} ranks{from}, but layout {} has world size {}; give one \
+                 list of per-group tensors per rank (or rank= the first list's rank)",
                 ranks.len(),
                 layout.name,
                 layout.world_size

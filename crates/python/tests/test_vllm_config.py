@@ -207,3 +207,26 @@ def test_the_vllm_metrics_are_the_runtimes_counter_families():
     assert (flat["loads.failed_other"], flat["pool.outages"], flat["vllm.bounce_exhausted"]) == (3, 2, 5)
     for section, name in runtime:
         assert name in stats[section], f"{section}.{name} is in the stats dict"
+
+
+@pytest.mark.parametrize(
+    "parallel, words",
+    [
+        ({"tensor_parallel_size": 2}, ["tensor_parallel_size=2", 'pool.backend = "mooncake"']),
+        ({"pipeline_parallel_size": 2}, ["pipeline_parallel_size=2", 'pool.backend = "mooncake"']),
+        ({"distributed_executor_backend": "mp"}, ["'mp'", "separate processes", "uni"]),
+        ({"decode_context_parallel_size": 2}, ["decode_context_parallel_size=2", "use decode_context_parallel_size=1"]),
+    ],
+)
+def test_ranks_in_other_processes_need_a_pool_that_spans_them(model_dir, parallel, words):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kv_connector.vllm import KvcConnector
+
+    config = vs.vllm_config(model_dir, extra={})
+    for name, value in parallel.items():
+        setattr(config.parallel_config, name, value)
+    with pytest.raises(vllm_setup()) as refused:
+        KvcConnector(config, KVConnectorRole.SCHEDULER, None)
+    for word in words:
+        assert word in str(refused.value), (word, str(refused.value))

@@ -24,6 +24,9 @@ impl ConnectorHandle {
     /// [`HookError::UnofferedReservation`] or [`HookError::ReservationReported`] for the
     /// first such reservation of the step.
     pub fn check_step(&self, output: &SchedulerOutput<'_>) -> Result<(), HookError> {
+        if self.ranks == 0 && !output.requests.is_empty() {
+            return Err(HookError::LookupOnly);
+        }
         let mut named: Vec<(RequestId, ReservationId)> = Vec::new();
         for scheduled in &output.requests {
             let Some(reservation) = scheduled.new_reservation else {

@@ -140,7 +140,12 @@ impl ConnectorHandle {
                 SaveCap::ChunkEnd,
                 &mut self.save_ranges,
             );
-            let ranks = if group.replicated { 1 } else { per_rank.len() };
+            // A replicated page is stored once, by the connector holding rank 0.
+            let ranks = match (group.replicated, self.saves_replicated) {
+                (false, _) => per_rank.len(),
+                (true, true) => per_rank.len().min(1),
+                (true, false) => 0,
+            };
             self.published_past_chunk_end +=
                 pages_past_chunk_end(&step, &self.save_ranges, table) * ranks as u64;
             self.checkpoint_pages_planned +=

@@ -27,6 +27,9 @@ pub struct GroupKeys {
 pub struct KeySpace {
     /// The layout fingerprint written into every header.
     pub fingerprint: LayoutFingerprint,
+    /// The fingerprints its groups are keyed under (one, but for a lookup-only connector
+    /// over several pipeline stages, `share::S2`), ascending.
+    pub parts: Vec<LayoutFingerprint>,
     /// Groups in layout order.
     pub groups: Vec<GroupKeys>,
 }
@@ -44,10 +47,37 @@ impl KeySpace {
         model_key: &str,
         payload_lens: &[usize],
     ) -> Result<Self, KeyError> {
+        let own = layout.fingerprint();
+        let named: Vec<_> = layout.groups.iter().map(|group| (group.id, own)).collect();
+        Self::named_by(layout, &named, namespace, model_key, payload_lens)
+    }
+
+    /// [`KeySpace::new`] with each group keyed under the fingerprint `named` gives it (a
+    /// lookup-only connector over several pipeline stages keys each group as its stage
+    /// does, `share::S2`); a group `named` leaves out is keyed under the layout's.
+    ///
+    /// # Errors
+    /// [`KeyError`] as for [`KeySpace::new`].
+    pub fn named_by(
+        layout: &Layout,
+        named: &[(GroupId, LayoutFingerprint)],
+        namespace: &str,
+        model_key: &str,
+        payload_lens: &[usize],
+    ) -> Result<Self, KeyError> {
         let fingerprint = layout.fingerprint();
-        let model = format!("{model_key}.{fingerprint}");
+        let fingerprint_of = |id: GroupId| {
+            named
+                .iter()
+                .find(|(group, _)| *group == id)
+                .map_or(fingerprint, |(_, fingerprint)| *fingerprint)
+        };
+        let mut parts: Vec<LayoutFingerprint> = layout.groups.iter().map(|g| fingerprint_of(g.id)).collect();
+        parts.sort_unstable();
+        parts.dedup();
         let mut groups = Vec::with_capacity(layout.groups.len());
         for (group, &payload_len) in layout.groups.iter().zip(payload_lens) {
+            let model = format!("{model_key}.{}", fingerprint_of(group.id));
             let prefixes = group
                 .shards(layout.world_size)
                 .into_iter()
@@ -73,6 +103,7 @@ impl KeySpace {
         }
         Ok(KeySpace {
             fingerprint,
+            parts,
             groups,
         })
     }

@@ -218,7 +218,7 @@ impl ProbeRound {
 }
 
 /// How a lookup ended (R11-R13); the labels are the stats names of R27.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum LookupOutcome {
     /// Resumes at `H*T`: every full group hit up to there and every window is complete.
     Full,
@@ -258,7 +258,7 @@ impl LookupOutcome {
 }
 
 /// The blocks of one group to load from the pool (R15).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GroupLoad {
     /// The group.
     pub group: GroupId,
@@ -267,7 +267,7 @@ pub struct GroupLoad {
 }
 
 /// The result of a lookup.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LookupPlan {
     /// How the lookup ended.
     pub outcome: LookupOutcome,

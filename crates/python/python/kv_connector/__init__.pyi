@@ -139,16 +139,28 @@ class Connector:
     def __init__(
         self,
         layout: Layout | str,
-        kv_caches: Sequence[Any] | Sequence[Sequence[Any]],
+        kv_caches: Sequence[Any] | Sequence[Sequence[Any]] | None,
         pool: MemoryPool | None = None,
         config: PathLike | dict[str, Any] | None = None,
         model_key: str | None = None,
         namespace: str | None = None,
         salt: str | None = None,
+        *,
+        rank: int | None = None,
+        stages: Sequence[Layout | str] | None = None,
     ) -> None:
         """kv_caches: one page-major, C-contiguous tensor per layer group in layout order
         (tensor[i] is page i; tensor[0] holds layout.page_bytes(group) bytes), all on the
-        CPU or all on one CUDA device; with world size > 1, one such list per rank."""
+        CPU or all on one CUDA device; with world size > 1, one such list per rank. Ranks in
+        separate processes (R33): `rank` is the first list's rank and `layout` the
+        process's pipeline stage's; `kv_caches=None` makes a lookup-only connector (no loads
+        or saves) on the union of the `stages`' layouts, whose `lookup_record`s the ranks
+        adopt."""
+    def lookup_record(self, request_id: int) -> bytes | None:
+        """A finished lookup as bytes for the ranks' connectors; None while it runs."""
+    def adopt_lookup(self, request_id: int, record: bytes) -> None:
+        """Takes another connector's lookup_record as this request's finished lookup (in
+        place of lookup). ValueError for a live request or another deployment's record."""
     def lookup(self, request_id: int, tokens: Tokens, local_match_tokens: int = 0) -> None:
         """Starts the lookup of a new request's prompt; never blocks. ValueError for a live
         request id (looked up and not ended, or ended with saves pending)."""

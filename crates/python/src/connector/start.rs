@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kv_connector::{
     object_len, scope_seed, ConnectorHandle, ConnectorParams, Device, DeviceRequest, Layout, Pool,
-    Scope,
+    RankShare, Scope,
 };
 use pyo3::prelude::*;
 
@@ -22,12 +22,17 @@ use crate::tensors::{self, Placement};
 /// The arguments of `Connector(...)`.
 pub(super) struct StartArgs<'a, 'py> {
     pub layout: &'a Bound<'py, PyAny>,
-    pub kv_caches: &'a Bound<'py, PyAny>,
+    /// `None`: a lookup-only connector (no rank, no loads or saves).
+    pub kv_caches: Option<&'a Bound<'py, PyAny>>,
     pub pool: Option<&'a Bound<'py, PyMemoryPool>>,
     pub config: Option<&'a Bound<'py, PyAny>>,
     pub model_key: Option<String>,
     pub namespace: Option<String>,
     pub salt: Option<&'a str>,
+    /// The rank of `kv_caches`' first list; `None`: every rank of the layout, from 0.
+    pub rank: Option<u32>,
+    /// The pipeline stages' layouts whose union `layout` is (a lookup-only connector's).
+    pub stages: Option<Vec<Bound<'py, PyAny>>>,
 }
 
 /// Starts a connector (module docs).
@@ -40,9 +45,19 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
         model_key,
         namespace,
         salt,
+        rank,
+        stages,
     } = args;
     let py = layout.py();
     let layout = PyLayout::from_arg(layout)?;
+    let share = RankShare {
+        first_rank: rank.unwrap_or(0),
+        stages: stages
+            .unwrap_or_default()
+            .iter()
+            .map(PyLayout::from_arg)
+            .collect::<PyResult<_>>()?,
+    };
     let given = pool.map(Bound::get);
     let capacity = given.map(PyMemoryPool::capacity_bytes);
     let mut config = config::load_for_pool(py, config, capacity)?;
@@ -53,13 +68,22 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
     if let Some(namespace) = namespace {
         config.keys.namespace = namespace;
     }
+    if kv_caches.is_none() {
+        // A lookup-only client stores nothing: it lends the pool no memory that would
+        // vanish with it.
+        config.mooncake.global_segment_size_bytes = 0;
+    }
     let model_key = model_key
         .or_else(|| Some(config.keys.model_key.clone()).filter(|key| !key.is_empty()))
         .unwrap_or_else(|| layout.name.clone());
     let mut devices = Vec::new();
     let mut placements = Vec::new();
     let mut released = Vec::new();
-    for (rank, tensors) in tensors::per_rank(kv_caches, &layout)?.iter().enumerate() {
+    let ranks = match kv_caches {
+        Some(kv_caches) => tensors::per_rank(kv_caches, &layout, rank)?,
+        None => Vec::new(),
+    };
+    for (rank, tensors) in (share.first_rank as usize..).zip(&ranks) {
         let opened = tensors::open_device(&layout, rank, tensors)?;
         check_device_kind(config.device.kind, opened.placement)?;
         devices.push(opened.device);
@@ -84,6 +108,7 @@ pub(super) fn start(args: StartArgs<'_, '_>) -> PyResult<PyConnector> {
         layout: layout.clone(),
         pool: Arc::clone(&pool),
         devices,
+        share,
         seed,
         model_key: model_key.clone(),
     };

@@ -4,10 +4,12 @@
         "kv_connector_module_path": "kv_connector.vllm", "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {...}}'
 
-One runtime `Connector` per engine, on vLLM's own KV memory (`_pages`), shared by the
-connector's scheduler side (`_scheduler`: lookups and reservations at admission) and its
-worker side (`_worker`: loads, saves, completions) in the engine's process. vLLM's KV
-cache groups become the layout's groups (`_layout`); settings come from
+One runtime `Connector` per rank, on vLLM's own KV memory (`_pages`). With one rank in
+the engine's process (`uni`), the connector's scheduler side (`_scheduler`: lookups and
+reservations at admission) and its worker side (`_worker`: loads, saves, completions)
+share it; with tensor or pipeline parallel ranks in their own processes the scheduler
+looks up through a lookup-only connector of its own and the ranks adopt its lookups
+(`_ranks`). vLLM's KV cache groups become the layout's groups (`_layout`); settings come from
 `kv_connector_extra_config` and the `KVC_*` environment (`_config`); the runtime's
 counters reach vLLM's stats log and Prometheus (`_stats`), its log records vLLM's logger
 `vllm.kv_connector` (`kv_connector.forward_logs`; `log_to_vllm`). docs/VLLM.md is the guide.
@@ -33,6 +35,7 @@ from ._config import check_transfer, settings
 from ._engine import Engine, KvcMetadata
 from ._layout import BLOCK_OUTERMOST_LAYOUTS, UnsupportedVllmSetup, check_parallelism, plan_layout
 from ._pages import WorkerPages, bounce_pages_needed
+from ._ranks import KvcHandshake, rank_of, separate_processes
 from ._scheduler import SchedulerSide
 from ._stats import KvcPromMetrics, KvcStats, flat_counters
 from ._worker import WorkerSide
@@ -70,19 +73,20 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
-        check_parallelism(vllm_config)
         check_transfer(self._kv_transfer_config)
         self._settings = settings(self._kv_transfer_config.kv_connector_extra_config)
+        check_parallelism(vllm_config, self._settings.runtime["pool"]["backend"])
         if self._settings.log_to_vllm:
             _forward_runtime_logs()
         # vLLM fills the id in (a uuid unless the configuration gives one).
         self._engine_id = cast(str, self._kv_transfer_config.engine_id)
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._handshake: KvcHandshake | None = None
         self._reported: dict[str, int] = {}
         self._reported_at = float("-inf")
         if role == KVConnectorRole.SCHEDULER:
-            self._sched = SchedulerSide(self._engine_id)
+            self._sched = SchedulerSide(self._engine_id, vllm_config, self._settings)
 
     # ---- configuration -------------------------------------------------------------
 
@@ -107,7 +111,12 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         model = self._vllm_config.model_config.served_model_name
         model = model[0] if isinstance(model, (list, tuple)) else model
         name = _segment(str(model or self._vllm_config.model_config.model))
-        plan = plan_layout(self._kv_cache_config, name)
+        parallel, separate = self._vllm_config.parallel_config, separate_processes(self._vllm_config)
+        stage, rank = rank_of(self._vllm_config) if separate else (0, 0)
+        total_heads = self._vllm_config.model_config.get_total_num_kv_heads()
+        plan = plan_layout(
+            self._kv_cache_config, name, tp=parallel.tensor_parallel_size, stage=stage, total_kv_heads=total_heads
+        )
         s = self._settings
         bounce = s.bounce_pages or bounce_pages_needed(plan, self._vllm_config.model_config.max_model_len, s.runtime)
         pages = WorkerPages(plan, kv_caches, self._kv_cache_config.num_blocks, bounce)
@@ -115,20 +124,32 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         if s.shared_pool is not None:
             pool = _engine.shared_pool(s.shared_pool, s.config)
         layout_name = self._vllm_config.cache_config.kv_cache_layout or BLOCK_OUTERMOST_LAYOUTS[0]
+        # The page format (vLLM's layout of a block) is part of the key: engines with
+        # another byte order never read these objects.
+        model_key = s.model_key or f"{name}.vllm-{layout_name}"
         conn = kvc.Connector(
             layout=kvc.Layout.from_dict(plan.layout),
             kv_caches=pages.tensors,
             pool=pool,
             config=s.config,
-            # The page format (vLLM's layout of a block) is part of the key: engines with
-            # another byte order never read these objects.
-            model_key=s.model_key or f"{name}.vllm-{layout_name}",
+            model_key=model_key,
             namespace=s.namespace,
             salt=s.salt,
+            rank=rank,
         )
         engine = Engine(conn, pages)
-        _engine.register(self._engine_id, engine)
-        self._worker = WorkerSide(engine)
+        if separate:
+            self._handshake = KvcHandshake(stage, rank, plan.layout, model_key)
+        else:
+            _engine.register(self._engine_id, engine)
+        self._worker = WorkerSide(engine, adopts=separate)
+
+    def get_handshake_metadata(self) -> KvcHandshake | None:
+        return self._handshake
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata) -> None:
+        if self._sched is not None:
+            self._sched.handshakes = dict(metadata)
 
     def handle_preemptions(self, kv_connector_metadata):
         if self._worker is not None and kv_connector_metadata.preempted:
@@ -136,7 +157,9 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         if self._worker is not None:
-            self._worker.start_loads(self._metadata().loads)
+            meta = self._metadata()
+            self._worker.adopt(meta)
+            self._worker.start_loads(meta.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads fill blocks of parked requests only; no layer waits on them
@@ -146,7 +169,9 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self):
         if self._worker is not None:
-            self._worker.report_chunks(self._metadata().chunks)
+            meta = self._metadata()
+            self._worker.adopt(meta)
+            self._worker.report_chunks(meta.chunks)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         if self._worker is None:
@@ -164,10 +189,19 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         return self._worker.take_errors() if self._worker is not None else set()
 
     def get_kv_connector_stats(self) -> KvcStats | None:
-        if self._worker is None or time.monotonic() - self._reported_at < self.stats_interval_s:
+        """Every rank's counters since its last report (vLLM sums them over ranks with
+        `KvcStats.aggregate`); with ranks in their own processes, also the scheduler's
+        lookup-only connector's (the lookups)."""
+        if self._worker is not None:
+            conn, extra = self._worker.conn, {"bounce_exhausted": self._worker.bounce_exhausted}
+        elif self._sched is not None and self._sched.remote:
+            conn, extra = self._sched.engine.conn, {}
+        else:
+            return None
+        if time.monotonic() - self._reported_at < self.stats_interval_s:
             return None
         self._reported_at = time.monotonic()
-        now = flat_counters(self._worker.conn.stats(), {"bounce_exhausted": self._worker.bounce_exhausted})
+        now = flat_counters(conn.stats(), extra)
         delta = {k: v - self._reported.get(k, 0) for k, v in now.items()}
         self._reported = now
         stats = KvcStats(data={k: v for k, v in delta.items() if v})
@@ -187,6 +221,8 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
             worker.drain(SHUTDOWN_LOAD_WAIT_S)
             _engine.unregister(self._engine_id)
             return worker.conn.shutdown()
+        if self._sched is not None:
+            return self._sched.shutdown()
         return None
 
     # ---- scheduler side ------------------------------------------------------------

@@ -1,5 +1,6 @@
 """One engine's runtime connector, shared by the scheduler and worker sides of the vLLM
-connector in one process, and the plans the scheduler side hands the worker.
+connector in one process (ranks in their own processes: `_ranks`), and the plans the
+scheduler side hands the worker.
 
 The worker side starts the runtime `Connector` on vLLM's tensors in
 `register_kv_caches` and records it here under the engine id; vLLM builds the scheduler
@@ -27,7 +28,7 @@ _LOCK = threading.Lock()
 @dataclass
 class Engine:
     conn: object  # kv_connector.Connector
-    pages: object  # WorkerPages
+    pages: object  # WorkerPages; None for the scheduler's lookup-only connector
     rids: itertools.count = field(default_factory=lambda: itertools.count(1))
     reservations: itertools.count = field(default_factory=lambda: itertools.count(1))
 
@@ -120,3 +121,6 @@ class KvcMetadata(KVConnectorMetadata):
     chunks: list[ChunkPlan] = field(default_factory=list)
     preempted: list[tuple[str, int]] = field(default_factory=list)
     ended: list[Ended] = field(default_factory=list)
+    # Ranks in their own processes: runtime request id -> its finished lookup
+    # (`Connector.lookup_record`), for every rank to adopt before its first load or chunk.
+    records: dict[int, bytes] = field(default_factory=dict)

@@ -127,31 +127,54 @@ def _check_spec(spec, index: int, block_size: int) -> None:
         )
 
 
-def check_parallelism(vllm_config) -> None:
-    """The connector serves one rank whose scheduler and worker share a process."""
+def check_parallelism(vllm_config, pool_backend: str) -> None:
+    """Tensor and pipeline parallel ranks run in their own processes (`_ranks`); context
+    parallelism is refused, and so is the embedded pool where the scheduler and a worker
+    live in different processes (one process's memory cannot be shared by others)."""
     parallel = vllm_config.parallel_config
     for setting, value in (
-        ("tensor_parallel_size", parallel.tensor_parallel_size),
-        ("pipeline_parallel_size", parallel.pipeline_parallel_size),
         ("decode_context_parallel_size", getattr(parallel, "decode_context_parallel_size", 1)),
         ("prefill_context_parallel_size", getattr(parallel, "prefill_context_parallel_size", 1)),
     ):
         if value != 1:
             raise UnsupportedVllmSetup(
-                f"{setting}={value}: the connector serves one rank per engine; use {setting}=1 "
-                "(data parallelism, one engine per GPU, works)"
+                f"{setting}={value}: context-parallel KV shards are not supported; use {setting}=1 "
+                "(tensor, pipeline and data parallelism work)"
             )
+    one_rank = parallel.tensor_parallel_size == 1 and parallel.pipeline_parallel_size == 1
     backend = parallel.distributed_executor_backend
-    if backend not in (None, "uni"):
+    if pool_backend != "mooncake" and not (one_rank and backend in (None, "uni")):
         raise UnsupportedVllmSetup(
-            f"distributed_executor_backend={backend!r}: the connector's scheduler and worker "
-            "sides share one process; use --distributed-executor-backend uni"
+            f"tensor_parallel_size={parallel.tensor_parallel_size}, pipeline_parallel_size="
+            f"{parallel.pipeline_parallel_size}, distributed_executor_backend={backend!r}: the "
+            "scheduler and the workers run in separate processes, which the embedded memory pool "
+            'cannot span; set pool.backend = "mooncake" (kvc: {"pool": {"backend": "mooncake"}}), '
+            "or serve one rank with --distributed-executor-backend uni"
         )
 
 
-def plan_layout(kv_cache_config, name: str) -> LayoutPlan:
-    """The layout of vLLM's KV cache groups (see the module doc); refuses what has no
-    layout equivalent."""
+def layout_kv_heads(per_rank: int, tp: int, total: int | None, index: int) -> int:
+    """The model's KV heads for the layout (it keys shards by rank, R3), given vLLM's heads
+    per rank: `total` when it splits into `per_rank` a rank (or replicates, tp > total)."""
+    for heads in (total, per_rank * tp):
+        if not heads:
+            continue
+        if heads % tp == 0 and heads // tp == per_rank:
+            return heads
+        if heads < tp and tp % heads == 0 and per_rank == 1:
+            return heads
+    raise UnsupportedVllmSetup(
+        f"KV cache group {index}: {per_rank} KV heads per rank do not split the model's "
+        f"{total} heads over tensor_parallel_size={tp}"
+    )
+
+
+def plan_layout(
+    kv_cache_config, name: str, *, tp: int = 1, stage: int = 0, total_kv_heads: int | None = None
+) -> LayoutPlan:
+    """The layout of vLLM's KV cache groups on one rank of pipeline stage `stage` (see the
+    module doc); refuses what has no layout equivalent. Group ids are
+    `stage * len(groups) + index`: every stage has the same groups of its own layers."""
     groups = list(kv_cache_config.kv_cache_groups)
     if not groups:
         raise UnsupportedVllmSetup("the model has no KV cache (attention-free models have nothing to share)")
@@ -169,10 +192,10 @@ def plan_layout(kv_cache_config, name: str) -> LayoutPlan:
             raise UnsupportedVllmSetup(f"KV cache group {index} has no layers")
         plans.append(GroupPlan(index, kind, window, tuple(group.layer_names), spec.page_size_bytes))
         entry = {
-            "id": index,
+            "id": stage * len(groups) + index,
             "kind": kind,
             "layers": [layer_index(n) for n in group.layer_names],
-            "kv_heads": spec.num_kv_heads,
+            "kv_heads": layout_kv_heads(spec.num_kv_heads, tp, total_kv_heads, index),
             "head_dim": spec.head_size,
             "dtype_bytes": spec.dtype.itemsize,
             "role": "draft" if spec.is_draft or group.is_eagle_group else "target",
@@ -183,5 +206,5 @@ def plan_layout(kv_cache_config, name: str) -> LayoutPlan:
         layout_groups.append(entry)
     if not any(p.kind == "full" for p in plans):
         raise UnsupportedVllmSetup("no full-attention KV cache group: a prefix needs one to be found")
-    layout = {"name": name, "tokens_per_block": block_size, "world_size": 1, "groups": layout_groups}
+    layout = {"name": name, "tokens_per_block": block_size, "world_size": tp, "groups": layout_groups}
     return LayoutPlan(layout, tuple(plans), block_size, len(groups))

@@ -7,6 +7,10 @@ keys (R34): it shares KV only with requests of the same salt and adapter, the ad
 named by its name and path (vLLM's `lora_int_id` is the engine's own number for it).
 Requests the runtime cannot key (multimodal inputs, prompt embeddings) are passed over:
 no lookup, no saves.
+
+With the ranks in their own processes the scheduler looks up through its own lookup-only
+connector (`_ranks`), and the first metadata that carries a request to the workers carries
+its finished lookup (`KvcMetadata.records`) for every rank to adopt.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._engine import ChunkPlan, Ended, Engine, KvcMetadata, LoadPlan, lookup
+from ._layout import UnsupportedVllmSetup
+from ._ranks import lookup_connector, separate_processes
 
 
 @dataclass
@@ -29,6 +35,8 @@ class _Req:
     # A load ran (filled or not): vLLM asks again only after a failed one, and then
     # computes the tokens itself rather than being offered the same objects again.
     loaded: bool = False
+    # Its lookup went to the workers (ranks in their own processes).
+    sent: bool = False
 
 
 def keyable(request) -> bool:
@@ -55,7 +63,7 @@ def scope(request) -> tuple[str | None, str | None]:
 
 
 class SchedulerSide:
-    def __init__(self, engine_id: str):
+    def __init__(self, engine_id: str, vllm_config=None, settings=None):
         self.engine_id = engine_id
         self._engine: Engine | None = None
         self.reqs: dict[str, _Req] = {}
@@ -63,12 +71,32 @@ class SchedulerSide:
         self.ended: list[Ended] = []
         # vLLM's KVCacheManager, bound before the first step is scheduled.
         self.kv_cache_manager: Any = None
+        # Ranks in their own processes: every rank's handshake (EngineCore hands them over
+        # before the first step), and the lookups then go through a connector of our own.
+        self.remote = vllm_config is not None and separate_processes(vllm_config)
+        self.handshakes: dict | None = None
+        self._vllm_config, self._settings = vllm_config, settings
 
     @property
     def engine(self):
         if self._engine is None:
-            self._engine = lookup(self.engine_id)
+            self._engine = self._remote_engine() if self.remote else lookup(self.engine_id)
         return self._engine
+
+    def _remote_engine(self) -> Engine:
+        if not self.handshakes:
+            raise UnsupportedVllmSetup(
+                "the scheduler has no kv_connector handshake from its workers: vLLM's EngineCore "
+                "collects them after the KV caches are registered (get_handshake_metadata)"
+            )
+        return Engine(lookup_connector(self.handshakes, self._vllm_config, self._settings), None)
+
+    def shutdown(self):
+        engine, self._engine = self._engine, None
+        if not self.remote or engine is None:
+            return None
+        conn: Any = engine.conn
+        return conn.shutdown()
 
     def matched_tokens(self, request, num_computed: int) -> tuple[int | None, bool]:
         if not keyable(request):
@@ -125,6 +153,7 @@ class SchedulerSide:
             r = self.reqs.pop(req_id, None)
             if r is not None:
                 meta.preempted.append((req_id, r.rid))
+                self._forget(r)
         scheduled = [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
         cached = so.scheduled_cached_reqs
         scheduled += list(zip(cached.req_ids, cached.num_computed_tokens))
@@ -138,7 +167,27 @@ class SchedulerSide:
             meta.chunks.append(
                 ChunkPlan(req_id, r.rid, r.prompt_len, before, after, tuple(list(ids) for ids in block_ids))
             )
+        if self.remote:
+            self._send_records(meta)
         return meta
+
+    def _send_records(self, meta: KvcMetadata) -> None:
+        """The finished lookups of the requests this metadata first brings to the workers."""
+        conn = self.engine.conn
+        plans: list[LoadPlan | ChunkPlan] = [*meta.loads, *meta.chunks]
+        for plan in plans:
+            r = self.reqs.get(plan.req_id)
+            if r is None or r.sent or r.rid != plan.rid:
+                continue
+            r.sent = True
+            record = conn.lookup_record(r.rid)
+            if record is not None:
+                meta.records[r.rid] = record
+
+    def _forget(self, r: _Req) -> None:
+        """The lookup-only connector keeps nothing of a request vLLM is done with."""
+        if self.remote:
+            self.engine.conn.request_finished(r.rid)
 
     def finished(self, request) -> tuple[bool, None]:
         """True: the worker reports the request in finished_sending once its saves
@@ -147,6 +196,7 @@ class SchedulerSide:
         r = self.reqs.pop(request.request_id, None)
         if r is None:
             return False, None
+        self._forget(r)
         self.ended.append(Ended(request.request_id, r.rid, r.loading))
         return (not r.loading), None
 

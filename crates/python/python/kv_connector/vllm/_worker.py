@@ -18,11 +18,16 @@ Invariants:
   cache group its blocks come back through `get_block_ids_with_load_errors`, with
   several the request through `failed_recving` (vLLM's rule for hybrid layouts); vLLM
   computes those tokens.
+- `vllm::worker::W3`. With ranks in their own processes, a rank adopts each request's
+  lookup once, from the first metadata that carries it, and starts a load only when its
+  own connector offers exactly the tokens the scheduler's offered; otherwise it reports
+  the load failed, and vLLM computes the tokens on every rank.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -33,8 +38,11 @@ WAIT_SLICE_S = 0.05
 
 
 class WorkerSide:
-    def __init__(self, engine):
+    def __init__(self, engine, adopts: bool = False):
         self.engine = engine
+        # Ranks in their own processes: lookups come from the scheduler as records.
+        self.adopts = adopts
+        self._adopted_from: object = None
         self.conn = engine.conn
         self.pages = engine.pages
         self.plan = engine.pages.plan
@@ -61,13 +69,30 @@ class WorkerSide:
         runtime's own answer, so the bounce pages match what its plan loads."""
         return self.layout.load_blocks(self.group_ids[gi], start, end)
 
+    # -- lookups from the scheduler ------------------------------------------------------
+
+    def adopt(self, meta) -> None:
+        """Takes the lookups `meta` brings (once per metadata, W3)."""
+        if not self.adopts or meta is self._adopted_from:
+            return
+        self._adopted_from = meta
+        for rid, record in meta.records.items():
+            self.conn.adopt_lookup(rid, record)
+
+    def _offered_here(self, plan: LoadPlan) -> bool:
+        """Whether this rank's connector offers the tokens the scheduler's did (W3)."""
+        if not self.adopts:
+            return True  # one connector: the scheduler side reserved on it
+        answer = self.conn.reserve(plan.rid, plan.start, plan.reservation)
+        return answer is not None and answer[0] == plan.end - plan.start
+
     # -- loads -------------------------------------------------------------------------
 
     def start_loads(self, plans: list[LoadPlan]) -> None:
         steps = []
         for plan in plans:
-            if plan.refused:
-                self.refused.append(plan)
+            if plan.refused or not self._offered_here(plan):
+                self.refused.append(replace(plan, refused=True))
                 continue
             tables, taken = [], []
             for gi, g in enumerate(self.plan.groups):
