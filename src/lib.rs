@@ -100,6 +100,7 @@ pub use crate::core::planner::load_blocks;
 pub use crate::core::request_scope::RequestScope;
 pub use crate::gpu::host_memory::{host_memory, HostArena};
 pub use crate::gpu::{BorrowedPages, Device, DeviceRequest, GpuError, PagePoolSpec};
+pub use crate::messages::prompt::Prompt;
 #[cfg(feature = "metrics-server")]
 pub use crate::metrics::MetricsServer;
 pub use crate::metrics::MetricsSources;

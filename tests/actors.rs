@@ -130,7 +130,7 @@ impl Rig {
         let message = LookupPrefix {
             request: RequestId(request),
             ticket: LookupTicket(request + 100),
-            prompt: Arc::clone(&self.prompt),
+            prompt: Arc::clone(&self.prompt).into(),
             local_match_tokens: 0,
             scope: kv_connector::RequestScope::default(),
             enqueued_at: Instant::now(),
@@ -163,6 +163,40 @@ async fn the_planner_answers_through_the_engine_inbox() -> TestResult {
     Ok(())
 }
 
+/// `prompt::P1`, `prompt::P2`: a prompt the planner reads itself is looked up like its
+/// tokens; one that cannot be read is answered with nothing offered and nothing hashed.
+#[actix::test]
+async fn a_prompt_read_by_the_planner_is_looked_up_like_its_tokens() -> TestResult {
+    let rig = rig()?;
+    rig.store_prompt()?;
+    let snapshot = Arc::clone(&rig.prompt);
+    let readable = kv_connector::Prompt::read_later(move || Ok(snapshot));
+    let unreadable = kv_connector::Prompt::read_later(|| Err("item 7 is not an int".into()));
+    for (request, prompt) in [(1, readable), (2, unreadable)] {
+        let message = LookupPrefix {
+            request: RequestId(request),
+            ticket: LookupTicket(request),
+            prompt,
+            local_match_tokens: 0,
+            scope: kv_connector::RequestScope::default(),
+            enqueued_at: Instant::now(),
+        };
+        rig.planner.send(message).await?;
+    }
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let completed = rig.lookups.recv_async().await?;
+        let outcome = completed.plan.map(|plan| plan.outcome);
+        answers.push((completed.request.0, outcome, completed.hashes.chain().len()));
+    }
+    answers.sort_by_key(|answer| answer.0);
+    assert_eq!(
+        answers,
+        vec![(1, Some(LookupOutcome::Full), 5), (2, None, 0)]
+    );
+    Ok(())
+}
+
 /// One `LookupPrefixes` (the lookups of one admission pass) is answered once per lookup,
 /// each with its own request's result, and counted like single lookups.
 #[actix::test]
@@ -175,7 +209,7 @@ async fn a_batch_of_lookups_is_answered_once_per_lookup() -> TestResult {
         .map(|(request, prompt)| LookupPrefix {
             request: RequestId(request),
             ticket: LookupTicket(request * 7),
-            prompt: Arc::clone(prompt),
+            prompt: Arc::clone(prompt).into(),
             local_match_tokens: 0,
             scope: kv_connector::RequestScope::default(),
             enqueued_at: Instant::now(),
@@ -233,7 +267,7 @@ async fn the_planner_runs_a_bounded_number_of_lookups_and_sheds_past_its_queue()
         .map(|request| LookupPrefix {
             request: RequestId(request),
             ticket: LookupTicket(request),
-            prompt: Arc::clone(&rig.prompt),
+            prompt: Arc::clone(&rig.prompt).into(),
             local_match_tokens: 0,
             scope: kv_connector::RequestScope::default(),
             enqueued_at: Instant::now(),

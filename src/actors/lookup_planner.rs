@@ -174,10 +174,10 @@ impl LookupPlanner {
         let settings = Arc::clone(&self.settings);
         let keys = Arc::clone(&self.keys);
         let asked = (message.request, message.ticket);
-        let work =
-            tokio::task::spawn_blocking(move || {
-                hash_only(&settings, &keys, &message.prompt, &message.scope)
-            });
+        let work = tokio::task::spawn_blocking(move || match read(&message) {
+            Some(prompt) => hash_only(&settings, &keys, &prompt, &message.scope),
+            None => LookupResult::failed(),
+        });
         ctx.spawn(work.into_actor(self).map(move |joined, actor, ctx| {
             actor.send(
                 joined.unwrap_or_else(|_| LookupResult::failed()),
@@ -208,11 +208,14 @@ impl LookupPlanner {
         let settings = Arc::clone(&self.settings);
         let asked = (message.request, message.ticket);
         let work = tokio::task::spawn_blocking(move || {
+            let Some(prompt) = read(&message) else {
+                return LookupResult::failed();
+            };
             run_lookup(
                 pool.as_ref(),
                 &keys,
                 &settings,
-                &message.prompt,
+                &prompt,
                 message.local_match_tokens,
                 &message.scope,
             )
@@ -269,5 +272,17 @@ impl Handler<CollectLookupStats> for LookupPlanner {
 
     fn handle(&mut self, _message: CollectLookupStats, _ctx: &mut Self::Context) -> Self::Result {
         MessageResult(std::mem::take(&mut self.stats))
+    }
+}
+
+/// The tokens of a lookup's prompt, read here if the engine deferred them; `None` (logged)
+/// when they cannot be read: the lookup then offers and hashes nothing (`prompt::P2`).
+fn read(message: &LookupPrefix) -> Option<Arc<[i64]>> {
+    match message.prompt.tokens() {
+        Ok(tokens) => Some(tokens),
+        Err(why) => {
+            tracing::warn!(request = %message.request, error = %why, "the prompt could not be read; nothing offered or saved for it");
+            None
+        }
     }
 }

@@ -16,12 +16,12 @@ use super::{EngineConnector, FinishedLoad, HookError, ReserveAnswer, SchedulerOu
 use crate::actors::stats_reporter::StatsReporter;
 use crate::core::ids::{LookupTicket, RequestId, ReservationId};
 use crate::core::keys::KeySpace;
-use crate::core::page_names::PromptHashes;
 use crate::core::request_scope::RequestScope;
 use crate::core::layout::{Attention, Layout};
 use crate::core::save_order::SavePriority;
 use crate::messages::courier::{LookupAnswer, Outgoing};
 use crate::messages::lookup_planner::LookupPrefix;
+use crate::messages::prompt::Prompt;
 use crate::messages::reservation_manager::{ReleaseReservation, StartLoad};
 use crate::messages::saver_queue::{EnqueueSave, SettleSaves};
 use crate::messages::{EngineInbox, LoadAnswer, LookupCompleted, SavesSettled};
@@ -312,32 +312,7 @@ impl EngineConnector for ConnectorHandle {
         local_match_tokens: usize,
         scope: RequestScope,
     ) -> Result<(), HookError> {
-        if let Some(live) = self.requests.get_mut(&request) {
-            live.disputed = true;
-            return Err(HookError::LiveRequest { request });
-        }
-        self.last_ticket = LookupTicket(self.last_ticket.0 + 1);
-        let ticket = self.last_ticket;
-        let mut state = RequestState {
-            ticket,
-            reused_until: local_match_tokens,
-            ..RequestState::default()
-        };
-        if self.thread.is_none() {
-            // Closed: nothing is looked up any more, so nothing is offered or saved.
-            state.lookup = Some((None, PromptHashes::default()));
-        } else {
-            self.unsent_lookups.push(LookupPrefix {
-                request,
-                ticket,
-                prompt,
-                local_match_tokens,
-                scope,
-                enqueued_at: Instant::now(),
-            });
-        }
-        self.requests.insert(request, state);
-        Ok(())
+        self.lookup_prompt(request, Prompt::from(prompt), local_match_tokens, scope)
     }
 
     fn flush_lookups(&mut self) {

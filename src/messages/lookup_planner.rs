@@ -1,12 +1,12 @@
 //! Messages to the lookup planner.
 
 use crate::core::request_scope::RequestScope;
-use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Message;
 
 use crate::core::ids::{LookupTicket, RequestId};
+use crate::messages::prompt::Prompt;
 use crate::stats::LookupStats;
 
 /// Look up the longest reusable prefix of a prompt (R10-R15).
@@ -25,8 +25,8 @@ pub struct LookupPrefix {
     pub request: RequestId,
     /// This lookup's ticket, echoed in its `LookupCompleted` (R32).
     pub ticket: LookupTicket,
-    /// The prompt's tokens.
-    pub prompt: Arc<[i64]>,
+    /// The prompt's tokens, or what reads them (`prompt` module).
+    pub prompt: Prompt,
     /// The engine's own prefix-cache hit (block aligned).
     pub local_match_tokens: usize,
     /// The request's own scope (R34); empty for most requests.

@@ -8,6 +8,7 @@
 pub mod courier;
 pub mod loader;
 pub mod lookup_planner;
+pub mod prompt;
 pub mod reservation_manager;
 pub mod saver_queue;
 pub mod stats_reporter;

@@ -29,18 +29,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_connector::{
-    BlockHash, EngineConnector, HookError, Layout, PromptHashes, RequestId, RequestScope,
+    BlockHash, EngineConnector, HookError, Layout, Prompt, PromptHashes, RequestId, RequestScope,
     ReservationId, ReserveAnswer, ScheduledRequest, SchedulerOutput,
 };
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 
 pub use self::lifecycle::shutdown_all;
 use self::lifecycle::State;
 use self::start::StartArgs;
-use crate::convert::{arg, int_sequence};
+use crate::convert::{arg, int_sequence, read_list_later};
 use crate::errors;
 use crate::layout::PyLayout;
 use crate::pool::PyMemoryPool;
@@ -141,8 +141,13 @@ impl PyConnector {
     /// a live request id (looked up and not ended, or ended with saves pending) raises
     /// `ValueError`, and nothing more of that request is saved or loaded. `cache_salt` and
     /// `adapter` (a `LoRA` adapter, named by what identifies its weights) scope the request
-    /// (R34): it shares KV only with requests of the same salt and adapter.
-    #[pyo3(signature = (request_id, tokens, local_match_tokens = 0, cache_salt = None, adapter = None))]
+    /// (R34): it shares KV only with requests of the same salt and adapter. `read_later`:
+    /// a list is copied now (its item references, at C speed) and read on the runtime's
+    /// planner thread, so the caller's thread does not convert every token; an item that is
+    /// not an int then ends the lookup with nothing offered or saved (logged) instead of
+    /// raising.
+    #[pyo3(signature = (request_id, tokens, local_match_tokens = 0, cache_salt = None, adapter = None, *, read_later = false))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn lookup(
         &self,
         py: Python<'_>,
@@ -151,19 +156,23 @@ impl PyConnector {
         #[pyo3(from_py_with = arg::local_match_tokens)] local_match_tokens: usize,
         cache_salt: Option<String>,
         adapter: Option<String>,
+        read_later: bool,
     ) -> PyResult<()> {
-        let tokens: Arc<[i64]> = int_sequence(tokens, "tokens")?.into();
+        let tokens = match tokens.cast::<PyList>() {
+            Ok(list) if read_later => {
+                let snapshot = list.get_slice(0, list.len()).unbind();
+                Prompt::read_later(move || read_list_later(snapshot))
+            }
+            _ => Prompt::from(Arc::<[i64]>::from(int_sequence(tokens, "tokens")?)),
+        };
         let scope = RequestScope {
             cache_salt,
             adapter,
         };
         self.with_nowait(py, |state| {
-            state.handle.lookup_prefix_in_scope(
-                RequestId(request_id),
-                tokens,
-                local_match_tokens,
-                scope,
-            )
+            state
+                .handle
+                .lookup_prompt(RequestId(request_id), tokens, local_match_tokens, scope)
         })
         .map_err(|refused| PyValueError::new_err(refused.to_string()))
     }

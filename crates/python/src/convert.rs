@@ -15,6 +15,8 @@
 //!   `capacity_bytes`, ...) is a non-negative integer: a negative or too large one is a
 //!   `ValueError` naming the argument and the range ([`arg`]), never pyo3's bare `OverflowError`.
 
+use std::sync::Arc;
+
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -175,6 +177,37 @@ pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> 
     }
     let list = value.call_method0("tolist")?;
     list.extract().map_err(|_| first_bad_element(&list, what))
+}
+
+/// Tokens read from a list on a runtime thread (`Connector.lookup(read_later=True)`), a
+/// slice at a time: the GIL is taken for each slice and let go between them, so the
+/// engine's threads wait for at most one slice. `list` is the lookup's private snapshot.
+pub fn read_list_later(list: Py<PyList>) -> Result<Arc<[i64]>, String> {
+    /// Tokens read per hold of the GIL (about 0.1-0.3 ms).
+    const SLICE: usize = 16_384;
+    let mut tokens = Vec::new();
+    loop {
+        let done = Python::attach(|py| {
+            let list = list.bind(py);
+            let start = tokens.len();
+            let end = list.len().min(start + SLICE);
+            tokens.reserve_exact(list.len() - start);
+            for index in start..end {
+                let item = list.get_item(index).map_err(|error| error.to_string())?;
+                let token = item.extract::<i64>().map_err(|_| {
+                    format!("tokens[{index}] is not an int (got {})", type_name(&item))
+                })?;
+                tokens.push(token);
+            }
+            Ok::<bool, String>(end == list.len())
+        })?;
+        if done {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    Python::attach(|_| drop(list));
+    Ok(tokens.into())
 }
 
 /// The integer dtypes read from their bytes (`python::convert::C2`), in native (little-endian)

@@ -27,12 +27,60 @@
 
 use std::sync::Arc;
 
-use super::ConnectorHandle;
+use std::time::Instant;
+
+use super::{ConnectorHandle, RequestState};
+use crate::connector::HookError;
+use crate::core::ids::{LookupTicket, RequestId};
+use crate::core::page_names::PromptHashes;
+use crate::core::request_scope::RequestScope;
 use crate::messages::courier::Outgoing;
-use crate::messages::lookup_planner::LookupPrefixes;
+use crate::messages::lookup_planner::{LookupPrefix, LookupPrefixes};
+use crate::messages::prompt::Prompt;
 use crate::messages::LookupCompleted;
 
 impl ConnectorHandle {
+    /// `lookup_prefix_in_scope` for a prompt the planner may read itself (`Prompt`): an
+    /// engine whose prompts are objects of its language hands over a snapshot and a reader
+    /// instead of reading it on its scheduler thread (module workflow 1).
+    ///
+    /// # Errors
+    /// [`HookError::LiveRequest`] as for `lookup_prefix` (R32).
+    pub fn lookup_prompt(
+        &mut self,
+        request: RequestId,
+        prompt: Prompt,
+        local_match_tokens: usize,
+        scope: RequestScope,
+    ) -> Result<(), HookError> {
+        if let Some(live) = self.requests.get_mut(&request) {
+            live.disputed = true;
+            return Err(HookError::LiveRequest { request });
+        }
+        self.last_ticket = LookupTicket(self.last_ticket.0 + 1);
+        let ticket = self.last_ticket;
+        let mut state = RequestState {
+            ticket,
+            reused_until: local_match_tokens,
+            ..RequestState::default()
+        };
+        if self.thread.is_none() {
+            // Closed: nothing is looked up any more, so nothing is offered or saved.
+            state.lookup = Some((None, PromptHashes::default()));
+        } else {
+            self.unsent_lookups.push(LookupPrefix {
+                request,
+                ticket,
+                prompt,
+                local_match_tokens,
+                scope,
+                enqueued_at: Instant::now(),
+            });
+        }
+        self.requests.insert(request, state);
+        Ok(())
+    }
+
     /// Sends every queued lookup in one message (module workflow 2, 3).
     pub(super) fn flush_queued_lookups(&mut self) {
         if self.unsent_lookups.is_empty() {

@@ -161,9 +161,21 @@ class Connector:
     def adopt_lookup(self, request_id: int, record: bytes) -> None:
         """Takes another connector's lookup_record as this request's finished lookup (in
         place of lookup). ValueError for a live request or another deployment's record."""
-    def lookup(self, request_id: int, tokens: Tokens, local_match_tokens: int = 0) -> None:
+    def lookup(
+        self,
+        request_id: int,
+        tokens: Tokens,
+        local_match_tokens: int = 0,
+        cache_salt: str | None = None,
+        adapter: str | None = None,
+        *,
+        read_later: bool = False,
+    ) -> None:
         """Starts the lookup of a new request's prompt; never blocks. ValueError for a live
-        request id (looked up and not ended, or ended with saves pending)."""
+        request id (looked up and not ended, or ended with saves pending). `cache_salt` and
+        `adapter` scope the request (R34). `read_later`: a list is copied now and read on
+        the runtime's thread (a non-int item then ends the lookup with nothing offered or
+        saved, logged, instead of raising)."""
     def flush(self) -> None:
         """Sends queued lookups now (optional)."""
     def reserve(self, request_id: int, num_computed: int, reservation_id: int) -> tuple[int, bool] | None:

@@ -149,7 +149,7 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
 
     def set_xfer_handshake_metadata_pp_aware(self, metadata) -> None:
         if self._sched is not None:
-            self._sched.handshakes = dict(metadata)
+            self._sched.ranks_reported(dict(metadata))
 
     def handle_preemptions(self, kv_connector_metadata):
         if self._worker is not None and kv_connector_metadata.preempted:

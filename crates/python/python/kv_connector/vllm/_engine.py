@@ -96,7 +96,9 @@ class LoadPlan:
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """Tokens [before, after) of a request computed in this step."""
+    """Tokens [before, after) of a request computed in this step; `block_ids` are vLLM's
+    block ids of each group from block `first_block` to the chunk's end (what its saves
+    can read; the scheduler never copies a long prompt's whole table each step)."""
 
     req_id: str
     rid: int
@@ -104,6 +106,7 @@ class ChunkPlan:
     before: int
     after: int
     block_ids: tuple[list[int], ...]
+    first_block: int = 0
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ class SchedulerSide:
         self.remote = vllm_config is not None and separate_processes(vllm_config)
         self.handshakes: dict | None = None
         self._vllm_config, self._settings = vllm_config, settings
+        self.block_size = vllm_config.cache_config.block_size if vllm_config is not None else 1
+        self._reach: int | None = None
 
     @property
     def engine(self):
@@ -90,6 +92,13 @@ class SchedulerSide:
                 "collects them after the KV caches are registered (get_handshake_metadata)"
             )
         return Engine(lookup_connector(self.handshakes, self._vllm_config, self._settings), None)
+
+    def ranks_reported(self, handshakes: dict) -> None:
+        """EngineCore hands over every rank's handshake before the first step: with ranks in
+        their own processes, the lookup-only connector starts now, not on the first lookup."""
+        self.handshakes = handshakes
+        if self.remote and self._engine is None:
+            self._engine = self._remote_engine()
 
     def shutdown(self):
         engine, self._engine = self._engine, None
@@ -108,7 +117,10 @@ class SchedulerSide:
             r = _Req(rid=engine.new_rid(), prompt_len=len(tokens))
             self.reqs[request.request_id] = r
             cache_salt, adapter = scope(request)
-            engine.conn.lookup(r.rid, tokens, local_match_tokens=num_computed, cache_salt=cache_salt, adapter=adapter)
+            # The runtime copies the list and reads it on its own thread, not this one.
+            engine.conn.lookup(
+                r.rid, tokens, local_match_tokens=num_computed, cache_salt=cache_salt, adapter=adapter, read_later=True
+            )
             engine.conn.flush()
         if r.loaded:
             return 0, False
@@ -163,13 +175,31 @@ class SchedulerSide:
                 continue
             drafts = len(so.scheduled_spec_decode_tokens.get(req_id, ()))
             after = before + so.num_scheduled_tokens[req_id] - drafts
-            block_ids = self.kv_cache_manager.get_block_ids(req_id)
-            meta.chunks.append(
-                ChunkPlan(req_id, r.rid, r.prompt_len, before, after, tuple(list(ids) for ids in block_ids))
-            )
+            first, block_ids = self._chunk_blocks(req_id, before, after)
+            meta.chunks.append(ChunkPlan(req_id, r.rid, r.prompt_len, before, after, block_ids, first))
         if self.remote:
             self._send_records(meta)
         return meta
+
+    def _chunk_blocks(self, req_id: str, before: int, after: int) -> tuple[int, tuple[list[int], ...]]:
+        """The block ids a chunk's saves can read, from the first block of `reach` tokens
+        before the chunk (module doc): never the whole table of a long prompt each step."""
+        t = self.block_size
+        first = max(0, before - self.reach) // t
+        end = -(-after // t)
+        blocks = self.kv_cache_manager.get_blocks(req_id).blocks
+        return first, tuple([b.block_id for b in group[first:end]] for group in blocks)
+
+    @property
+    def reach(self) -> int:
+        """Tokens before a chunk whose window blocks its saves may read: the longest window,
+        the runtime's window-tail rewind (R12, R17) and a block; checkpoint windows (R28)
+        end inside the chunk."""
+        if self._reach is None:
+            windows = [g.get("window_tokens") or 0 for g in self.engine.conn.layout.groups]
+            rewind = int(self._settings.runtime["planner"]["swa_endpoint_rewind_tokens"]) if self._settings else 0
+            self._reach = max(windows, default=0) + rewind + self.block_size
+        return self._reach
 
     def _send_records(self, meta: KvcMetadata) -> None:
         """The finished lookups of the requests this metadata first brings to the workers."""

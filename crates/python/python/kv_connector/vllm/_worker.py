@@ -169,7 +169,8 @@ class WorkerSide:
             for gi, g in enumerate(self.plan.groups):
                 ids = c.block_ids[g.vllm_index]
                 if not self.pages.bounced(gi):
-                    tables.append(self._table(ids))
+                    # Blocks before the chunk's reach hold no page for this step's saves.
+                    tables.append([-1] * c.first_block + self._table(ids))
                 else:
                     tables.append(self._bounce_window(gi, c, ids, saved[gi]))
             steps.append(self._step(c.rid, c.prompt_len, c.before, c.after, tables))
@@ -182,15 +183,17 @@ class WorkerSide:
     def _bounce_window(self, gi: int, c, ids: list[int], blocks: list[int]) -> list[int]:
         """Copies the window blocks the runtime saves this step (`blocks`), those vLLM still
         holds, into bounce pages; a pool that runs dry publishes none of them."""
-        table = [-1] * len(ids)
+        first = c.first_block
+        table = [-1] * (first + len(ids))
         for block in blocks:
-            if block >= len(ids) or ids[block] == NULL_BLOCK:
+            # Outside what the scheduler sent (never, for the reach it sends): not saved.
+            if not first <= block < first + len(ids) or ids[block - first] == NULL_BLOCK:
                 continue
             page = self.pages.take(gi)
             if page is None:  # the window is not published; a later lookup rewinds or misses
                 self.bounce_exhausted += 1
-                return [-1] * len(ids)
-            self.pages.to_bounce(gi, ids[block], page)
+                return [-1] * (first + len(ids))
+            self.pages.to_bounce(gi, ids[block - first], page)
             table[block] = page
             self.save_pages.setdefault(c.rid, []).append((gi, page))
         return table
