@@ -13,9 +13,10 @@ ranks would.
 Every scheduler-side hook (`get_num_new_matched_tokens`, `update_state_after_alloc`,
 `build_connector_meta`, `update_connector_output`, `request_finished*`) is timed.
 
-- per step: `--waiting` requests of 2,048 tokens wait at once (half of them sharing a
-  prefix saved beforehand, so they are offered a load): the connector's time in the first
-  step (every request's lookup starts), and p50/p99/max over the steps after it;
+- per step: `--waiting` requests of 2,048 tokens arrive at once (half of them sharing a
+  prefix saved beforehand, so they are offered a load), 16 run at a time and generate 32
+  tokens each, the others wait: the connector's time in the first step (every request's
+  lookup starts), and p50/p99/max over the steps after it;
 - per request: one request of 8k, 32k and 128k tokens alone: the connector's time
   summed over all its steps (the first lookup reads the prompt list), median of 5.
 """
@@ -40,6 +41,8 @@ from models import tiny  # noqa: E402
 
 TP = 4
 MODEL_KEY = "bench-tiny-gpt-oss"
+RUNNING = 16  # max_num_seqs of the per-step run: the rest wait
+DECODE = 32  # tokens each request generates in it
 MAX_LEN = 140_000
 BUDGET = 8192
 HOOKS = (
@@ -132,11 +135,11 @@ class Engine:
         self.loading: list[str] = []
         self.step_s = 0.0
 
-    def add(self, req_id: str, tokens: list[int]) -> None:
+    def add(self, req_id: str, tokens: list[int], max_tokens: int = 1) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.sched.add_request(Request(req_id, tokens, params, None))
 
     def step(self) -> float:
@@ -150,7 +153,7 @@ class Engine:
             request = self.sched.requests[req_id]
             ids.append(req_id)
             done = request.num_computed_tokens + n >= request.num_tokens
-            sampled.append([1] if done else [])
+            sampled.append([1 + len(request.output_token_ids)] if done else [])
         # The ranks report the saves of the requests that ended a step ago as settled, and
         # the loads started a step ago as filled.
         out = KVConnectorOutput(finished_sending=set(self.finished) or None,
@@ -216,18 +219,19 @@ def main() -> None:
         extra = {"kvc": master.config(), "model_key": MODEL_KEY}
         shared = [7 + i % 97 for i in range(1024)]
         # Per step: the waiting queue of --waiting requests.
-        engine = Engine(spec, directory, extra, max_seqs=args.waiting, num_blocks=args.waiting * 160)
+        engine = Engine(spec, directory, extra, max_seqs=RUNNING, num_blocks=args.waiting * 160)
         engine.step_s = args.step_ms / 1e3
         saver = save_prefix(master, engine.layout, [*shared, 3])
         for i in range(args.waiting):
             head = shared if i % 2 == 0 else [50_000 + i] * 1024
-            engine.add(f"w{i}", head + [1000 + i * 7 + j % 5 for j in range(1024)])
+            engine.add(f"w{i}", head + [1000 + i * 7 + j % 5 for j in range(1024)], max_tokens=DECODE)
         per_step = engine.drain()
         stats = engine.sched.connector._sched.engine.conn.stats()["lookups"]
         engine.close()
         saver.shutdown()
         first, rest = per_step[0] * 1e6, [s * 1e6 for s in per_step[1:] if s > 0]
-        print(f"TP={TP}, {args.waiting} requests of 2048 tokens waiting: first step (every lookup starts) "
+        print(f"TP={TP}, {args.waiting} requests of 2048 tokens ({RUNNING} running, {DECODE} tokens each): "
+              "first step (every lookup starts) "
               f"{first:.1f} us; the {len(rest)} steps after it: p50 {percentile(rest, 0.5):.1f} us, "
               f"p99 {percentile(rest, 0.99):.1f} us, max {max(rest):.1f} us; tokens offered {stats['tokens_offered']}")
         # Per request.

@@ -96,17 +96,22 @@ class LoadPlan:
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """Tokens [before, after) of a request computed in this step; `block_ids` are vLLM's
-    block ids of each group from block `first_block` to the chunk's end (what its saves
-    can read; the scheduler never copies a long prompt's whole table each step)."""
+    """Tokens [before, after) of a request's prompt computed in this step (decode steps
+    have none: nothing past the prompt is saved). `table`: vLLM's block ids of the step, per group, as its scheduler
+    output gives them: the whole table when `replace` (a new or resumed request), else the
+    blocks added this step (None: none). The worker keeps each request's table; it reads
+    the full-attention groups' from it. `window_ids`: per group, the window blocks the
+    runtime saves for this chunk and their ids now (window groups drop blocks in place, so
+    a kept table would name blocks vLLM reused)."""
 
     req_id: str
     rid: int
     prompt_len: int
     before: int
     after: int
-    block_ids: tuple[list[int], ...]
-    first_block: int = 0
+    table: tuple[list[int], ...] | None
+    replace: bool
+    window_ids: tuple[dict[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,7 @@ class SchedulerSide:
         self.remote = vllm_config is not None and separate_processes(vllm_config)
         self.handshakes: dict | None = None
         self._vllm_config, self._settings = vllm_config, settings
-        self.block_size = vllm_config.cache_config.block_size if vllm_config is not None else 1
-        self._reach: int | None = None
+        self._windows: list[tuple[int, int]] | None = None
 
     @property
     def engine(self):
@@ -166,40 +165,48 @@ class SchedulerSide:
             if r is not None:
                 meta.preempted.append((req_id, r.rid))
                 self._forget(r)
-        scheduled = [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
+        # vLLM's own block ids of this step (no list is built here): a new or resumed
+        # request's whole table, else the blocks added this step.
+        scheduled = {n.req_id: (n.num_computed_tokens, n.block_ids, True) for n in so.scheduled_new_reqs}
         cached = so.scheduled_cached_reqs
-        scheduled += list(zip(cached.req_ids, cached.num_computed_tokens))
-        for req_id, before in scheduled:
+        for i, req_id in enumerate(cached.req_ids):
+            replace = req_id in cached.resumed_req_ids
+            scheduled[req_id] = (cached.num_computed_tokens[i], cached.new_block_ids[i], replace)
+        for req_id, (before, table, replace) in scheduled.items():
             r = self.reqs.get(req_id)
-            if r is None:
-                continue
+            if r is None or before >= r.prompt_len:
+                continue  # not ours, or decoding: only prompt tokens are saved
             drafts = len(so.scheduled_spec_decode_tokens.get(req_id, ()))
             after = before + so.num_scheduled_tokens[req_id] - drafts
-            first, block_ids = self._chunk_blocks(req_id, before, after)
-            meta.chunks.append(ChunkPlan(req_id, r.rid, r.prompt_len, before, after, block_ids, first))
+            windows = self._window_ids(req_id, r, before, after)
+            meta.chunks.append(ChunkPlan(req_id, r.rid, r.prompt_len, before, after, table, replace, windows))
         if self.remote:
             self._send_records(meta)
         return meta
 
-    def _chunk_blocks(self, req_id: str, before: int, after: int) -> tuple[int, tuple[list[int], ...]]:
-        """The block ids a chunk's saves can read, from the first block of `reach` tokens
-        before the chunk (module doc): never the whole table of a long prompt each step."""
-        t = self.block_size
-        first = max(0, before - self.reach) // t
-        end = -(-after // t)
+    def _window_ids(self, req_id: str, r: _Req, before: int, after: int) -> tuple[dict[int, int], ...]:
+        """Per vLLM group, the ids of the window blocks the runtime saves for this chunk
+        (its tail, its checkpoints), read from vLLM's table as it is now: a window block
+        vLLM already dropped reads as its null block, never as a block it reused."""
+        groups = self._window_groups()
+        if after <= before or not groups:
+            return ()
+        saved = self.engine.conn.window_save_blocks(r.rid, r.prompt_len, before, after)
         blocks = self.kv_cache_manager.get_blocks(req_id).blocks
-        return first, tuple([b.block_id for b in group[first:end]] for group in blocks)
+        ids: list[dict[int, int]] = [{} for _ in blocks]
+        for g, position in groups:
+            group = blocks[g]
+            ids[g] = {b: group[b].block_id for b in saved[position] if b < len(group)}
+        return tuple(ids)
 
-    @property
-    def reach(self) -> int:
-        """Tokens before a chunk whose window blocks its saves may read: the longest window,
-        the runtime's window-tail rewind (R12, R17) and a block; checkpoint windows (R28)
-        end inside the chunk."""
-        if self._reach is None:
-            windows = [g.get("window_tokens") or 0 for g in self.engine.conn.layout.groups]
-            rewind = int(self._settings.runtime["planner"]["swa_endpoint_rewind_tokens"]) if self._settings else 0
-            self._reach = max(windows, default=0) + rewind + self.block_size
-        return self._reach
+    def _window_groups(self) -> list[tuple[int, int]]:
+        """(vLLM group, layout position) of each window group; with pipeline stages, stage
+        0's (every stage has the same groups, numbered `stage * groups + index`)."""
+        if self._windows is None:
+            count = len(self.kv_cache_manager.kv_cache_config.kv_cache_groups)
+            layout = self.engine.conn.layout.groups
+            self._windows = [(g["id"], p) for p, g in enumerate(layout) if g["kind"] == "window" and g["id"] < count]
+        return self._windows
 
     def _send_records(self, meta: KvcMetadata) -> None:
         """The finished lookups of the requests this metadata first brings to the workers."""

@@ -56,6 +56,7 @@ class WorkerSide:
         self.saving: dict[int, str] = {}  # rid -> req_id, finished, saves pending
         self.save_pages: dict[int, list[tuple[int, int]]] = {}  # rid -> (group, page)
         self.saves_settled: set[int] = set()
+        self.tables: dict[int, list[list[int]]] = {}  # rid -> vLLM's block ids per group
         self.errors: set[int] = set()
         self.bounce_exhausted = 0
 
@@ -156,10 +157,22 @@ class WorkerSide:
 
     # -- saves -------------------------------------------------------------------------
 
+    def _table_of(self, c) -> list[list[int]] | None:
+        """The request's vLLM block table after this step's update (ChunkPlan.table)."""
+        if c.table is not None:
+            mine = self.tables.get(c.rid)
+            if c.replace:
+                self.tables[c.rid] = [list(ids) for ids in c.table]
+            elif mine is not None:
+                for ids, added in zip(mine, c.table):
+                    ids.extend(added)
+        return self.tables.get(c.rid)
+
     def report_chunks(self, chunks) -> None:
         steps = []
         for c in chunks:
-            if c.after <= c.before:
+            table = self._table_of(c)
+            if c.after <= c.before or table is None:
                 continue
             # The window blocks the runtime saves for this chunk: its tail at the prompt's
             # last chunk (R17), each checkpoint window it passes (R28). Only those are
@@ -167,12 +180,11 @@ class WorkerSide:
             saved = self.conn.window_save_blocks(c.rid, c.prompt_len, c.before, c.after)
             tables = []
             for gi, g in enumerate(self.plan.groups):
-                ids = c.block_ids[g.vllm_index]
                 if not self.pages.bounced(gi):
-                    # Blocks before the chunk's reach hold no page for this step's saves.
-                    tables.append([-1] * c.first_block + self._table(ids))
+                    tables.append(self._table(table[g.vllm_index]))
                 else:
-                    tables.append(self._bounce_window(gi, c, ids, saved[gi]))
+                    ids = c.window_ids[g.vllm_index] if c.window_ids else {}
+                    tables.append(self._bounce_window(gi, c, ids, saved[gi], len(table[g.vllm_index])))
             steps.append(self._step(c.rid, c.prompt_len, c.before, c.after, tables))
         if not steps:
             return
@@ -180,20 +192,20 @@ class WorkerSide:
             torch.cuda.current_stream(self.pages.device).synchronize()
         self.conn.on_step(steps)
 
-    def _bounce_window(self, gi: int, c, ids: list[int], blocks: list[int]) -> list[int]:
+    def _bounce_window(self, gi: int, c, ids: dict[int, int], blocks: list[int], length: int) -> list[int]:
         """Copies the window blocks the runtime saves this step (`blocks`), those vLLM still
-        holds, into bounce pages; a pool that runs dry publishes none of them."""
-        first = c.first_block
-        table = [-1] * (first + len(ids))
+        holds (`ids`, read by the scheduler this step), into bounce pages; a pool that runs
+        dry publishes none of them."""
+        table = [-1] * length
         for block in blocks:
-            # Outside what the scheduler sent (never, for the reach it sends): not saved.
-            if not first <= block < first + len(ids) or ids[block - first] == NULL_BLOCK:
-                continue
+            vllm_block = ids.get(block, NULL_BLOCK)
+            if block >= length or vllm_block == NULL_BLOCK:
+                continue  # dropped by vLLM, or not among the scheduler's: not saved
             page = self.pages.take(gi)
             if page is None:  # the window is not published; a later lookup rewinds or misses
                 self.bounce_exhausted += 1
-                return [-1] * (first + len(ids))
-            self.pages.to_bounce(gi, ids[block - first], page)
+                return [-1] * length
+            self.pages.to_bounce(gi, vllm_block, page)
             table[block] = page
             self.save_pages.setdefault(c.rid, []).append((gi, page))
         return table
@@ -212,6 +224,7 @@ class WorkerSide:
         """vLLM freed these requests' blocks; the forward pass after this may overwrite
         them, so their saves must settle first."""
         for _req_id, rid in items:
+            self.tables.pop(rid, None)
             if self.conn.request_finished(rid):
                 while rid not in self.saves_settled:
                     self._poll_saves()
@@ -226,6 +239,7 @@ class WorkerSide:
         sending: set[str] = set()
         loading = {p.rid for p in self.loads.values()} | {p.rid for p in self.refused}
         for e in ended:
+            self.tables.pop(e.rid, None)
             if e.rid in loading:
                 self.after_load[e.rid] = e
             elif e.loading:
