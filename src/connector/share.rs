@@ -142,3 +142,85 @@ fn union_of(layout: &Layout, stages: &[Layout]) -> Result<(), ShareError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::layout::LayoutError;
+
+    /// tiny-hybrid's two groups, each as a stage of its own.
+    fn stages() -> Result<(Layout, Vec<Layout>), LayoutError> {
+        let union = Layout::preset("tiny-hybrid")?;
+        let stages = union
+            .groups
+            .iter()
+            .map(|group| Layout {
+                groups: vec![group.clone()],
+                ..union.clone()
+            })
+            .collect();
+        Ok((union, stages))
+    }
+
+    /// `share::S1`: devices from `first_rank` must fit the world.
+    #[test]
+    fn devices_past_the_world_are_refused() -> Result<(), LayoutError> {
+        let layout = Layout {
+            world_size: 2,
+            ..Layout::preset("tiny-hybrid")?
+        };
+        assert!(RankShare::from_rank(1).check(&layout, 1).is_ok());
+        assert!(RankShare::from_rank(0).check(&layout, 2).is_ok());
+        assert!(RankShare::from_rank(0).check(&layout, 0).is_ok(), "lookup-only");
+        let refused = RankShare::from_rank(1).check(&layout, 2);
+        assert!(matches!(refused, Err(ShareError::Ranks { first_rank: 1, .. })));
+        assert!(RankShare::from_rank(2).check(&layout, 1).is_err());
+        Ok(())
+    }
+
+    /// `share::S2`: each group keyed under its own stage's fingerprint, and only a true
+    /// union of the stages is taken.
+    #[test]
+    fn stages_key_their_groups_and_must_make_the_layout() -> Result<(), LayoutError> {
+        let (union, stages) = stages()?;
+        let share = RankShare {
+            first_rank: 0,
+            stages: stages.clone(),
+        };
+        assert!(share.check(&union, 0).is_ok());
+        let named = share.fingerprints(&union);
+        for (stage, (group, fingerprint)) in stages.iter().zip(&named) {
+            assert_eq!((stage.groups[0].id, stage.fingerprint()), (*group, *fingerprint));
+        }
+        assert_ne!(named[0].1, named[1].1);
+        let missing = RankShare {
+            first_rank: 0,
+            stages: stages[..1].to_vec(),
+        };
+        assert!(matches!(missing.check(&union, 0), Err(ShareError::NotTheStages { .. })));
+        let mut changed = stages.clone();
+        changed[1].groups[0].head_dim *= 2;
+        let differs = RankShare {
+            first_rank: 0,
+            stages: changed,
+        };
+        assert!(differs.check(&union, 0).is_err());
+        let twice = RankShare {
+            first_rank: 0,
+            stages: vec![stages[0].clone(), stages[0].clone(), stages[1].clone()],
+        };
+        assert!(twice.check(&union, 0).is_err(), "a group in two stages");
+        Ok(())
+    }
+
+    /// Without stages every group is keyed under the layout's own fingerprint.
+    #[test]
+    fn without_stages_the_layout_names_every_group() -> Result<(), LayoutError> {
+        let layout = Layout::preset("tiny-hybrid")?;
+        let named = RankShare::default().fingerprints(&layout);
+        assert!(named.iter().all(|(_, fingerprint)| *fingerprint == layout.fingerprint()));
+        assert!(RankShare::default().saves_replicated());
+        assert!(!RankShare::from_rank(1).saves_replicated());
+        Ok(())
+    }
+}
