@@ -38,26 +38,6 @@ def assert_bit_exact(model, s: vs.Served, expected_start: int):
     assert s.generated == generated, f"{s.req_id}: greedy tokens differ"
 
 
-class Recorder:
-    """Wraps the runtime connector and records what the worker side asked."""
-
-    def __init__(self, conn):
-        self._conn, self.events = conn, []
-
-    def request_finished(self, rid):
-        keep = self._conn.request_finished(rid)
-        self.events.append(("request_finished", rid, keep))
-        return keep
-
-    def finished_saves(self):
-        rids = self._conn.finished_saves()
-        self.events.extend(("saves_settled", rid, None) for rid in rids)
-        return rids
-
-    def __getattr__(self, name):
-        return getattr(self._conn, name)
-
-
 @pytest.mark.parametrize("name", ["gpt-oss", "llama"])
 def test_conversation_turns_load_park_and_resume_bit_exact(name):
     """A serves turns 1-2, B turns 3-4: each later turn's offer is the planner's resume
@@ -133,7 +113,7 @@ def test_shared_prefix_concurrent_loads_and_local_hits():
 def test_finished_requests_keep_their_blocks_until_saves_settle():
     spec, model, model_dir, extra = make("gpt-oss", "settle")
     a = vs.VllmInstance(spec, model, model_dir, extra=extra)
-    rec = Recorder(a.conn)
+    rec = vs.Recorder(a.conn)
     a.worker._worker.conn = rec
     s = a.add("r", scenarios.random_tokens(5, 170))
     finished_at = None
@@ -190,7 +170,7 @@ def test_abort_with_a_load_in_flight_frees_blocks_only_after_the_load_settles():
     prompt = scenarios.random_tokens(9, 200)
     a.serve("a", prompt, max_tokens=1)
     a.conn.settle_saves()
-    rec = Recorder(b.conn)
+    rec = vs.Recorder(b.conn)
     b.worker._worker.conn = rec
     b.add("b", prompt)
     b.run(lambda: b.served["b"].parked, "the load to start")
@@ -217,7 +197,7 @@ def test_preemption_waits_for_saves_then_resumes_from_the_pool():
     had saved."""
     spec, model, model_dir, extra = make("llama", "preempt")
     a = vs.VllmInstance(spec, model, model_dir, extra=extra, num_blocks=30, budget=64)
-    rec = Recorder(a.conn)
+    rec = vs.Recorder(a.conn)
     a.worker._worker.conn = rec
     a.add("x", scenarios.random_tokens(11, 180), max_tokens=100)
     a.add("y", scenarios.random_tokens(12, 180), max_tokens=100)

@@ -40,7 +40,6 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch
 
 import vllm_support as vs
-from models.engine import forward
 from models.tiny import ModelSpec
 from vllm_support import STEP_LIMIT, Served, T, layer_name
 
@@ -124,26 +123,6 @@ def views_of(config, kv_config, raw: torch.Tensor) -> dict[str, torch.Tensor]:
 # ---- the rank process --------------------------------------------------------------
 
 
-class _Recorder:
-    """Wraps a rank's runtime connector and records request ends and settled saves."""
-
-    def __init__(self, conn):
-        self._conn, self.events = conn, []
-
-    def request_finished(self, rid):
-        keep = self._conn.request_finished(rid)
-        self.events.append(("request_finished", rid, keep))
-        return keep
-
-    def finished_saves(self):
-        rids = self._conn.finished_saves()
-        self.events.extend(("saves_settled", rid, None) for rid in rids)
-        return rids
-
-    def __getattr__(self, name):
-        return getattr(self._conn, name)
-
-
 def _end_step(w, finished_req_ids: set[str]):
     """The model runner's hooks after the forward, its KVConnectorOutput in a ModelRunnerOutput."""
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -194,7 +173,7 @@ def _rank_main(pipe, config, kv_config, raw: torch.Tensor, record: bool) -> None
         w.stats_interval_s = 0.0  # every step, so the per-step stats add up exactly
         w.register_kv_caches(views_of(config, kv_config, raw))
         if record:
-            w._worker.conn = _Recorder(w._worker.conn)
+            w._worker.conn = vs.Recorder(w._worker.conn)
         pipe.send(("ok", w.get_handshake_metadata()))
     except BaseException:
         pipe.send(("error", traceback.format_exc()))
@@ -215,7 +194,8 @@ def _rank_main(pipe, config, kv_config, raw: torch.Tensor, record: bool) -> None
 
 class RankedInstance(vs.VllmInstance):
     """One engine of tp x pp rank processes (see the module doc): VllmInstance's `add`,
-    `serve`, `idle` and `build_cache` over the ranks' KV (`gather`, `write`)."""
+    `serve`, `idle`, `build_cache` and model runner (`_forward`, `_finish`) over the
+    ranks' KV (`gather`, `write`)."""
 
     def __init__(
         self, spec: ModelSpec, model, model_dir: str, *, extra: dict, tp=1, pp=1, num_blocks=192, record=False, **kw
@@ -337,53 +317,14 @@ class RankedInstance(vs.VllmInstance):
 
     # -- the engine loop ---------------------------------------------------------------
 
-    def _forward(self, so, on_forward) -> tuple[list[str], list[list[int]]]:
-        """Computes every scheduled chunk (vllm_support.VllmInstance.step's model runner)."""
-        req_ids, sampled = [], []
-        scheduled = [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
-        scheduled += list(zip(so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.num_computed_tokens))
-        for req_id, before in scheduled:
-            request = self.sched.requests[req_id]
-            after = before + so.num_scheduled_tokens[req_id]
-            tables = self.sched.kv_cache_manager.get_block_ids(req_id)
-            s = self.served[req_id]
-            if s.start is None:
-                s.start = before
-            s.chunks.append((before, after))
-            cache = self.build_cache(tables, before)
-            logits = forward(self.model, list(request.all_token_ids[before:after]), before, cache, "cpu")
-            self.write(tables, before, cache.added)
-            if on_forward is not None:
-                on_forward(req_id, before, after)
-            s.rows.append(logits)
-            req_ids.append(req_id)
-            sampled.append([])
-            if after >= request.num_tokens:
-                s.generated.append(int(logits[-1].argmax()))
-                sampled[-1].append(s.generated[-1])
-        return req_ids, sampled
-
     @torch.no_grad()
     def step(self, on_forward=None):
-        from vllm.v1.outputs import ModelRunnerOutput
-        from vllm.v1.request import RequestStatus
-
         self.steps += 1
         so = self.sched.schedule()
         self.call_all("begin", pickle.dumps(so.kv_connector_metadata))
         req_ids, sampled = self._forward(so, on_forward)
         merged = self.aggregator.aggregate(self.call_all("end", so.finished_req_ids), self.output_rank)
-        out = merged.kv_connector_output if merged is not None else None
-        if out is not None and out.kv_connector_stats is not None:
-            self.stats.append(out.kv_connector_stats)
-        index = {r: i for i, r in enumerate(req_ids)}
-        mro = ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index=index, sampled_token_ids=sampled, kv_connector_output=out
-        )
-        self.outputs.append(self.sched.update_from_output(so, mro))
-        for req_id, request in self.sched.requests.items():
-            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and req_id in self.served:
-                self.served[req_id].parked = True
+        self._finish(so, req_ids, sampled, merged.kv_connector_output if merged is not None else None)
         return so
 
     def run(self, until, what: str, on_forward=None) -> None:

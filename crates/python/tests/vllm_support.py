@@ -145,6 +145,27 @@ def kv_views(config, kv_config) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return raw, views
 
 
+class Recorder:
+    """Wraps a runtime connector and records what the worker side asked of it: request
+    ends and settled saves."""
+
+    def __init__(self, conn):
+        self._conn, self.events = conn, []
+
+    def request_finished(self, rid):
+        keep = self._conn.request_finished(rid)
+        self.events.append(("request_finished", rid, keep))
+        return keep
+
+    def finished_saves(self):
+        rids = self._conn.finished_saves()
+        self.events.extend(("saves_settled", rid, None) for rid in rids)
+        return rids
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
 @dataclass
 class Served:
     """One request through the engine."""
@@ -254,17 +275,9 @@ class VllmInstance:
         self.served[req_id] = Served(req_id, list(tokens))
         return self.served[req_id]
 
-    @torch.no_grad()
-    def step(self, on_forward=None):
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-        from vllm.v1.request import RequestStatus
-
-        self.steps += 1
-        so = self.sched.schedule()
-        meta = so.kv_connector_metadata
-        w = self.worker
-        w.bind_connector_metadata(meta)
-        w.handle_preemptions(meta)
+    def _forward(self, so, on_forward) -> tuple[list[str], list[list[int]]]:
+        """Computes every scheduled chunk with the tiny model, reading and writing the KV
+        in vLLM's blocks; the requests run and the tokens sampled."""
         req_ids, sampled = [], []
         scheduled = [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
         scheduled += list(zip(so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.num_computed_tokens))
@@ -290,6 +303,33 @@ class VllmInstance:
                 sampled.append([token])
             else:
                 sampled.append([])
+        return req_ids, sampled
+
+    def _finish(self, so, req_ids: list[str], sampled: list[list[int]], out) -> None:
+        """Hands the step's output to the scheduler and notes which requests parked."""
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import RequestStatus
+
+        if out is not None and out.kv_connector_stats is not None:
+            self.stats.append(out.kv_connector_stats)
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=sampled, kv_connector_output=out)
+        self.outputs.append(self.sched.update_from_output(so, mro))
+        for req_id, request in self.sched.requests.items():
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and req_id in self.served:
+                self.served[req_id].parked = True
+
+    @torch.no_grad()
+    def step(self, on_forward=None):
+        from vllm.v1.outputs import KVConnectorOutput
+
+        self.steps += 1
+        so = self.sched.schedule()
+        meta = so.kv_connector_metadata
+        w = self.worker
+        w.bind_connector_metadata(meta)
+        w.handle_preemptions(meta)
+        req_ids, sampled = self._forward(so, on_forward)
         w.start_load_kv(None)
         w.wait_for_save()
         results = w.get_transfer_results(so.finished_req_ids)
@@ -300,15 +340,8 @@ class VllmInstance:
             invalid_block_ids=w.get_block_ids_with_load_errors(),
             kv_connector_stats=w.get_kv_connector_stats(),
         )
-        if out.kv_connector_stats is not None:
-            self.stats.append(out.kv_connector_stats)
         w.clear_connector_metadata()
-        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=sampled, kv_connector_output=out)
-        self.outputs.append(self.sched.update_from_output(so, mro))
-        for req_id, request in self.sched.requests.items():
-            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and req_id in self.served:
-                self.served[req_id].parked = True
+        self._finish(so, req_ids, sampled, out)
         return so
 
     def run(self, until, what: str, on_forward=None) -> None:
