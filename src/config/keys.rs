@@ -324,6 +324,18 @@ pub static KEYS: &[KeySpec] = &[
     ),
     key("mooncake.log_level", "KVC_MOONCAKE_LOG_LEVEL", Text, ""),
     key(
+        "mooncake.tcp_lanes_per_peer",
+        "KVC_MOONCAKE_TCP_LANES_PER_PEER",
+        Integer,
+        "",
+    ),
+    key(
+        "mooncake.tcp_slice_size_bytes",
+        "KVC_MOONCAKE_TCP_SLICE_SIZE_BYTES",
+        Bytes,
+        "bytes",
+    ),
+    key(
         "mooncake.rpc_timeout_ms",
         "KVC_MOONCAKE_RPC_TIMEOUT_MS",
         Integer,

@@ -204,6 +204,15 @@ pub struct MooncakeConfig {
     /// Exported as `MC_LOG_LEVEL` before the client starts (`INFO`, `WARNING`, `ERROR`).
     /// Empty keeps the process environment's value.
     pub log_level: String,
+    /// TCP connections per peer (1 to 16): exported as `MC_TCP_ENABLE_CONNECTION_POOL=1`
+    /// and `MC_TCP_LANES_PER_PEER` before the client starts, so one batch's transfers to a
+    /// peer run on that many sockets. 0 keeps the process environment's values (without
+    /// them, Mooncake opens a connection per transfer).
+    pub tcp_lanes_per_peer: u32,
+    /// Bytes the TCP transport moves per socket read or write: exported as
+    /// `MC_TCP_SLICE_SIZE` before the client starts (Mooncake's own default is 64 KiB). 0
+    /// keeps the process environment's value; otherwise 4 KiB to 64 MiB.
+    pub tcp_slice_size_bytes: u64,
     /// Exported as `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS` before the client
     /// starts: how long the client waits for the master on every call (Mooncake's own
     /// default is 30 s). It bounds puts and gets, which run on the loaders' and savers'
@@ -235,6 +244,8 @@ impl Default for MooncakeConfig {
             venv_dir: PathBuf::from(".venv"),
             tcp_bind_address: "127.0.0.1".to_owned(),
             log_level: "WARNING".to_owned(),
+            tcp_lanes_per_peer: 0,
+            tcp_slice_size_bytes: 0,
             rpc_timeout_ms: 2000,
             connect_timeout_ms: 10_000,
             close_timeout_ms: 5000,

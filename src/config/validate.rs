@@ -209,6 +209,23 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
         MAX_TIMEOUT_MS,
         &format!("must be at most {MAX_TIMEOUT_MS} (one day), e.g. 5000"),
     )?;
+    require(
+        mooncake.tcp_lanes_per_peer <= MOONCAKE_MAX_TCP_LANES,
+        "mooncake.tcp_lanes_per_peer",
+        &mooncake.tcp_lanes_per_peer,
+        &format!(
+            "must be at most {MOONCAKE_MAX_TCP_LANES} (Mooncake's limit), or 0 to keep the \
+             environment's MC_TCP_LANES_PER_PEER, e.g. 8"
+        ),
+    )?;
+    let slice = mooncake.tcp_slice_size_bytes;
+    require(
+        slice == 0 || MOONCAKE_TCP_SLICE_BYTES.contains(&slice),
+        "mooncake.tcp_slice_size_bytes",
+        &slice,
+        "must be 0 (keep the environment's MC_TCP_SLICE_SIZE) or 4096 to 67108864 (64MiB), \
+         e.g. 1048576 (1MiB)",
+    )?;
     // The transfer engine knows these levels; anything else (FATAL included) silently
     // raises its logging to INFO.
     require(
@@ -219,6 +236,12 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
          e.g. \"WARNING\"",
     )
 }
+
+/// The most TCP lanes per peer the Mooncake transfer engine takes.
+const MOONCAKE_MAX_TCP_LANES: u32 = 16;
+
+/// The TCP slice sizes accepted: a page up to 64 MiB.
+const MOONCAKE_TCP_SLICE_BYTES: std::ops::RangeInclusive<u64> = 4096..=(64 << 20);
 
 /// The levels the Mooncake transfer engine understands in `MC_LOG_LEVEL` (and `""`: keep
 /// the environment's value).
@@ -647,6 +670,28 @@ mod tests {
         let mut config = Config::default();
         config.pool.eviction_ratio = 1.0;
         assert!(config.validate().is_ok(), "1.0 is inside (0, 1]");
+    }
+
+    #[test]
+    fn tcp_lanes_and_slice_sizes_outside_mooncakes_range_are_refused() {
+        let err = refusal(|c| c.mooncake.tcp_lanes_per_peer = 17);
+        assert_out_of_range(&err, "mooncake.tcp_lanes_per_peer", "17", "e.g. 8");
+        for bad in [1, 4095, (64 << 20) + 1] {
+            let err = refusal(|c| c.mooncake.tcp_slice_size_bytes = bad);
+            assert_out_of_range(
+                &err,
+                "mooncake.tcp_slice_size_bytes",
+                &bad.to_string(),
+                "1048576",
+            );
+        }
+        let mut config = Config::default();
+        config.mooncake.tcp_lanes_per_peer = 0;
+        config.mooncake.tcp_slice_size_bytes = 0;
+        assert!(config.validate().is_ok(), "0 keeps the environment's values");
+        config.mooncake.tcp_lanes_per_peer = 16;
+        config.mooncake.tcp_slice_size_bytes = 64 << 20;
+        assert!(config.validate().is_ok(), "the limits themselves are accepted");
     }
 
     #[test]

@@ -13,7 +13,14 @@ how fast loads and saves move pages into and out of torch-allocated KV tensors.
    reserved at start, the later ones evicting) and each is timed. With `--mooncake` the
    same again through a Mooncake master (objects in the saving client's segment, loads
    through the loaders' registered staging). The same run measures a raw pinned host <-> device copy of the same bytes
-   with torch, the ceiling the connector's share is given against.
+   with torch, the ceiling the connector's share is given against, and, with `--mooncake`,
+   Mooncake's own client moving the same bytes the same way (`mooncake_own`): one client
+   `batch_put_from`s objects of the connector's object size, as many per call as a save
+   batch holds, from registered memory into its own segment, never written before (as
+   instance A's saves land in A's), and a second client without a segment
+   `batch_get_into`s them into registered memory (as B's loads do); run first, before this
+   process has written any segment memory. The connector's rates are also given as a share
+   of those, and `put_written_before_gbps` is the same put into segment memory written once.
 2. Hook cost: an engine step with 64 waiting requests (each asked `reserve` every step),
    a few running ones computing chunks (saves), and the polling hooks; the time spent
    inside the connector's hooks per step, p50 / p99 / max over the steps.
@@ -104,7 +111,7 @@ def load_prompt(conn, layout, rid: int, tokens: list[int], table: list[int]) -> 
 
 
 def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
-              saver_staging_mib: int = 256) -> dict:
+              saver_staging_mib: int = 256, mooncake_settings: dict | None = None) -> dict:
     layout = kvc.Layout.preset(LAYOUT)
     t = layout.tokens_per_block
     blocks = prompt_tokens // t
@@ -125,7 +132,7 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
         config["pool"] = {"backend": "mooncake"}
         config["mooncake"] = {"master_address": mooncake[0], "metadata_server": mooncake[1],
                               "global_segment_size_bytes": stored * 4,
-                              "local_buffer_size_bytes": 64 * MIB}
+                              "local_buffer_size_bytes": 64 * MIB, **(mooncake_settings or {})}
     else:
         pool = kvc.MemoryPool(capacity_bytes=stored * 5 // 4)
     tokens = list(range(1, prompt_tokens + 1))
@@ -133,12 +140,23 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
     b_kv = kv_tensors(layout, pages, device)
     for tensor in a_kv:
         tensor.random_(0, 256)
+    # Written once, as an engine's KV cache is before anything loads into it: a load is not
+    # charged for the first touch of B's pages.
+    for tensor in b_kv:
+        tensor.fill_(1)
     sync(device)
     table = list(range(blocks + 1))
     result: dict = {"layout": LAYOUT, "prompt_tokens": prompt_tokens, "device": device,
                     "saver_staging_mib": saver_staging_mib,
                     "pool": "mooncake" if mooncake else "memory", "page_bytes": page_bytes,
                     "save_gbps_each": []}
+    own = None
+    if mooncake:
+        # First, while this process has touched no segment memory yet: every arm then writes
+        # into a segment that has never been written, as A's saves do.
+        own = mooncake_own(mooncake, page_bytes[0], stored // page_bytes[0],
+                           config["saver"]["staging_bytes"] // page_bytes[0])
+        result["mooncake_own"] = own
     start = time.perf_counter()
     # A stays open while B loads: a Mooncake client's objects leave with it.
     with kvc.Connector(layout=layout, kv_caches=a_kv, pool=pool, config=config,
@@ -169,6 +187,61 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
     result["raw_h2d_gbps"], result["raw_d2h_gbps"] = h2d, d2h
     result["load_share_of_raw"] = result["load_gbps"] / h2d
     result["save_share_of_raw"] = result["save_gbps"] / d2h
+    if own:
+        result["save_share_of_mooncake_put"] = result["save_gbps"] / own["put_gbps"]
+        result["load_share_of_mooncake_get"] = result["load_gbps"] / own["get_gbps"]
+    return result
+
+
+def mooncake_own(mooncake: list[str], object_bytes: int, total_objects: int,
+                 per_call: int) -> dict:
+    """Mooncake's own client on the same bytes: puts into a fresh segment, then gets from a
+    client that holds no segment, `per_call` objects a call, from and into registered
+    memory. A second round of puts after removing the first measures segment memory that
+    has been written before."""
+    import ctypes
+    import mmap
+
+    from mooncake.store import MooncakeDistributedStore
+
+    master, metadata = mooncake
+    segment = total_objects * object_bytes * 2
+    holder, reader = MooncakeDistributedStore(), MooncakeDistributedStore()
+    assert holder.setup("127.0.0.1", metadata, segment, 64 * MIB, "tcp", "", master) == 0
+    assert reader.setup("127.0.0.1", metadata, 0, 64 * MIB, "tcp", "", master) == 0
+    buffers = []
+
+    def registered(store, nbytes: int) -> int:
+        memory = mmap.mmap(-1, nbytes)
+        memory.write(bytes(range(256)) * (nbytes // 256))
+        buffers.append(memory)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+        assert store.register_buffer(addr, nbytes) == 0
+        return addr
+
+    src = registered(holder, per_call * object_bytes)
+    dst = registered(reader, per_call * object_bytes)
+    calls = [range(first, min(first + per_call, total_objects))
+             for first in range(0, total_objects, per_call)]
+
+    def timed(store, name: str, base: int, round_: int) -> float:
+        start = time.perf_counter()
+        for call in calls:
+            keys = [f"own-{round_}-{i}" for i in call]
+            addrs = [base + j * object_bytes for j in range(len(keys))]
+            answers = getattr(store, name)(keys, addrs, [object_bytes] * len(keys))
+            expected = 0 if name == "batch_put_from" else object_bytes
+            assert all(a == expected for a in answers), (name, answers[:4])
+        return total_objects * object_bytes / (time.perf_counter() - start) / 1e9
+
+    result = {"object_bytes": object_bytes, "objects": total_objects, "per_call": per_call}
+    result["put_gbps"] = timed(holder, "batch_put_from", src, 0)
+    result["get_gbps"] = timed(reader, "batch_get_into", dst, 0)
+    holder.batch_remove([f"own-0-{i}" for i in range(total_objects)], True)
+    result["put_written_before_gbps"] = timed(holder, "batch_put_from", src, 1)
+    holder.batch_remove([f"own-1-{i}" for i in range(total_objects)], True)
+    reader.close()
+    holder.close()
     return result
 
 
@@ -260,14 +333,21 @@ def main() -> int:
     parser.add_argument("--mooncake", nargs=2, metavar=("MASTER", "METADATA"),
                         help="also measure the bandwidth through the Mooncake master at "
                              "MASTER (host:port) with metadata server METADATA (an URL)")
+    parser.add_argument("--mooncake-set", action="append", default=[], metavar="KEY=INT",
+                        help="a [mooncake] setting of the clients, e.g. tcp_lanes_per_peer=0")
+    parser.add_argument("--mooncake-only", action="store_true",
+                        help="with --mooncake, measure only the Mooncake bandwidth")
     args = parser.parse_args()
-    figures = {
-        "features": kvc.FEATURES,
-        "bandwidth": bandwidth(args.device, args.prompt_tokens, None, args.saver_staging_mib),
-    }
+    figures: dict = {"features": kvc.FEATURES}
+    if not args.mooncake_only:
+        figures["bandwidth"] = bandwidth(args.device, args.prompt_tokens, None,
+                                         args.saver_staging_mib)
     if args.mooncake:
-        figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake)
-    figures["hooks"] = hook_cost(args.device, args.steps, 64)
+        settings = {k: int(v) for k, v in (item.split("=", 1) for item in args.mooncake_set)}
+        figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake,
+                                                  args.saver_staging_mib, settings)
+    if not args.mooncake_only:
+        figures["hooks"] = hook_cost(args.device, args.steps, 64)
     text = json.dumps(figures, indent=2)
     print(text)
     if args.json:

@@ -2,6 +2,8 @@
 fixture; nothing mocked): each connector makes its own client in this interpreter, and a
 prompt saved through one is loaded byte-identical into the other's tensors."""
 
+import os
+
 import torch
 
 import kv_connector as kvc
@@ -45,3 +47,33 @@ def test_a_namespace_keeps_deployments_apart_on_one_master(mooncake_master):  # 
         a.settle_saves()
         served = serve(b, kv_b, 2, tokens, pages=list(range(5)))
         assert served.offer == 0, "another namespace's objects are never offered (R4)"
+
+
+def test_tcp_lanes_and_slice_size_reach_the_transfer_engine(mooncake_master):  # noqa: F811 (fixture)
+    names = ("MC_TCP_ENABLE_CONNECTION_POOL", "MC_TCP_LANES_PER_PEER", "MC_TCP_SLICE_SIZE")
+    before = {name: os.environ.get(name) for name in names}
+    config = mooncake_master.config()
+    config["mooncake"] = {**config["mooncake"], "tcp_lanes_per_peer": 4,
+                          "tcp_slice_size_bytes": 256 << 10}
+    lay = layout(full_only=True)
+    kv_a, kv_b = caches(1), caches(1)
+    try:
+        with (
+            kvc.Connector(layout=lay, kv_caches=kv_a, config=config, model_key="lanes") as a,
+            kvc.Connector(layout=lay, kv_caches=kv_b, config=config, model_key="lanes") as b,
+        ):
+            assert [os.environ.get(name) for name in names] == ["1", "4", "262144"]
+            tokens = prompt(8 * T + 3, start=12000)
+            serve(a, kv_a, 1, tokens, pages=list(range(9)))
+            a.settle_saves()
+            served = serve(b, kv_b, 2, tokens, pages=list(range(20, 29)))
+            assert served.offer == 8 * T and served.filled
+            for block in range(8):
+                assert torch.equal(kv_b[0][20 + block], kv_a[0][block]), block
+    finally:
+        # Later clients in this interpreter keep Mooncake's own transport defaults.
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -130,13 +130,11 @@ pub fn ensure_interpreter() {
 }
 
 /// Sets the variables the transfer engine and the store client read when a client starts:
-/// where TCP listens, the log level, the master RPC deadlines and the setup retries (R30).
+/// where TCP listens, the log level, the TCP lanes and slice size, the master RPC deadlines
+/// and the setup retries (R30).
 fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<()> {
     let environ = py.import("os")?.getattr("environ")?;
-    for (name, value) in [
-        ("MC_TCP_BIND_ADDRESS", &settings.tcp_bind_address),
-        ("MC_LOG_LEVEL", &settings.log_level),
-    ] {
+    for (name, value) in optional_environment(settings) {
         if !value.is_empty() {
             environ.set_item(name, value)?;
         }
@@ -155,6 +153,29 @@ fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<(
     Ok(())
 }
 
+/// The variables a setting exports unless it is empty or 0: then the value is empty and
+/// the process environment's value stays.
+fn optional_environment(settings: &MooncakeSettings) -> [(&'static str, String); 5] {
+    let lanes = settings.tcp_lanes_per_peer;
+    let nonzero = |value: u64| {
+        if value == 0 {
+            String::new()
+        } else {
+            value.to_string()
+        }
+    };
+    [
+        ("MC_TCP_BIND_ADDRESS", settings.tcp_bind_address.clone()),
+        ("MC_LOG_LEVEL", settings.log_level.clone()),
+        (
+            "MC_TCP_ENABLE_CONNECTION_POOL",
+            if lanes == 0 { "" } else { "1" }.to_owned(),
+        ),
+        ("MC_TCP_LANES_PER_PEER", nonzero(u64::from(lanes))),
+        ("MC_TCP_SLICE_SIZE", nonzero(settings.tcp_slice_size_bytes)),
+    ]
+}
+
 /// Wraps a Python exception of `step` as a [`MooncakeError`].
 pub(crate) fn python_error(step: &'static str) -> impl Fn(PyErr) -> MooncakeError {
     move |source| MooncakeError::Python { step, source }
@@ -168,6 +189,30 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kvc-mooncake-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn zero_lanes_and_slice_size_leave_the_environment_as_it_is() {
+        let exported = |settings: &MooncakeSettings| -> Vec<(&str, String)> {
+            optional_environment(settings)
+                .into_iter()
+                .filter(|(_, value)| !value.is_empty())
+                .collect()
+        };
+        let set = exported(&MooncakeSettings {
+            tcp_lanes_per_peer: 8,
+            tcp_slice_size_bytes: 1 << 20,
+            ..MooncakeSettings::default()
+        });
+        assert!(set.contains(&("MC_TCP_ENABLE_CONNECTION_POOL", "1".to_owned())));
+        assert!(set.contains(&("MC_TCP_LANES_PER_PEER", "8".to_owned())));
+        assert!(set.contains(&("MC_TCP_SLICE_SIZE", "1048576".to_owned())));
+        let kept = exported(&MooncakeSettings {
+            tcp_bind_address: String::new(),
+            log_level: String::new(),
+            ..MooncakeSettings::default()
+        });
+        assert!(kept.is_empty(), "the defaults keep Mooncake's own: {kept:?}");
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub struct MooncakeSettings {
     pub tcp_bind_address: String,
     /// Exported as `MC_LOG_LEVEL` before the first client starts; empty leaves it as is.
     pub log_level: String,
+    /// TCP connections per peer: exported with `MC_TCP_ENABLE_CONNECTION_POOL=1` as
+    /// `MC_TCP_LANES_PER_PEER` before the first client starts; 0 leaves both as they are.
+    pub tcp_lanes_per_peer: u32,
+    /// Exported as `MC_TCP_SLICE_SIZE` before the first client starts; 0 leaves it as is.
+    pub tcp_slice_size_bytes: u64,
     /// Most keys one put or get call carries. The TCP transport queues at most 1024
     /// transfers per peer; a larger batch partly fails with code -800.
     pub max_keys_per_call: usize,
@@ -78,6 +83,8 @@ impl Default for MooncakeSettings {
             venv_dir: PathBuf::from(".venv"),
             tcp_bind_address: "127.0.0.1".into(),
             log_level: "WARNING".into(),
+            tcp_lanes_per_peer: 0,
+            tcp_slice_size_bytes: 0,
             max_keys_per_call: 1024,
             probe_chunk_keys: 4096,
             fallback_staging_bytes: 16 << 20,
@@ -105,6 +112,8 @@ impl MooncakeSettings {
             venv_dir: mooncake.venv_dir.clone(),
             tcp_bind_address: mooncake.tcp_bind_address.clone(),
             log_level: mooncake.log_level.clone(),
+            tcp_lanes_per_peer: mooncake.tcp_lanes_per_peer,
+            tcp_slice_size_bytes: mooncake.tcp_slice_size_bytes,
             probe_chunk_keys: config.planner.probe_chunk,
             rpc_timeout_ms: mooncake.rpc_timeout_ms,
             connect_timeout_ms: mooncake.connect_timeout_ms,
