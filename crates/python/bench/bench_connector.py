@@ -2,7 +2,7 @@
 how fast loads and saves move pages into and out of torch-allocated KV tensors.
 
   python crates/python/bench/bench_connector.py [--device cuda|cpu] [--json FILE]
-      [--mooncake MASTER METADATA]
+      [--mooncake MASTER METADATA [--mooncake-only] [--gil-busy N] [--mooncake-set KEY=INT]]
 
 1. Bandwidth: the gpt-oss-120b layout (1.125 MiB pages), KV tensors allocated by torch on
    the device. Instance A computes one long prompt (pages filled with random bytes on the
@@ -32,7 +32,9 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -193,6 +195,29 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
     return result
 
 
+@contextmanager
+def busy_gil(threads: int):
+    """`threads` Python threads spinning in pure-Python code meanwhile, as an engine's
+    scheduler and model runner keep the GIL busy."""
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            total = 0
+            for i in range(1000):
+                total += i
+
+    spinning = [threading.Thread(target=spin, daemon=True) for _ in range(threads)]
+    for thread in spinning:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in spinning:
+            thread.join()
+
+
 def mooncake_own(mooncake: list[str], object_bytes: int, total_objects: int,
                  per_call: int) -> dict:
     """Mooncake's own client on the same bytes: puts into a fresh segment, then gets from a
@@ -335,6 +360,9 @@ def main() -> int:
                              "MASTER (host:port) with metadata server METADATA (an URL)")
     parser.add_argument("--mooncake-set", action="append", default=[], metavar="KEY=INT",
                         help="a [mooncake] setting of the clients, e.g. tcp_lanes_per_peer=0")
+    parser.add_argument("--gil-busy", type=int, default=0, metavar="N",
+                        help="measure the Mooncake bandwidth (both arms) while N Python "
+                             "threads spin; compare with a run without")
     parser.add_argument("--mooncake-only", action="store_true",
                         help="with --mooncake, measure only the Mooncake bandwidth")
     args = parser.parse_args()
@@ -344,8 +372,12 @@ def main() -> int:
                                          args.saver_staging_mib)
     if args.mooncake:
         settings = {k: int(v) for k, v in (item.split("=", 1) for item in args.mooncake_set)}
-        figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake,
-                                                  args.saver_staging_mib, settings)
+        # Busy or not for the whole measurement: a second run in this process would write
+        # segment memory that the first one wrote already, which is faster.
+        with busy_gil(args.gil_busy):
+            figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake,
+                                                      args.saver_staging_mib, settings)
+        figures["bandwidth_mooncake"]["gil_busy_threads"] = args.gil_busy
     if not args.mooncake_only:
         figures["hooks"] = hook_cost(args.device, args.steps, 64)
     text = json.dumps(figures, indent=2)

@@ -91,19 +91,28 @@ class Timed:
 
     def __init__(self, connector):
         self.spent = 0.0
+        self.by_hook = dict.fromkeys(HOOKS, 0.0)
         for name in HOOKS:
             original = getattr(connector, name)
-            setattr(connector, name, self._wrap(original))
+            setattr(connector, name, self._wrap(name, original))
 
-    def _wrap(self, original):
+    def _wrap(self, name, original):
         def timed(*args, **kwargs):
             started = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.spent += time.perf_counter() - started
+                spent = time.perf_counter() - started
+                self.spent += spent
+                self.by_hook[name] += spent
 
         return timed
+
+    def hooks_ms(self) -> str:
+        """Each hook's share of the time taken so far, in ms (then reset)."""
+        text = ", ".join(f"{name} {spent * 1e3:.3f}" for name, spent in self.by_hook.items() if spent)
+        self.by_hook = dict.fromkeys(HOOKS, 0.0)
+        return text
 
     def take(self) -> float:
         spent, self.spent = self.spent, 0.0
@@ -226,6 +235,7 @@ def main() -> None:
             head = shared if i % 2 == 0 else [50_000 + i] * 1024
             engine.add(f"w{i}", head + [1000 + i * 7 + j % 5 for j in range(1024)], max_tokens=DECODE)
         per_step = engine.drain()
+        by_hook = engine.timed.hooks_ms()
         stats = engine.sched.connector._sched.engine.conn.stats()["lookups"]
         engine.close()
         saver.shutdown()
@@ -234,6 +244,7 @@ def main() -> None:
               "first step (every lookup starts) "
               f"{first:.1f} us; the {len(rest)} steps after it: p50 {percentile(rest, 0.5):.1f} us, "
               f"p99 {percentile(rest, 0.99):.1f} us, max {max(rest):.1f} us; tokens offered {stats['tokens_offered']}")
+        print(f"  by hook over all steps, ms: {by_hook}")
         # Per request.
         for n in (8192, 32768, 131072):
             totals = []
@@ -242,9 +253,10 @@ def main() -> None:
             for r in range(args.repeat):
                 engine.add(f"r{n}-{r}", [(r * 131 + j * 7) % 200_000 for j in range(n)])
                 totals.append(sum(engine.drain()) * 1e3)
+            by_hook = engine.timed.hooks_ms()
             engine.close()
             print(f"TP={TP}, one request of {n} tokens: connector time {statistics.median(totals):.3f} ms "
-                  f"(min {min(totals):.3f}) over {args.repeat}")
+                  f"(min {min(totals):.3f}) over {args.repeat}; by hook over all {args.repeat}, ms: {by_hook}")
     finally:
         api_support.stop_master(master.process)
 
