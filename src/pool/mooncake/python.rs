@@ -135,9 +135,7 @@ pub fn ensure_interpreter() {
 fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<()> {
     let environ = py.import("os")?.getattr("environ")?;
     for (name, value) in optional_environment(settings) {
-        if !value.is_empty() {
-            environ.set_item(name, value)?;
-        }
+        environ.set_item(name, value)?;
     }
     let rpc_timeout_ms = settings.rpc_timeout_ms.to_string();
     for (name, value) in [
@@ -153,27 +151,26 @@ fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<(
     Ok(())
 }
 
-/// The variables a setting exports unless it is empty or 0: then the value is empty and
-/// the process environment's value stays.
-fn optional_environment(settings: &MooncakeSettings) -> [(&'static str, String); 5] {
-    let lanes = settings.tcp_lanes_per_peer;
-    let nonzero = |value: u64| {
-        if value == 0 {
-            String::new()
-        } else {
-            value.to_string()
+/// The variables of the settings that may leave the process environment as it is: a
+/// setting that is empty or 0 exports nothing.
+fn optional_environment(settings: &MooncakeSettings) -> Vec<(&'static str, String)> {
+    let mut exported = Vec::new();
+    for (name, value) in [
+        ("MC_TCP_BIND_ADDRESS", &settings.tcp_bind_address),
+        ("MC_LOG_LEVEL", &settings.log_level),
+    ] {
+        if !value.is_empty() {
+            exported.push((name, value.clone()));
         }
-    };
-    [
-        ("MC_TCP_BIND_ADDRESS", settings.tcp_bind_address.clone()),
-        ("MC_LOG_LEVEL", settings.log_level.clone()),
-        (
-            "MC_TCP_ENABLE_CONNECTION_POOL",
-            if lanes == 0 { "" } else { "1" }.to_owned(),
-        ),
-        ("MC_TCP_LANES_PER_PEER", nonzero(u64::from(lanes))),
-        ("MC_TCP_SLICE_SIZE", nonzero(settings.tcp_slice_size_bytes)),
-    ]
+    }
+    if settings.tcp_lanes_per_peer > 0 {
+        exported.push(("MC_TCP_ENABLE_CONNECTION_POOL", "1".to_owned()));
+        exported.push(("MC_TCP_LANES_PER_PEER", settings.tcp_lanes_per_peer.to_string()));
+    }
+    if settings.tcp_slice_size_bytes > 0 {
+        exported.push(("MC_TCP_SLICE_SIZE", settings.tcp_slice_size_bytes.to_string()));
+    }
+    exported
 }
 
 /// Wraps a Python exception of `step` as a [`MooncakeError`].
@@ -193,13 +190,7 @@ mod tests {
 
     #[test]
     fn zero_lanes_and_slice_size_leave_the_environment_as_it_is() {
-        let exported = |settings: &MooncakeSettings| -> Vec<(&str, String)> {
-            optional_environment(settings)
-                .into_iter()
-                .filter(|(_, value)| !value.is_empty())
-                .collect()
-        };
-        let set = exported(&MooncakeSettings {
+        let set = optional_environment(&MooncakeSettings {
             tcp_lanes_per_peer: 8,
             tcp_slice_size_bytes: 1 << 20,
             ..MooncakeSettings::default()
@@ -207,7 +198,7 @@ mod tests {
         assert!(set.contains(&("MC_TCP_ENABLE_CONNECTION_POOL", "1".to_owned())));
         assert!(set.contains(&("MC_TCP_LANES_PER_PEER", "8".to_owned())));
         assert!(set.contains(&("MC_TCP_SLICE_SIZE", "1048576".to_owned())));
-        let kept = exported(&MooncakeSettings {
+        let kept = optional_environment(&MooncakeSettings {
             tcp_bind_address: String::new(),
             log_level: String::new(),
             ..MooncakeSettings::default()
