@@ -1,7 +1,8 @@
 """Benchmark of the Python package (not a test): what `Connector.lookup` costs the engine's
 scheduler thread for a prompt handed over as a Python list of ints (as vLLM's own prompt
-list is), read at the call or (`read_later=True`) copied and read on the runtime's planner
-thread, against a plain Python copy of the same list.
+list is), read at the call, (`read_later=True`) copied and read on the runtime's planner
+thread, or (`append_only=True` too) read there uncopied, against a plain Python copy of the
+same list.
 
   python crates/python/bench/bench_lookup.py [--repeat N]
 
@@ -52,15 +53,15 @@ def main() -> None:
     rid = 0
     for n in LENGTHS:
         tokens = [rng.randrange(200_000) for _ in range(n)]
-        times: dict[str, list[float]] = {"eager": [], "read_later": [], "copy": []}
+        times: dict[str, list[float]] = {"eager": [], "read_later": [], "append_only": [], "copy": []}
         for _ in range(args.repeat):
             started = time.perf_counter()
             list(tokens)
             times["copy"].append(time.perf_counter() - started)
-            for mode in ("eager", "read_later"):
+            for mode in ("eager", "read_later", "append_only"):
                 rid += 1
                 started = time.perf_counter()
-                conn.lookup(rid, tokens, read_later=mode == "read_later")
+                conn.lookup(rid, tokens, read_later=mode != "eager", append_only=mode == "append_only")
                 times[mode].append(time.perf_counter() - started)
                 # Answered with the GIL let go, as a scheduler waiting for its ranks.
                 conn.flush()
@@ -70,7 +71,8 @@ def main() -> None:
         median = {mode: 1e3 * statistics.median(spent) for mode, spent in times.items()}
         print(
             f"{n:>7} tokens: lookup {median['eager']:.3f} ms, lookup(read_later=True) "
-            f"{median['read_later']:.3f} ms; a Python copy of the list {median['copy']:.3f} ms (medians)"
+            f"{median['read_later']:.3f} ms, lookup(read_later=True, append_only=True) "
+            f"{median['append_only']:.3f} ms; a Python copy of the list {median['copy']:.3f} ms (medians)"
         )
     conn.shutdown()
 

@@ -19,11 +19,16 @@ Every scheduler-side hook (`get_num_new_matched_tokens`, `update_state_after_all
   lookup starts), and p50/p99/max over the steps after it;
 - per request: one request of 8k, 32k and 128k tokens alone: the connector's time
   summed over all its steps (the first lookup reads the prompt list), median of 5.
+
+As EngineCore does after start-up, the garbage collector's heap is frozen once the
+scheduler is built. `--null-hooks` measures the same with hooks that do nothing (no
+lookup, no load, no save): what timing a hook costs on the machine, the figures' floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -123,6 +128,7 @@ class Engine:
     """vLLM's scheduler with the connector's scheduler side at TP = 4 (module doc)."""
 
     def __init__(self, spec, directory: str, extra: dict, max_seqs: int, num_blocks: int):
+        from vllm.utils.gc_utils import freeze_gc_heap
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -140,6 +146,8 @@ class Engine:
         handshakes = {(0, t): KvcHandshake(0, t, self.layout, MODEL_KEY) for t in range(TP)}
         self.sched.connector.set_xfer_handshake_metadata_pp_aware(handshakes)
         self.timed = Timed(self.sched.connector)
+        # EngineCore's start-up heap is left out of every collection while it serves.
+        freeze_gc_heap()
         self.finished: list[str] = []
         self.loading: list[str] = []
         self.step_s = 0.0
@@ -186,6 +194,31 @@ class Engine:
 
     def close(self) -> None:
         self.sched.connector.shutdown()
+        gc.unfreeze()
+
+
+def null_hooks() -> None:
+    """Every scheduler-side hook of the connector does nothing (`--null-hooks`)."""
+    from kv_connector.vllm import KvcConnector, KvcMetadata
+
+    def matched(self, request, num_computed):
+        return 0, False
+
+    def nothing(self, *args):
+        return None
+
+    def meta(self, scheduler_output):
+        return KvcMetadata()
+
+    def finished(self, request, block_ids):
+        return True, None
+
+    KvcConnector.get_num_new_matched_tokens = matched  # type: ignore[method-assign]
+    KvcConnector.update_state_after_alloc = nothing  # type: ignore[method-assign]
+    KvcConnector.build_connector_meta = meta  # type: ignore[method-assign]
+    KvcConnector.update_connector_output = nothing  # type: ignore[method-assign]
+    KvcConnector.request_finished = finished  # type: ignore[method-assign]
+    KvcConnector.request_finished_all_groups = finished  # type: ignore[method-assign]
 
 
 def save_prefix(master, layout: dict, tokens: list[int]):
@@ -220,7 +253,10 @@ def main() -> None:
     parser.add_argument("--waiting", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--step-ms", type=float, default=5.0)
+    parser.add_argument("--null-hooks", action="store_true", help="hooks that do nothing: the floor")
     args = parser.parse_args()
+    if args.null_hooks:
+        null_hooks()
     spec = tiny.SPECS["gpt-oss"]
     directory = model_dir(spec)
     master = api_support.start_master(Path(tempfile.mkdtemp()) / "master.log")
@@ -236,14 +272,15 @@ def main() -> None:
             engine.add(f"w{i}", head + [1000 + i * 7 + j % 5 for j in range(1024)], max_tokens=DECODE)
         per_step = engine.drain()
         by_hook = engine.timed.hooks_ms()
-        stats = engine.sched.connector._sched.engine.conn.stats()["lookups"]
+        offered = "none (null hooks)" if args.null_hooks else \
+            engine.sched.connector._sched.engine.conn.stats()["lookups"]["tokens_offered"]
         engine.close()
         saver.shutdown()
         first, rest = per_step[0] * 1e6, [s * 1e6 for s in per_step[1:] if s > 0]
         print(f"TP={TP}, {args.waiting} requests of 2048 tokens ({RUNNING} running, {DECODE} tokens each): "
               "first step (every lookup starts) "
               f"{first:.1f} us; the {len(rest)} steps after it: p50 {percentile(rest, 0.5):.1f} us, "
-              f"p99 {percentile(rest, 0.99):.1f} us, max {max(rest):.1f} us; tokens offered {stats['tokens_offered']}")
+              f"p99 {percentile(rest, 0.99):.1f} us, max {max(rest):.1f} us; tokens offered {offered}")
         print(f"  by hook over all steps, ms: {by_hook}")
         # Per request.
         for n in (8192, 32768, 131072):

@@ -145,8 +145,10 @@ impl PyConnector {
     /// a list is copied now (its item references, at C speed) and read on the runtime's
     /// planner thread, so the caller's thread does not convert every token; an item that is
     /// not an int then ends the lookup with nothing offered or saved (logged) instead of
-    /// raising.
-    #[pyo3(signature = (request_id, tokens, local_match_tokens = 0, cache_salt = None, adapter = None, *, read_later = false))]
+    /// raising. `append_only` (with `read_later`): the caller guarantees that the list's
+    /// first `len(tokens)` items stay as they are until the request ends (items may only be
+    /// appended), so not even the copy is made: those items are read from the caller's list.
+    #[pyo3(signature = (request_id, tokens, local_match_tokens = 0, cache_salt = None, adapter = None, *, read_later = false, append_only = false))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn lookup(
         &self,
@@ -157,11 +159,22 @@ impl PyConnector {
         cache_salt: Option<String>,
         adapter: Option<String>,
         read_later: bool,
+        append_only: bool,
     ) -> PyResult<()> {
+        if append_only && !read_later {
+            return Err(PyValueError::new_err(
+                "append_only=True needs read_later=True: only a list read later is left uncopied",
+            ));
+        }
         let tokens = match tokens.cast::<PyList>() {
             Ok(list) if read_later => {
-                let snapshot = list.get_slice(0, list.len()).unbind();
-                Prompt::read_later(move || read_list_later(snapshot))
+                let len = list.len();
+                let list = if append_only {
+                    list.clone().unbind()
+                } else {
+                    list.get_slice(0, len).unbind()
+                };
+                Prompt::read_later(move || read_list_later(list, len))
             }
             _ => Prompt::from(Arc::<[i64]>::from(int_sequence(tokens, "tokens")?)),
         };

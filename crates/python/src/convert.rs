@@ -179,32 +179,37 @@ pub fn int_sequence(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> 
     list.extract().map_err(|_| first_bad_element(&list, what))
 }
 
-/// Tokens read from a list on a runtime thread (`Connector.lookup(read_later=True)`), a
-/// slice at a time: the GIL is taken for each slice and let go between them, so the
-/// engine's threads wait for at most one slice. `list` is the lookup's private snapshot.
-pub fn read_list_later(list: Py<PyList>) -> Result<Arc<[i64]>, String> {
+/// The first `len` items of `list`, read on a runtime thread
+/// (`Connector.lookup(read_later=True)`) a slice at a time: the GIL is taken for each slice
+/// and let go between them, so the engine's threads wait for at most one slice. `list` is
+/// the lookup's private snapshot, or the caller's own list that only grows
+/// (`append_only=True`): a list found shorter than `len` is not read.
+pub fn read_list_later(list: Py<PyList>, len: usize) -> Result<Arc<[i64]>, String> {
     /// Tokens read per hold of the GIL (about 0.1-0.3 ms).
     const SLICE: usize = 16_384;
-    let mut tokens = Vec::new();
-    loop {
-        let done = Python::attach(|py| {
+    let mut tokens = Vec::with_capacity(len);
+    while tokens.len() < len {
+        Python::attach(|py| {
             let list = list.bind(py);
+            if list.len() < len {
+                return Err(format!(
+                    "the list of {len} tokens shrank to {} before it was read",
+                    list.len()
+                ));
+            }
             let start = tokens.len();
-            let end = list.len().min(start + SLICE);
-            tokens.reserve_exact(list.len() - start);
-            for index in start..end {
+            for index in start..len.min(start + SLICE) {
                 let item = list.get_item(index).map_err(|error| error.to_string())?;
                 let token = item.extract::<i64>().map_err(|_| {
                     format!("tokens[{index}] is not an int (got {})", type_name(&item))
                 })?;
                 tokens.push(token);
             }
-            Ok::<bool, String>(end == list.len())
+            Ok::<(), String>(())
         })?;
-        if done {
-            break;
+        if tokens.len() < len {
+            std::thread::yield_now();
         }
-        std::thread::yield_now();
     }
     Python::attach(|_| drop(list));
     Ok(tokens.into())

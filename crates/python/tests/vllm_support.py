@@ -316,8 +316,14 @@ class VllmInstance:
                                 sampled_token_ids=sampled, kv_connector_output=out)
         self.outputs.append(self.sched.update_from_output(so, mro))
         for req_id, request in self.sched.requests.items():
-            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and req_id in self.served:
-                self.served[req_id].parked = True
+            served = self.served.get(req_id)
+            if served is None:
+                continue
+            # The connector reads vLLM's prompt list uncopied (`append_only`): vLLM may
+            # only append to it, never change a prompt token.
+            assert request.prompt_token_ids[: len(served.tokens)] == served.tokens, req_id
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                served.parked = True
 
     @torch.no_grad()
     def step(self, on_forward=None):

@@ -170,12 +170,15 @@ class Connector:
         adapter: str | None = None,
         *,
         read_later: bool = False,
+        append_only: bool = False,
     ) -> None:
         """Starts the lookup of a new request's prompt; never blocks. ValueError for a live
         request id (looked up and not ended, or ended with saves pending). `cache_salt` and
         `adapter` scope the request (R34). `read_later`: a list is copied now and read on
         the runtime's thread (a non-int item then ends the lookup with nothing offered or
-        saved, logged, instead of raising)."""
+        saved, logged, instead of raising). `append_only` (with `read_later`): the caller
+        guarantees the list's first len(tokens) items never change until the request ends
+        (it may only grow), so the list is read as it is, not copied."""
     def flush(self) -> None:
         """Sends queued lookups now (optional)."""
     def reserve(self, request_id: int, num_computed: int, reservation_id: int) -> tuple[int, bool] | None:

@@ -47,7 +47,9 @@ def keyable(request) -> bool:
 
 def _tokens(request) -> list[int]:
     """The request's tokens so far. A new request's are its prompt, handed over as vLLM's
-    own list (no copy on the scheduler's thread: the runtime reads it once, at lookup)."""
+    own list, not copied: vLLM only ever appends to a request's prompt list (a streaming
+    session's next input), so its first tokens stay as they are for the runtime to read on
+    its own thread (`lookup(append_only=True)`)."""
     prompt = request.prompt_token_ids
     if prompt is not None and request.num_tokens == len(prompt):
         return prompt
@@ -116,9 +118,15 @@ class SchedulerSide:
             r = _Req(rid=engine.new_rid(), prompt_len=len(tokens))
             self.reqs[request.request_id] = r
             cache_salt, adapter = scope(request)
-            # The runtime copies the list and reads it on its own thread, not this one.
+            # The runtime reads the list on its own thread, not this one, and copies nothing.
             engine.conn.lookup(
-                r.rid, tokens, local_match_tokens=num_computed, cache_salt=cache_salt, adapter=adapter, read_later=True
+                r.rid,
+                tokens,
+                local_match_tokens=num_computed,
+                cache_salt=cache_salt,
+                adapter=adapter,
+                read_later=True,
+                append_only=True,
             )
             engine.conn.flush()
         if r.loaded:
@@ -192,6 +200,8 @@ class SchedulerSide:
         if after <= before or not groups:
             return ()
         saved = self.engine.conn.window_save_blocks(r.rid, r.prompt_len, before, after)
+        if not any(saved):
+            return ()  # most chunks: no checkpoint in them, not the prompt's last
         blocks = self.kv_cache_manager.get_blocks(req_id).blocks
         ids: list[dict[int, int]] = [{} for _ in blocks]
         for g, position in groups:
