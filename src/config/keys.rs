@@ -336,6 +336,12 @@ pub static KEYS: &[KeySpec] = &[
         "bytes",
     ),
     key(
+        "mooncake.gil_switch_interval_us",
+        "KVC_MOONCAKE_GIL_SWITCH_INTERVAL_US",
+        Integer,
+        "us",
+    ),
+    key(
         "mooncake.rpc_timeout_ms",
         "KVC_MOONCAKE_RPC_TIMEOUT_MS",
         Integer,

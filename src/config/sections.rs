@@ -213,6 +213,14 @@ pub struct MooncakeConfig {
     /// `MC_TCP_SLICE_SIZE` before the client starts (Mooncake's own default is 64 KiB). 0
     /// keeps the process environment's value; otherwise 4 KiB to 64 MiB.
     pub tcp_slice_size_bytes: u64,
+    /// The interpreter's GIL switch interval, in microseconds, set when the first client
+    /// starts if the interpreter's is longer (`sys.setswitchinterval`; the default of `CPython` is
+    /// 5000). Every Mooncake call of the loaders and the saver takes the GIL twice, and
+    /// behind a Python thread that keeps it busy (an engine's scheduler or model runner)
+    /// each take waits up to this interval (500 takes back what a busy GIL cost the loads
+    /// and saves, PERFORMANCE.md). 0 leaves the interpreter's as it is; otherwise 100 to
+    /// 5000. Process-wide: the engine's own threads switch as often.
+    pub gil_switch_interval_us: u32,
     /// Exported as `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS` before the client
     /// starts: how long the client waits for the master on every call (Mooncake's own
     /// default is 30 s). It bounds puts and gets, which run on the loaders' and savers'
@@ -246,6 +254,7 @@ impl Default for MooncakeConfig {
             log_level: "WARNING".to_owned(),
             tcp_lanes_per_peer: 0,
             tcp_slice_size_bytes: 0,
+            gil_switch_interval_us: 500,
             rpc_timeout_ms: 2000,
             connect_timeout_ms: 10_000,
             close_timeout_ms: 5000,

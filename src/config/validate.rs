@@ -226,6 +226,14 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
         "must be 0 (keep the environment's MC_TCP_SLICE_SIZE) or 4096 to 67108864 (64MiB), \
          e.g. 1048576 (1MiB)",
     )?;
+    let switch = mooncake.gil_switch_interval_us;
+    require(
+        switch == 0 || GIL_SWITCH_INTERVAL_US.contains(&switch),
+        "mooncake.gil_switch_interval_us",
+        &switch,
+        "must be 0 (keep the interpreter's switch interval) or 100 to 5000 microseconds, \
+         e.g. 500",
+    )?;
     // The transfer engine knows these levels; anything else (FATAL included) silently
     // raises its logging to INFO.
     require(
@@ -239,6 +247,10 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
 
 /// The most TCP lanes per peer the Mooncake transfer engine takes.
 const MOONCAKE_MAX_TCP_LANES: u32 = 16;
+/// GIL switch intervals the runtime may set, in microseconds: from a tenth of a
+/// millisecond (shorter makes the interpreter switch threads for little gain) to `CPython`'s
+/// own default.
+const GIL_SWITCH_INTERVAL_US: std::ops::RangeInclusive<u32> = 100..=5000;
 
 /// The TCP slice sizes accepted: a page up to 64 MiB.
 const MOONCAKE_TCP_SLICE_BYTES: std::ops::RangeInclusive<u64> = 4096..=(64 << 20);
@@ -692,6 +704,24 @@ mod tests {
         config.mooncake.tcp_lanes_per_peer = 16;
         config.mooncake.tcp_slice_size_bytes = 64 << 20;
         assert!(config.validate().is_ok(), "the limits themselves are accepted");
+    }
+
+    #[test]
+    fn gil_switch_intervals_outside_the_range_are_refused() {
+        for bad in [1, 99, 5001] {
+            let err = refusal(|c| c.mooncake.gil_switch_interval_us = bad);
+            assert_out_of_range(
+                &err,
+                "mooncake.gil_switch_interval_us",
+                &bad.to_string(),
+                "e.g. 500",
+            );
+        }
+        for good in [0, 100, 5000] {
+            let mut config = Config::default();
+            config.mooncake.gil_switch_interval_us = good;
+            assert!(config.validate().is_ok(), "{good} is accepted");
+        }
     }
 
     #[test]

@@ -3,7 +3,9 @@ fixture; nothing mocked): each connector makes its own client in this interprete
 prompt saved through one is loaded byte-identical into the other's tensors."""
 
 import os
+import sys
 
+import pytest
 import torch
 
 import kv_connector as kvc
@@ -77,3 +79,21 @@ def test_tcp_lanes_and_slice_size_reach_the_transfer_engine(mooncake_master):  #
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def test_a_gil_switch_interval_is_set_only_where_it_shortens_the_interpreters(mooncake_master):  # noqa: F811 (fixture)
+    before = sys.getswitchinterval()
+    config = mooncake_master.config()
+    lay = layout(full_only=True)
+    try:
+        for interval_us, current, expected in ((500, 0.005, 0.0005), (2000, 0.0001, 0.0001), (0, 0.005, 0.005)):
+            sys.setswitchinterval(current)
+            config["mooncake"] = {**config["mooncake"], "gil_switch_interval_us": interval_us}
+            kv = caches(1)
+            with kvc.Connector(layout=lay, kv_caches=kv, config=config, model_key="switch") as conn:
+                assert sys.getswitchinterval() == pytest.approx(expected), interval_us
+                tokens = prompt(4 * T + 1, start=15000)
+                serve(conn, kv, 1, tokens, pages=list(range(5)))
+                conn.settle_saves()
+    finally:
+        sys.setswitchinterval(before)

@@ -12,7 +12,8 @@
 //!    interpreter's version, adds its site-packages once (`site.addsitedir`, so its
 //!    `.pth` files apply), exports the transfer engine's environment (`MC_TCP_BIND_ADDRESS`,
 //!    `MC_LOG_LEVEL`, `MC_RPC_TIMEOUT_MS`, `MC_RPC_CONNECT_TIMEOUT_MS`,
-//!    `MC_STORE_CLIENT_SETUP_RETRIES`) through `os.environ`, and imports `mooncake.store`.
+//!    `MC_STORE_CLIENT_SETUP_RETRIES`) through `os.environ`, shortens the interpreter's GIL
+//!    switch interval if `gil_switch_interval_us` asks it, and imports `mooncake.store`.
 //!
 //! # Invariants
 //!
@@ -114,6 +115,8 @@ pub fn prepare(settings: &MooncakeSettings) -> Result<MooncakeInstall, MooncakeE
             added.push(install.site_packages.clone());
         }
         export_environment(py, settings).map_err(python_error("export MC_* variables"))?;
+        shorten_switch_interval(py, settings.gil_switch_interval_us)
+            .map_err(python_error("set the GIL switch interval"))?;
         super::glog::route_to_files(py);
         py.import("mooncake.store")
             .map_err(python_error("import mooncake.store"))?;
@@ -147,6 +150,28 @@ fn export_environment(py: Python<'_>, settings: &MooncakeSettings) -> PyResult<(
         ),
     ] {
         environ.set_item(name, value)?;
+    }
+    Ok(())
+}
+
+/// Sets the interpreter's GIL switch interval to `interval_us` if it is longer now (0: leave
+/// it). Every Mooncake call from a runtime thread takes the GIL twice (to start, and to
+/// return after Mooncake's wait); behind a Python thread that holds it, each take waits
+/// until the interpreter asks that thread to let go, one switch interval later.
+fn shorten_switch_interval(py: Python<'_>, interval_us: u32) -> PyResult<()> {
+    if interval_us == 0 {
+        return Ok(());
+    }
+    let sys = py.import("sys")?;
+    let now: f64 = sys.call_method0("getswitchinterval")?.extract()?;
+    let wanted = f64::from(interval_us) / 1e6;
+    if now > wanted {
+        sys.call_method1("setswitchinterval", (wanted,))?;
+        tracing::info!(
+            from_us = (now * 1e6).round(),
+            to_us = interval_us,
+            "set the interpreter's GIL switch interval (mooncake.gil_switch_interval_us)"
+        );
     }
     Ok(())
 }

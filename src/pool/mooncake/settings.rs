@@ -51,6 +51,9 @@ pub struct MooncakeSettings {
     pub tcp_lanes_per_peer: u32,
     /// Exported as `MC_TCP_SLICE_SIZE` before the first client starts; 0 leaves it as is.
     pub tcp_slice_size_bytes: u64,
+    /// The interpreter's GIL switch interval in microseconds, set when a client starts if
+    /// the interpreter's is longer; 0 leaves it as it is.
+    pub gil_switch_interval_us: u32,
     /// Most keys one put or get call carries. The TCP transport queues at most 1024
     /// transfers per peer; a larger batch partly fails with code -800.
     pub max_keys_per_call: usize,
@@ -85,6 +88,7 @@ impl Default for MooncakeSettings {
             log_level: "WARNING".into(),
             tcp_lanes_per_peer: 0,
             tcp_slice_size_bytes: 0,
+            gil_switch_interval_us: 500,
             max_keys_per_call: 1024,
             probe_chunk_keys: 4096,
             fallback_staging_bytes: 16 << 20,
@@ -114,6 +118,7 @@ impl MooncakeSettings {
             log_level: mooncake.log_level.clone(),
             tcp_lanes_per_peer: mooncake.tcp_lanes_per_peer,
             tcp_slice_size_bytes: mooncake.tcp_slice_size_bytes,
+            gil_switch_interval_us: mooncake.gil_switch_interval_us,
             probe_chunk_keys: config.planner.probe_chunk,
             rpc_timeout_ms: mooncake.rpc_timeout_ms,
             connect_timeout_ms: mooncake.connect_timeout_ms,
