@@ -213,7 +213,7 @@ pub struct MooncakeConfig {
     /// `MC_TCP_SLICE_SIZE` before the client starts (Mooncake's own default is 64 KiB). 0
     /// keeps the process environment's value; otherwise 4 KiB to 64 MiB.
     pub tcp_slice_size_bytes: u64,
-    /// The interpreter's GIL switch interval, in microseconds, set when the first client
+    /// The interpreter's GIL switch interval, in microseconds, set when a client
     /// starts if the interpreter's is longer (`sys.setswitchinterval`; the default of `CPython` is
     /// 5000). Every Mooncake call of the loaders and the saver takes the GIL twice, and
     /// behind a Python thread that keeps it busy (an engine's scheduler or model runner)

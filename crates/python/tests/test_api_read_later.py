@@ -4,6 +4,8 @@ runtime's thread (`prompt::P1`, `prompt::P2`). The lookup offers and loads exact
 eager one does; changing the list after the call changes nothing; a list with an item that
 is not an int offers nothing and saves nothing, where the eager lookup raises."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -22,13 +24,29 @@ def offer(conn: kvc.Connector, rid: int, tokens, **kw) -> int:
     return extra
 
 
-def test_a_list_read_later_is_looked_up_as_read_at_the_call():
+@contextmanager
+def served(blocks: int, extra_tokens: int):
+    """Connector `a` serves a prompt of `blocks` full blocks and `extra_tokens` more and
+    settles its saves; yields (a's pool, a, a's tensors, b, the prompt)."""
     pool = kvc.MemoryPool(capacity_bytes=64 << 20)
     (a, kv_a), (b, _) = connector(pool), connector(pool)
     with a, b:
-        tokens = prompt(8 * T + 3)
-        serve(a, kv_a, 1, tokens, pages=list(range(9)))
+        tokens = prompt(blocks * T + extra_tokens)
+        serve(a, kv_a, 1, tokens, pages=list(range(blocks + 1)))
         a.settle_saves()
+        yield pool, a, kv_a, b, tokens
+
+
+def computed_without_saves(conn: kvc.Connector, rid: int, tokens: list, pages: int) -> None:
+    """`rid`'s prompt is computed and ends; asserts that nothing of it was saved."""
+    conn.on_step([kvc.StepRequest(rid, len(tokens), 0, len(tokens), page_tables=[list(range(pages))])])
+    if conn.request_finished(rid):
+        wait_until(lambda: rid in conn.finished_saves(), conn, f"the saves of {rid}")
+    assert conn.stats()["saves"]["saves_enqueued"] == 0
+
+
+def test_a_list_read_later_is_looked_up_as_read_at_the_call():
+    with served(8, 3) as (_, a, _, b, tokens):
         assert offer(b, 1, list(tokens), read_later=True) == 8 * T
         # The caller's list changes after the call: the lookup keeps what it was given.
         changing = list(tokens)
@@ -39,12 +57,7 @@ def test_a_list_read_later_is_looked_up_as_read_at_the_call():
 
 
 def test_an_item_that_is_not_an_int_offers_and_saves_nothing_when_read_later():
-    pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    (a, kv_a), (b, _) = connector(pool), connector(pool)
-    with a, b:
-        tokens = prompt(6 * T + 1)
-        serve(a, kv_a, 1, tokens, pages=list(range(7)))
-        a.settle_saves()
+    with served(6, 1) as (pool, _, kv_a, b, tokens):
         bad = list(tokens)
         bad[40] = "forty"
         with pytest.raises(TypeError):
@@ -52,21 +65,13 @@ def test_an_item_that_is_not_an_int_offers_and_saves_nothing_when_read_later():
         assert offer(b, 2, bad, read_later=True) == 0
         # Computed anyway, nothing of it is saved: its tokens were never read.
         objects = pool.counters()["objects"]
-        b.on_step([kvc.StepRequest(2, len(bad), 0, len(bad), page_tables=[list(range(7))])])
-        if b.request_finished(2):
-            wait_until(lambda: 2 in b.finished_saves(), b, "the saves of 2")
+        computed_without_saves(b, 2, bad, pages=7)
         assert pool.counters()["objects"] == objects
-        assert b.stats()["saves"]["saves_enqueued"] == 0
         assert torch.count_nonzero(kv_a[0][:6]) > 0
 
 
 def test_an_append_only_list_is_read_as_it_was_at_the_call():
-    pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    (a, kv_a), (b, _) = connector(pool), connector(pool)
-    with a, b:
-        tokens = prompt(8 * T + 3)
-        serve(a, kv_a, 1, tokens, pages=list(range(9)))
-        a.settle_saves()
+    with served(8, 3) as (_, _, _, b, tokens):
         # Items appended after the call are not the prompt's: the lookup reads the first
         # len(tokens) items, and offers what an eager lookup of them offers.
         growing = list(tokens)
@@ -78,19 +83,11 @@ def test_an_append_only_list_is_read_as_it_was_at_the_call():
 
 
 def test_an_append_only_list_that_shrank_offers_and_saves_nothing():
-    pool = kvc.MemoryPool(capacity_bytes=64 << 20)
-    (a, kv_a), (b, _) = connector(pool), connector(pool)
-    with a, b:
-        tokens = prompt(8 * T + 3)
-        serve(a, kv_a, 1, tokens, pages=list(range(9)))
-        a.settle_saves()
+    with served(8, 3) as (_, _, _, b, tokens):
         # The promise is broken before the planner reads the list (a lookup is queued until
         # the next hook sends it): the lookup reads nothing of it.
         shrinking = list(tokens)
         b.lookup(1, shrinking, read_later=True, append_only=True)
         del shrinking[T:]
         assert wait_until(lambda: b.reserve(1, 0, 1), b, "the lookup of 1")[0] == 0
-        b.on_step([kvc.StepRequest(1, len(tokens), 0, len(tokens), page_tables=[list(range(9))])])
-        if b.request_finished(1):
-            wait_until(lambda: 1 in b.finished_saves(), b, "the saves of 1")
-        assert b.stats()["saves"]["saves_enqueued"] == 0
+        computed_without_saves(b, 1, tokens, pages=9)
