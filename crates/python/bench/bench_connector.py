@@ -173,6 +173,11 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
             result["save_gbps_each"].append(saved / elapsed / 1e9)
         result["save_bytes"] = saved
         result["save_gbps"] = result["save_gbps_each"][-1]
+        counters = a.stats()["saves"]
+        # Puts a full segment refused and retried (R35), and saves that failed: a save arm
+        # slowed by them waited for the pool, not for the data path.
+        result["saves_retried"] = counters["saves_retried"]
+        result["saves_failed"] = counters["saves_failed"]
         with kvc.Connector(layout=layout, kv_caches=b_kv, pool=pool, config=config,
                            model_key="bench") as b:
             extra, filled, elapsed = load_prompt(b, layout, 2, tokens, table)
