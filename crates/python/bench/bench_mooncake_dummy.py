@@ -28,7 +28,6 @@ import argparse
 import ctypes
 import json
 import mmap
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,19 +45,13 @@ PER_CALL = 227
 BUFFER_BYTES = OBJECT_BYTES * PER_CALL
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_real_client(master, objects: int, threads: int, log: Path) -> tuple[subprocess.Popen, int]:
     """A `mooncake_client` holding a segment for every object twice; (process, port)."""
     master_binary = api_support.mooncake_master_binary()
     if master_binary is None:
         raise RuntimeError("the mooncake wheel is not installed in this interpreter")
     binary = master_binary.with_name("mooncake_client")
-    port = free_port()
+    (port,) = api_support.free_ports(1)
     segment_mb = (2 * objects * OBJECT_BYTES) >> 20
     args = [
         str(binary),
@@ -74,9 +67,8 @@ def start_real_client(master, objects: int, threads: int, log: Path) -> tuple[su
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return process, port
+        if api_support.listening(port):
+            return process, port
         if process.poll() is not None:
             break
         time.sleep(0.1)

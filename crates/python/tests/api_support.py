@@ -164,7 +164,7 @@ def mooncake_master_binary() -> Path | None:
     return binary if binary.is_file() else None
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
         for s in sockets:
@@ -175,7 +175,7 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -212,7 +212,7 @@ def start_master(log: Path) -> Master:
     if binary is None:
         skip_or_fail("the mooncake wheel is not installed in this interpreter")
     for _attempt in range(3):
-        rpc, metadata, metrics = _free_ports(3)
+        rpc, metadata, metrics = free_ports(3)
         args = [
             str(binary),
             "--enable_http_metadata_server=true",
@@ -230,7 +230,7 @@ def start_master(log: Path) -> Master:
             process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink, env=env)
         deadline = time.monotonic() + 30
         while process.poll() is None and time.monotonic() < deadline:
-            if all(_listening(port) for port in (rpc, metadata, metrics)):
+            if all(listening(port) for port in (rpc, metadata, metrics)):
                 return Master(rpc, metadata, process)
             time.sleep(0.05)
         stop_master(process)

@@ -247,8 +247,7 @@ class KvcConnector(KVConnectorBase_V1, SupportsHMA):
         return self._scheduler.build_meta(scheduler_output)
 
     def update_connector_output(self, connector_output):
-        if connector_output.finished_recving:  # most steps report no load
-            self._scheduler.connector_output(connector_output)
+        self._scheduler.connector_output(connector_output)
 
     def request_finished(self, request, block_ids):
         return self._scheduler.finished(request)
