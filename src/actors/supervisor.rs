@@ -27,7 +27,8 @@
 //! lends it to one batch at a time ([`StagingSupervisor::lend`], [`Lent::run`]; the batch
 //! may run on another thread), and when the batch panicked builds one of the same shape
 //! (host memory, registered with the pool like the first one). A pinned (CUDA) staging pool
-//! cannot be rebuilt without the device, so its owner retires. The copy stream is borrowed
+//! cannot be rebuilt without the device, nor one in memory the pool lent (Mooncake's dummy
+//! client) without the pool's memory, so its owner retires. The copy stream is borrowed
 //! by a batch, not moved, and survives a panic.
 //!
 //! Invariants:
@@ -120,7 +121,7 @@ pub struct StagingSupervisor {
     staging: Option<StagingPool>,
     /// The staging pool's shape, to rebuild it after a panic.
     geometry: StagingGeometry,
-    /// Pinned (CUDA) memory: cannot be rebuilt, a panic retires the owner.
+    /// Pinned (CUDA) or lent memory: cannot be rebuilt, a panic retires the owner.
     pinned: bool,
     retired: bool,
     /// Start address of the staging pool this supervisor rebuilt and registered itself
@@ -138,7 +139,7 @@ impl StagingSupervisor {
             supervisee,
             pool,
             geometry: staging.geometry(),
-            pinned: staging.is_pinned(),
+            pinned: staging.is_pinned() || staging.is_lent(),
             staging: Some(staging),
             retired: false,
             rebuilt_registration: None,

@@ -220,6 +220,12 @@ pub struct ReplayArgs {
     /// run (`mooncake.master_address`, env `KVC_MOONCAKE_MASTER_ADDRESS`).
     #[arg(long, value_name = "HOST:PORT")]
     pub master: Option<String>,
+    /// With --pool mooncake: Mooncake's one-node layout. The replay also starts a
+    /// node-local `mooncake_client` (the "real client") holding the whole pool capacity,
+    /// and every instance attaches to it as a dummy client over shared memory
+    /// (`mooncake.real_client_address`; against a running master, set that key instead).
+    #[arg(long, conflicts_with = "master")]
+    pub real_client: bool,
     /// Modeled pool capacity at full page size (e.g. 64GiB); the pool holds
     /// --kv-bytes-scale times it (for Mooncake, split evenly into one segment per
     /// instance). Default: the configuration's `pool.capacity_bytes` (env
@@ -537,6 +543,9 @@ pub fn run_with_connector<S: std::hash::BuildHasher>(
         }
         .into());
     }
+    if args.real_client && config.pool.backend == PoolBackend::Memory {
+        return Err(ReplayError::RealClientWithoutMooncake { backend: "memory" }.into());
+    }
     let params = replay_params(args, config)?;
     let workload = build_workload(args)?;
     if let Some(dir) = &args.report_dir {
@@ -659,10 +668,10 @@ fn replay_params(args: &ReplayArgs, config: Config) -> Result<ReplayParams, Repl
                 .kv_bytes_scale
                 .map_or(KvBytesScale::Auto, KvBytesScale::Fixed),
             host_memory_limit_bytes: args.host_memory_limit,
-            pool_master: if args.master.is_some() {
-                PoolMaster::Configured
-            } else {
-                PoolMaster::Start
+            pool_master: match (&args.master, args.real_client) {
+                (Some(_), _) => PoolMaster::Configured,
+                (None, true) => PoolMaster::StartWithRealClient,
+                (None, false) => PoolMaster::Start,
             },
         },
         routing: args.routing,

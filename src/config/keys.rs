@@ -297,6 +297,18 @@ pub static KEYS: &[KeySpec] = &[
         "host:port",
     ),
     key(
+        "mooncake.real_client_address",
+        "KVC_MOONCAKE_REAL_CLIENT_ADDRESS",
+        Text,
+        "host:port",
+    ),
+    key(
+        "mooncake.shared_memory_bytes",
+        "KVC_MOONCAKE_SHARED_MEMORY_BYTES",
+        Bytes,
+        "bytes",
+    ),
+    key(
         "mooncake.protocol",
         "KVC_MOONCAKE_PROTOCOL",
         Choice(MOONCAKE_PROTOCOLS),

@@ -69,6 +69,8 @@ pub use sections::{
 pub use sections::{GIB, MOONCAKE_PROTOCOLS};
 #[cfg(any(feature = "cli", feature = "internals"))]
 pub use sections::MOONCAKE_MIN_SEGMENT_BYTES;
+#[cfg(feature = "mooncake")]
+pub(crate) use sections::MOONCAKE_SHARED_MEMORY_SPARE_BYTES;
 pub use validate::NodeMemory;
 
 /// Prefix of the legacy environment names kept for existing deployments.

@@ -182,6 +182,19 @@ pub struct MooncakeConfig {
     pub metadata_server: String,
     /// The master's RPC address, `HOST:PORT` (`mooncake_master --rpc_port`, default 50051).
     pub master_address: String,
+    /// The one-node layout Mooncake recommends: `HOST:PORT` of a node-local
+    /// `mooncake_client` (the "real client", which holds the node's segment), which this
+    /// process attaches to as a dummy client over shared memory (`setup_dummy`). Empty
+    /// (the default) runs a client of this process's own that contributes
+    /// `global_segment_size_bytes` and moves data over `protocol`. With an address, the
+    /// segment, `protocol`, `device_name` and the TCP settings are the real client's (its
+    /// own flags), and every staging pool lives in `shared_memory_bytes`.
+    pub real_client_address: String,
+    /// Bytes of shared memory a dummy client maps with the real client
+    /// (`real_client_address`); the loaders' and the saver's staging pools and a 16 MiB
+    /// fallback buffer are taken from it. 0 (the default) sizes it for one rank: the staging
+    /// settings plus 64 MiB. Unused without `real_client_address`.
+    pub shared_memory_bytes: u64,
     /// Transport between clients: `tcp` (one machine, or no RDMA NICs) or `rdma`.
     pub protocol: String,
     /// RDMA device names (for example `mlx5_0`); empty for TCP.
@@ -245,6 +258,8 @@ impl Default for MooncakeConfig {
             local_hostname: "127.0.0.1".to_owned(),
             metadata_server: String::new(),
             master_address: "127.0.0.1:50051".to_owned(),
+            real_client_address: String::new(),
+            shared_memory_bytes: 0,
             protocol: "tcp".to_owned(),
             device_name: String::new(),
             global_segment_size_bytes: GIB,
@@ -262,7 +277,30 @@ impl Default for MooncakeConfig {
     }
 }
 
+/// What a dummy client's shared memory holds beyond the staging pools: the fallback buffer
+/// (16 MiB), a slot of rounding per staging pool, and room to spare.
+pub const MOONCAKE_SHARED_MEMORY_SPARE_BYTES: u64 = 64 * MIB;
+
 impl MooncakeConfig {
+    /// Whether this process attaches to a node-local real client (`real_client_address`).
+    pub fn is_dummy(&self) -> bool {
+        !self.real_client_address.is_empty()
+    }
+
+    /// `shared_memory_bytes`, or when it is 0 one rank's staging pools
+    /// (`loaders.load_threads * loaders.staging_bytes_per_loader + saver.staging_bytes`)
+    /// plus [`MOONCAKE_SHARED_MEMORY_SPARE_BYTES`].
+    pub fn effective_shared_memory_bytes(&self, config: &super::Config) -> u64 {
+        if self.shared_memory_bytes != 0 {
+            return self.shared_memory_bytes;
+        }
+        let threads = u64::try_from(config.loaders.load_threads).unwrap_or(u64::MAX);
+        let loaders = threads.saturating_mul(config.loaders.staging_bytes_per_loader);
+        loaders
+            .saturating_add(config.saver.staging_bytes)
+            .saturating_add(MOONCAKE_SHARED_MEMORY_SPARE_BYTES)
+    }
+
     /// The metadata server to use: `metadata_server`, or when it is empty
     /// `http://HOST:8080/metadata` with the host of `master_address`.
     pub fn effective_metadata_server(&self) -> String {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::error::ConfigError;
 use super::keys::env_of;
 use super::runtime::RuntimeConfig;
-use super::sections::{PoolBackend, MOONCAKE_MIN_SEGMENT_BYTES};
+use super::sections::{PoolBackend, MOONCAKE_MIN_SEGMENT_BYTES, MOONCAKE_SHARED_MEMORY_SPARE_BYTES};
 use super::{Config, MooncakeConfig};
 
 /// The refusal of `value` for `key`, with `hint` saying what works.
@@ -182,6 +182,20 @@ fn check_mooncake(mooncake: &MooncakeConfig) -> Result<(), ConfigError> {
         "mooncake.master_address",
         &format_args!("{:?}", mooncake.master_address),
         "must be HOST:PORT, e.g. \"127.0.0.1:50051\"",
+    )?;
+    require(
+        !mooncake.is_dummy() || is_host_port(&mooncake.real_client_address),
+        "mooncake.real_client_address",
+        &format_args!("{:?}", mooncake.real_client_address),
+        "must be empty (a client of this process's own) or HOST:PORT of the node's \
+         mooncake_client, e.g. \"127.0.0.1:50052\"",
+    )?;
+    require(
+        mooncake.shared_memory_bytes == 0 || mooncake.shared_memory_bytes >= MOONCAKE_SHARED_MEMORY_SPARE_BYTES,
+        "mooncake.shared_memory_bytes",
+        &mooncake.shared_memory_bytes,
+        "must be 0 (sized from the staging settings) or at least 67108864 (64MiB), \
+         e.g. 1073741824 (1GiB)",
     )?;
     let segment = mooncake.global_segment_size_bytes;
     require(

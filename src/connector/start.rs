@@ -214,6 +214,20 @@ pub enum StartError {
         #[source]
         source: PoolError,
     },
+    /// The pool, which moves data only through memory of its own, could not lend it for a
+    /// staging pool (Mooncake's dummy client: its shared memory is spent).
+    #[error("the pool could not lend memory for the {} staging pool of rank {rank} ({bytes} bytes): {source}", role.as_str())]
+    LendStaging {
+        /// The rank whose staging pool it is.
+        rank: u32,
+        /// A loader's or the saver's.
+        role: StagingRole,
+        /// Its configured size.
+        bytes: u64,
+        /// The pool's answer.
+        #[source]
+        source: PoolError,
+    },
     /// A staging pool holds more slots than a staging pool can address.
     #[error(
         "the {} staging pool of rank {rank} ({bytes} bytes) holds more than 2^32 slots of \
@@ -466,9 +480,20 @@ impl RankActors<'_> {
             bytes: bytes.get(),
             slot_bytes: self.slot_bytes,
         })?;
-        let staging = device
-            .staging_pool(self.slot_bytes, slots)
-            .map_err(|error| match error {
+        let lent = self.pool.lend_staging(self.slot_bytes.saturating_mul(slots as usize));
+        let staging = match lent {
+            None => device.staging_pool(self.slot_bytes, slots),
+            Some(lease) => {
+                let lease = lease.map_err(|source| StartError::LendStaging {
+                    rank,
+                    role,
+                    bytes: bytes.get(),
+                    source,
+                })?;
+                device.staging_pool_lent(self.slot_bytes, slots, lease)
+            }
+        }
+        .map_err(|error| match error {
                 GpuError::HostAllocFailed { .. } => StartError::StagingAlloc {
                     rank,
                     role,

@@ -26,6 +26,7 @@ use super::backend::cuda::CudaDevice;
 use super::backend::host::HostDevice;
 use super::backend::host_memory::HostArena;
 use super::borrowed::PageOwner;
+use super::lent::{LentBuffer, LentHostMemory};
 use super::staging::StagingPool;
 use super::stream::{CopyStream, StreamBackend};
 use super::vocab::{GpuError, PageGeometry, PagePoolSpec, StagingGeometry, StreamId};
@@ -246,6 +247,37 @@ impl Device {
                 Ok(StagingPool::new_pinned(geometry, pinned))
             }
         }
+    }
+
+    /// A staging pool of `slots` slots of `slot_bytes` in memory a pool's client lends
+    /// (`gpu::lent`), page-locked for this device's copies on CUDA.
+    ///
+    /// # Errors
+    /// [`GpuError::HostAllocFailed`] when the lease is smaller than the pool or has no
+    /// address; [`GpuError::Poisoned`]; on CUDA `GpuError::Driver` from `cuMemHostRegister`.
+    pub fn staging_pool_lent(
+        &self,
+        slot_bytes: usize,
+        slots: u32,
+        lease: Box<dyn LentHostMemory>,
+    ) -> Result<StagingPool, GpuError> {
+        self.ensure_usable()?;
+        let geometry = StagingGeometry::new(slot_bytes, slots)?;
+        let bytes = geometry.total_bytes();
+        let refused = GpuError::HostAllocFailed {
+            what: "staging pool in lent memory",
+            bytes,
+        };
+        if lease.len() < bytes {
+            return Err(refused);
+        }
+        #[cfg_attr(not(feature = "cuda"), expect(unused_mut, reason = "registered only on CUDA"))]
+        let mut memory = LentBuffer::new(lease).ok_or(refused)?;
+        #[cfg(feature = "cuda")]
+        if let Backend::Cuda(cuda) = &self.shared.backend {
+            self.poison_if_sticky(memory.register_with(cuda))?;
+        }
+        Ok(StagingPool::new_lent(geometry, memory))
     }
 
     /// A new arena of host memory for pool objects that this device's copies can DMA from

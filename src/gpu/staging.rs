@@ -26,6 +26,7 @@ use std::slice::ChunksExactMut;
 #[cfg(feature = "cuda")]
 use super::backend::cuda::PinnedBuffer;
 use super::backend::host::try_zeroed;
+use super::lent::{LentBuffer, LentHostMemory};
 use super::vocab::{GpuError, StagingGeometry};
 
 /// Where the bytes live. A closed enum over backends, not a trait object.
@@ -35,6 +36,8 @@ enum StagingMemory {
     /// Pinned host memory of a CUDA context; frees itself with the driver on drop.
     #[cfg(feature = "cuda")]
     Pinned(PinnedBuffer),
+    /// Memory a pool's client lends (`gpu::lent`), page-locked on CUDA.
+    Lent(LentBuffer),
 }
 
 /// A CPU-accessible buffer of fixed-size slots, owned by value by one loader or the saver.
@@ -70,6 +73,34 @@ impl StagingPool {
             geometry,
             memory: StagingMemory::Pinned(memory),
         }
+    }
+
+    /// A pool over lent memory of at least `geometry.total_bytes()` bytes; the slots use the
+    /// first bytes of it.
+    pub(crate) fn new_lent(geometry: StagingGeometry, memory: LentBuffer) -> Self {
+        Self {
+            geometry,
+            memory: StagingMemory::Lent(memory),
+        }
+    }
+
+    /// A pool of one slot of `bytes` in lent memory, for a pool transport's own use with
+    /// the CPU (never page-locked for a device).
+    ///
+    /// # Errors
+    /// [`GpuError::HostAllocFailed`] when the lease is smaller or has no address;
+    /// [`GpuError::EmptyStagingPool`] for 0 bytes.
+    pub fn lent_host(bytes: usize, lease: Box<dyn LentHostMemory>) -> Result<Self, GpuError> {
+        let geometry = StagingGeometry::new(bytes, 1)?;
+        let refused = GpuError::HostAllocFailed {
+            what: "buffer in lent memory",
+            bytes,
+        };
+        if lease.len() < bytes {
+            return Err(refused);
+        }
+        let memory = LentBuffer::new(lease).ok_or(refused)?;
+        Ok(Self::new_lent(geometry, memory))
     }
 
     /// The pool's shape.
@@ -139,6 +170,7 @@ impl StagingPool {
             StagingMemory::Host(bytes) => bytes,
             #[cfg(feature = "cuda")]
             StagingMemory::Pinned(pinned) => pinned.as_slice(),
+            StagingMemory::Lent(lent) => &lent.as_slice()[..self.geometry.total_bytes()],
         }
     }
 
@@ -148,22 +180,34 @@ impl StagingPool {
             StagingMemory::Host(bytes) => bytes,
             #[cfg(feature = "cuda")]
             StagingMemory::Pinned(pinned) => pinned.as_mut_slice(),
+            StagingMemory::Lent(lent) => &mut lent.as_mut_slice()[..self.geometry.total_bytes()],
         }
     }
 
     /// Whether the memory is pinned (page-locked) host memory of a CUDA context.
     pub fn is_pinned(&self) -> bool {
-        match self.memory {
+        match &self.memory {
             StagingMemory::Host(_) => false,
             #[cfg(feature = "cuda")]
             StagingMemory::Pinned(_) => true,
+            StagingMemory::Lent(lent) => lent.is_registered(),
         }
+    }
+
+    /// Whether the memory is lent by a pool's client (`gpu::lent`): a new pool cannot be
+    /// made of the heap in its place.
+    pub fn is_lent(&self) -> bool {
+        matches!(self.memory, StagingMemory::Lent(_))
     }
 }
 
 impl fmt::Debug for StagingPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let memory = if self.is_pinned() { "pinned" } else { "host" };
+        let memory = match (self.is_lent(), self.is_pinned()) {
+            (true, _) => "lent",
+            (false, true) => "pinned",
+            (false, false) => "host",
+        };
         f.debug_struct("StagingPool")
             .field("slot_bytes", &self.geometry.slot_bytes())
             .field("slots", &self.geometry.slots())

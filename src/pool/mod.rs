@@ -60,6 +60,7 @@ pub use memory::MemoryPool;
 
 use crate::core::eviction::{EvictionError, EvictionPolicyError};
 use crate::gpu::host_memory::{HostSlot, SharedSlot};
+use crate::gpu::LentHostMemory;
 
 /// A shared object store with batched, per-key calls. Object safe; share as `Arc<dyn Pool>`.
 ///
@@ -137,6 +138,19 @@ pub trait Pool: Send + Sync {
 
     /// A short name for logs: `"memory"`, `"mooncake"`.
     fn name(&self) -> &'static str;
+
+    /// Memory for a staging pool of `bytes` when this backend moves data only from and into
+    /// memory of its own (Mooncake's dummy client: shared memory the node's real client
+    /// maps); `None` when any memory will do. The connector builds the pool's staging in it
+    /// and registers it as usual; the backend keeps the memory mapped while the lease lives.
+    ///
+    /// # Errors
+    ///
+    /// The backend's refusal, for example [`PoolError::NoSpace`] when its memory is spent.
+    fn lend_staging(&self, bytes: usize) -> Option<Result<Box<dyn LentHostMemory>, PoolError>> {
+        let _ = bytes;
+        None
+    }
 
     /// Registers long-lived transfer memory (a loader's or the saver's staging pool) so
     /// the backend moves objects into and out of it without an extra copy. The memory must
@@ -315,6 +329,21 @@ pub enum PoolError {
         /// Number of values or buffers.
         items: usize,
     },
+    /// A backend that moves data only through memory of its own (Mooncake's dummy client)
+    /// has too little of it left for a staging pool.
+    #[error("the pool's transfer memory cannot give {asked} more bytes ({used} of {key} = {total} taken); raise {key}, e.g. {key} = {suggested}")]
+    TransferMemory {
+        /// Bytes asked for.
+        asked: u64,
+        /// Bytes taken before.
+        used: u64,
+        /// The configured size.
+        total: u64,
+        /// The setting that sizes it.
+        key: &'static str,
+        /// A size that holds everything taken and asked.
+        suggested: u64,
+    },
     /// A remote backend answered with an error code.
     #[error("pool backend returned error code {code}")]
     Backend {
@@ -404,6 +433,7 @@ impl PoolError {
             Self::NoSpace { .. } => "no_space",
             Self::BatchShape { .. } => "batch_shape",
             Self::Backend { .. } => "backend",
+            Self::TransferMemory { .. } => "transfer_memory",
             Self::Unavailable => "unavailable",
             Self::Timeout { .. } => "timeout",
             Self::Unreachable { .. } => "unreachable",

@@ -69,6 +69,12 @@ pub enum ReplayError {
         /// The configured backend.
         backend: &'static str,
     },
+    /// `--real-client` asks for Mooncake's one-node layout, but the pool is not Mooncake.
+    #[error("--real-client needs --pool mooncake (pool.backend is {backend})")]
+    RealClientWithoutMooncake {
+        /// The configured backend.
+        backend: &'static str,
+    },
     /// Each instance's Mooncake segment would be smaller than Mooncake mounts.
     #[error(
         "a mooncake segment of {segment_bytes} bytes per instance is below the {min_segment_bytes} \
@@ -228,6 +234,7 @@ impl ReplayError {
             Self::InvalidSetting { .. } => "invalid_setting",
             Self::UnsupportedPool { .. } => "unsupported_pool",
             Self::MasterWithoutMooncake { .. } => "master_without_mooncake",
+            Self::RealClientWithoutMooncake { .. } => "real_client_without_mooncake",
             Self::MooncakeSegmentTooSmall { .. } => "mooncake_segment_too_small",
             #[cfg(feature = "mooncake")]
             Self::Mooncake(err) => err.kind(),

@@ -10,10 +10,14 @@
 //! 2. one client per instance, as every serving process runs its own, each contributing an
 //!    equal share of the pool's stored capacity as its segment (so the segments add up to
 //!    the capacity the memory pool would have), the rest of each client from `[mooncake]`;
+//!    with [`PoolMaster::StartWithRealClient`] (`--real-client`, Mooncake's one-node
+//!    layout) one node-local `mooncake_client` holds the whole capacity instead, and every
+//!    instance's client is a dummy client of it over shared memory, sized for its ranks'
+//!    staging pools (`mooncake.shared_memory_bytes`, when 0, per rank);
 //! 3. [`MooncakeDeployment::close`] at the end, after every connector has stopped: the
 //!    clients close (concurrently; each blocks about two seconds, one after the other,
-//!    waited for at most `mooncake.close_timeout_ms`), then the master this process
-//!    started is stopped by its PID.
+//!    waited for at most `mooncake.close_timeout_ms`), then the real client and the master
+//!    this process started are stopped by their PIDs.
 //!
 //! Each client starts within `mooncake.connect_timeout_ms`, and a stop asked for meanwhile
 //! (SIGINT, SIGTERM) abandons the start (`MooncakePool::connect_until`, R30).
@@ -26,8 +30,8 @@
 //! backends replay the same.
 //!
 //! Invariants:
-//! - `replay::mooncake::M1`. Clients close before the master stops (`close`, and the field order
-//!   for drops on an error path).
+//! - `replay::mooncake::M1`. Clients close before the real client and the master stop (`close`,
+//!   and the field order for drops on an error path).
 //! - `replay::mooncake::M2`. Every process started here is stopped by its PID
 //!   (`mooncake::master::I1`), never by name.
 
@@ -37,7 +41,8 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::pool::mooncake::{
-    MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster, MooncakePool, MooncakeSettings,
+    MasterSettings, MooncakeError, MooncakeInstall, MooncakeMaster, MooncakePool,
+    MooncakeRealClient, MooncakeSettings, RealClientSettings,
 };
 use crate::pool::Pool;
 
@@ -52,6 +57,8 @@ static MASTER_LOGS: AtomicU64 = AtomicU64::new(0);
 pub struct MooncakeDeployment {
     /// One client per instance; dropped (closed) before the master (`replay::mooncake::M1`).
     clients: Vec<Arc<MooncakePool>>,
+    /// The node-local real client this process started, with `--real-client`.
+    real_client: Option<MooncakeRealClient>,
     /// The master this process started, `None` with `--master`.
     master: Option<MooncakeMaster>,
     /// Segment bytes of each client.
@@ -59,36 +66,58 @@ pub struct MooncakeDeployment {
 }
 
 impl MooncakeDeployment {
-    /// Starts (or finds) the master and connects one client of `segment_bytes` per instance
-    /// (module workflow 1-2); `stopped()` is asked while a client starts.
+    /// Starts (or finds) the master, and the real client with `--real-client`, and connects
+    /// one client per instance (module workflow 1-2); `stopped()` is asked while a client
+    /// starts.
     ///
     /// # Errors
     ///
-    /// [`ReplayError::Mooncake`] when the wheel is missing, the master does not start, or a
-    /// client cannot connect in time (the message names the address and the setting), or
-    /// with [`MooncakeError::Interrupted`] when `stopped()` said so.
+    /// [`ReplayError::Mooncake`] when the wheel is missing, the master or the real client
+    /// does not start, or a client cannot connect in time (the message names the address
+    /// and the setting), or with [`MooncakeError::Interrupted`] when `stopped()` said so.
     pub fn start(
         config: &Config,
-        segment_bytes: u64,
-        instances: usize,
+        clients: Clients,
         master: PoolMaster,
         stopped: &mut dyn FnMut() -> bool,
     ) -> Result<Self, ReplayError> {
+        let Clients {
+            segment_bytes,
+            instances,
+            ranks,
+        } = clients;
         let base = MooncakeSettings {
             global_segment_size_bytes: segment_bytes,
             ..MooncakeSettings::from_config(config)
         };
-        let (master, settings) = match master {
-            PoolMaster::Configured => (None, base),
+        let (master, real_client, settings) = match master {
+            PoolMaster::Configured => (None, None, base),
             PoolMaster::Start => {
                 let master = start_master(config)?;
                 let settings = master.client_settings(base);
-                (Some(master), settings)
+                (Some(master), None, settings)
+            }
+            PoolMaster::StartWithRealClient => {
+                let master = start_master(config)?;
+                let capacity = segment_bytes.saturating_mul(instances as u64);
+                let real_client = start_real_client(config, &master, capacity)?;
+                let shared_memory_bytes = if config.mooncake.shared_memory_bytes == 0 {
+                    base.shared_memory_bytes.saturating_mul(u64::from(ranks.max(1)))
+                } else {
+                    base.shared_memory_bytes
+                };
+                let settings = MooncakeSettings {
+                    real_client_address: real_client.address(),
+                    shared_memory_bytes,
+                    ..master.client_settings(base)
+                };
+                (Some(master), Some(real_client), settings)
             }
         };
         tracing::info!(
             master_address = %settings.master_address,
             metadata_server = %settings.metadata_server,
+            real_client_address = %settings.real_client_address,
             started_here = master.is_some(),
             instances,
             segment_bytes,
@@ -102,6 +131,7 @@ impl MooncakeDeployment {
         }
         Ok(Self {
             clients,
+            real_client,
             master,
             segment_bytes,
         })
@@ -148,12 +178,46 @@ impl MooncakeDeployment {
             }
         });
         self.clients.clear();
+        if let Some(mut real_client) = self.real_client.take() {
+            real_client.stop();
+        }
         if let Some(mut master) = self.master.take() {
             if let Err(err) = master.stop() {
                 tracing::warn!(error = %err, kind = err.kind(), "stopping mooncake_master failed");
             }
         }
     }
+}
+
+/// What a replay's clients are sized from.
+#[derive(Debug, Clone, Copy)]
+pub struct Clients {
+    /// Segment bytes of each instance's client (the real client holds them all).
+    pub segment_bytes: u64,
+    /// Context instances: one client each.
+    pub instances: usize,
+    /// Ranks per instance, each with its own staging pools.
+    pub ranks: u32,
+}
+
+/// The node-local `mooncake_client` of `--real-client`, holding `capacity` bytes, logging
+/// next to the master's log.
+fn start_real_client(
+    config: &Config,
+    master: &MooncakeMaster,
+    capacity: u64,
+) -> Result<MooncakeRealClient, ReplayError> {
+    let install = MooncakeInstall::discover(&config.mooncake.venv_dir).map_err(mooncake_error)?;
+    let log_file = std::env::temp_dir().join(format!(
+        "kv-connector-replay-real-client-{}-{}.log",
+        std::process::id(),
+        MASTER_LOGS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let settings = RealClientSettings {
+        log_file: Some(log_file),
+        ..RealClientSettings::new(&install, capacity)
+    };
+    MooncakeRealClient::start(master, &settings).map_err(mooncake_error)
 }
 
 /// A master on free loopback ports with the configuration's eviction and lease settings.

@@ -80,6 +80,9 @@ pub enum PoolMaster {
     Start,
     /// A running master at `mooncake.master_address` (`--master HOST:PORT`).
     Configured,
+    /// As `Start`, plus a node-local `mooncake_client` holding the pool's capacity, with
+    /// every instance a dummy client of it (`--real-client`: Mooncake's one-node layout).
+    StartWithRealClient,
 }
 
 /// What a deployment is sized from.
@@ -243,7 +246,9 @@ impl Deployment {
         };
         match config.pool.backend {
             PoolBackend::Memory => deployment.build_memory_pool(config, params.instances)?,
-            PoolBackend::Mooncake => deployment.build_mooncake_pool(config, params, stopped)?,
+            PoolBackend::Mooncake => {
+                deployment.build_mooncake_pool(config, params, layout.world_size, stopped)?;
+            }
         }
         Ok(deployment)
     }
@@ -266,6 +271,7 @@ impl Deployment {
         &mut self,
         config: &Config,
         params: &DeploymentParams,
+        ranks: u32,
         stopped: &mut dyn FnMut() -> bool,
     ) -> Result<(), ReplayError> {
         let segment_bytes = self.mooncake_segment_bytes(params.instances)?;
@@ -273,8 +279,11 @@ impl Deployment {
         {
             let mooncake = super::mooncake::MooncakeDeployment::start(
                 config,
-                segment_bytes,
-                params.instances,
+                super::mooncake::Clients {
+                    segment_bytes,
+                    instances: params.instances,
+                    ranks,
+                },
                 params.pool_master,
                 stopped,
             )?;
@@ -290,7 +299,7 @@ impl Deployment {
         }
         #[cfg(not(feature = "mooncake"))]
         {
-            let _ = (config, segment_bytes, params.pool_master, stopped);
+            let _ = (config, segment_bytes, params.pool_master, ranks, stopped);
             Err(ReplayError::UnsupportedPool {
                 backend: "mooncake",
                 feature: "mooncake",

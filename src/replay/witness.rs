@@ -185,6 +185,13 @@ impl Pool for WitnessedPool {
         self.inner.calls_may_block()
     }
 
+    fn lend_staging(
+        &self,
+        bytes: usize,
+    ) -> Option<Result<Box<dyn crate::gpu::LentHostMemory>, PoolError>> {
+        self.inner.lend_staging(bytes)
+    }
+
     fn register_staging(&self, staging: &[u8]) -> Result<(), PoolError> {
         self.inner.register_staging(staging)
     }

@@ -134,7 +134,9 @@ pub fn start(error: &StartError) -> PyErr {
         StartError::Keys(inner) => raise::<ConfigError>(inner.kind(), text),
         StartError::Gpu(inner) => raise::<DeviceError>(inner.kind(), text),
         StartError::Ledger(inner) => raise::<LayoutError>(inner.kind(), text),
-        StartError::RegisterStaging { source, .. } => raise::<PoolError>(source.kind(), text),
+        StartError::RegisterStaging { source, .. } | StartError::LendStaging { source, .. } => {
+            raise::<PoolError>(source.kind(), text)
+        }
         StartError::Config(inner) => raise::<ConfigError>(inner.kind(), text),
         StartError::CheckpointTokens { .. } => raise::<ConfigError>("checkpoint_tokens", text),
         StartError::StagingSlots { .. } => raise::<ConfigError>("staging_slots", text),

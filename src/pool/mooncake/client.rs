@@ -35,6 +35,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use super::error::PYTHON_CALL_FAILED;
 use super::python::{self, python_error};
 use super::reach::{check_metadata_answers, check_reachable};
+use super::shared::{SharedLease, SharedMemory};
 use super::{MooncakeError, MooncakeSettings};
 use crate::pool::PoolError;
 
@@ -63,13 +64,21 @@ impl CallError {
 pub(crate) struct StoreClient {
     /// The Python store object; `None` once closed (`mooncake::client::I2`).
     store: RwLock<Option<Py<PyAny>>>,
+    /// A dummy client's shared memory (`shared.rs`); `None` for a client of its own.
+    shared: Option<SharedMemory>,
 }
 
 impl StoreClient {
-    /// Imports the client and runs `setup` with `settings`.
+    /// Imports the client and runs `setup` with `settings`, or `setup_dummy` when
+    /// `settings.real_client_address` names the node's real client (`shared.rs`).
     pub(crate) fn connect(settings: &MooncakeSettings) -> Result<Self, MooncakeError> {
         check_reachable("mooncake.master_address", &settings.master_address)?;
-        check_metadata_answers(settings)?;
+        let dummy = !settings.real_client_address.is_empty();
+        if dummy {
+            check_reachable("mooncake.real_client_address", &settings.real_client_address)?;
+        } else {
+            check_metadata_answers(settings)?;
+        }
         python::prepare(settings)?;
         let store = Python::attach(|py| -> Result<Py<PyAny>, MooncakeError> {
             let store = py
@@ -77,33 +86,33 @@ impl StoreClient {
                 .and_then(|module| module.getattr("MooncakeDistributedStore"))
                 .and_then(|class| class.call0())
                 .map_err(python_error("create MooncakeDistributedStore"))?;
-            let code: i64 = store
-                .call_method1(
-                    "setup",
-                    (
-                        &settings.local_hostname,
-                        &settings.metadata_server,
-                        settings.global_segment_size_bytes,
-                        settings.local_buffer_size_bytes,
-                        &settings.protocol,
-                        &settings.device_name,
-                        &settings.master_address,
-                    ),
-                )
-                .and_then(|answer| answer.extract())
-                .map_err(python_error("setup"))?;
-            if code != 0 {
-                return Err(MooncakeError::Setup {
-                    code,
-                    master_address: settings.master_address.clone(),
-                    metadata_server: settings.metadata_server.clone(),
-                });
+            if dummy {
+                setup_dummy(&store, settings)?;
+            } else {
+                setup(&store, settings)?;
             }
             Ok(store.unbind())
         })?;
         Ok(Self {
             store: RwLock::new(Some(store)),
+            shared: dummy.then(|| SharedMemory::new(settings.shared_memory_bytes)),
         })
+    }
+
+    /// `len` bytes of a dummy client's shared memory (`alloc_from_mem_pool`), leased for a
+    /// staging pool or the fallback buffer; `None` for a client of its own.
+    pub(crate) fn lend(&self, len: usize) -> Option<Result<SharedLease, MooncakeError>> {
+        let shared = self.shared.as_ref()?;
+        let guard = self.store.read(); // `mooncake::client::I1`
+        let Some(store) = guard.as_ref() else {
+            return Some(Err(MooncakeError::Closed));
+        };
+        let store = Python::attach(|py| store.clone_ref(py));
+        Some(shared.lease(len, store, |len| {
+            Python::attach(|py| {
+                store_alloc(py, guard.as_ref(), len).map_err(python_error("alloc_from_mem_pool"))
+            })
+        }))
     }
 
     /// `register_buffer(addr, len)` or `unregister_buffer(addr)`; `Ok` for code 0.
@@ -194,6 +203,12 @@ impl StoreClient {
         let Some(store) = self.store.write().take() else {
             return Ok(());
         };
+        if self.shared.as_ref().is_some_and(SharedMemory::leased) {
+            // `mooncake::shared::S1`: a staging pool still uses the shared memory.
+            tracing::debug!("mooncake dummy client left open: its shared memory is still leased");
+            Python::attach(|_py| drop(store));
+            return Ok(());
+        }
         let code: i64 = Python::attach(|py| {
             let answer = store.bind(py).call_method0("close");
             drop(store);
@@ -235,6 +250,66 @@ impl StoreClient {
             );
             Err(CallError::Failed)
         }
+    }
+}
+
+/// `setup` of a client of its own, holding a segment.
+fn setup(store: &Bound<'_, PyAny>, settings: &MooncakeSettings) -> Result<(), MooncakeError> {
+    let code: i64 = store
+        .call_method1(
+            "setup",
+            (
+                &settings.local_hostname,
+                &settings.metadata_server,
+                settings.global_segment_size_bytes,
+                settings.local_buffer_size_bytes,
+                &settings.protocol,
+                &settings.device_name,
+                &settings.master_address,
+            ),
+        )
+        .and_then(|answer| answer.extract())
+        .map_err(python_error("setup"))?;
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(MooncakeError::Setup {
+            code,
+            master_address: settings.master_address.clone(),
+            metadata_server: settings.metadata_server.clone(),
+        })
+    }
+}
+
+/// `setup_dummy` of a dummy client of the node's real client (`shared.rs`).
+fn setup_dummy(store: &Bound<'_, PyAny>, settings: &MooncakeSettings) -> Result<(), MooncakeError> {
+    let code: i64 = store
+        .call_method1(
+            "setup_dummy",
+            (
+                settings.shared_memory_bytes,
+                settings.local_buffer_size_bytes,
+                &settings.real_client_address,
+            ),
+        )
+        .and_then(|answer| answer.extract())
+        .map_err(python_error("setup_dummy"))?;
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(MooncakeError::DummySetup {
+            code,
+            real_client_address: settings.real_client_address.clone(),
+            shared_memory_bytes: settings.shared_memory_bytes,
+        })
+    }
+}
+
+/// `alloc_from_mem_pool(len)`: an address in the dummy's shared memory, 0 when none is left.
+fn store_alloc(py: Python<'_>, store: Option<&Py<PyAny>>, len: usize) -> PyResult<usize> {
+    match store {
+        Some(store) => store.bind(py).call_method1("alloc_from_mem_pool", (len,))?.extract(),
+        None => Ok(0),
     }
 }
 

@@ -28,6 +28,7 @@ use std::collections::HashSet;
 use super::error::INVALID_PARAMS;
 use super::pool::MooncakePool;
 use super::staging::{plan_rounds, FallbackStaging};
+use crate::gpu::LentHostMemory;
 use crate::pool::{Pool, PoolCounters, PoolError};
 
 impl Pool for MooncakePool {
@@ -159,6 +160,16 @@ impl Pool for MooncakePool {
 
     fn name(&self) -> &'static str {
         "mooncake"
+    }
+
+    /// Shared memory of a dummy client (`shared.rs`); `None` for a client of its own.
+    fn lend_staging(&self, bytes: usize) -> Option<Result<Box<dyn LentHostMemory>, PoolError>> {
+        let lease = self.client().lend(bytes)?;
+        Some(
+            lease
+                .map(|lease| Box::new(lease) as Box<dyn LentHostMemory>)
+                .map_err(|err| err.pool_error()),
+        )
     }
 
     fn register_staging(&self, staging: &[u8]) -> Result<(), PoolError> {

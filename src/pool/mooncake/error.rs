@@ -64,9 +64,32 @@ pub enum MooncakeError {
         /// The configured metadata server.
         metadata_server: String,
     },
+    /// `setup_dummy` answered a nonzero code: no `mooncake_client` serves dummy clients at
+    /// `mooncake.real_client_address`, or it could not map the shared memory.
+    #[error("mooncake setup_dummy returned {code} for mooncake.real_client_address = {real_client_address:?} (mooncake.shared_memory_bytes = {shared_memory_bytes}); start the node's mooncake_client there (mooncake_client --host=HOST --port=PORT --master_server_address=... --metadata_server=...) or set mooncake.real_client_address = \"\" for a client of this process's own")]
+    DummySetup {
+        /// The code `setup_dummy` returned.
+        code: i64,
+        /// The configured real client.
+        real_client_address: String,
+        /// The shared memory asked for.
+        shared_memory_bytes: u64,
+    },
+    /// A dummy client's shared memory has too little left for a staging pool.
+    #[error("the dummy client's shared memory cannot give {asked} more bytes ({used} of mooncake.shared_memory_bytes = {total} taken); raise it, e.g. mooncake.shared_memory_bytes = {suggested}")]
+    SharedMemorySpent {
+        /// Bytes asked for.
+        asked: u64,
+        /// Bytes taken before.
+        used: u64,
+        /// The configured size.
+        total: u64,
+        /// A size that holds everything taken and asked, with the spare.
+        suggested: u64,
+    },
     /// The master or the HTTP metadata server does not accept connections (checked before
     /// `setup`, which would otherwise wait about 90 seconds holding the GIL).
-    #[error("cannot reach {setting} = {address:?}: {source}; start mooncake_master there or fix {setting}")]
+    #[error("cannot reach {setting} = {address:?}: {source}; start {} there or fix {setting}", server_of(setting))]
     Unreachable {
         /// `mooncake.master_address` or `mooncake.metadata_server`.
         setting: &'static str,
@@ -167,6 +190,15 @@ pub enum MooncakeError {
         /// How long start waited.
         waited_ms: u64,
     },
+    /// A node-local `mooncake_client` this process started exited or did not listen in
+    /// time (its log has why).
+    #[error("the mooncake_client started for the one-node layout {what}; see {log:?}")]
+    RealClientStart {
+        /// What went wrong: "exited with ..." or "did not listen on ... within ... ms".
+        what: String,
+        /// Where its log went.
+        log: Option<PathBuf>,
+    },
     /// Stopping the master failed.
     #[error("could not stop mooncake_master (pid {pid}): {source}")]
     MasterStop {
@@ -187,6 +219,15 @@ pub enum MooncakeError {
     },
 }
 
+/// What serves at the address `setting` names.
+fn server_of(setting: &str) -> &'static str {
+    if setting == "mooncake.real_client_address" {
+        "the node's mooncake_client"
+    } else {
+        "mooncake_master"
+    }
+}
+
 impl MooncakeError {
     /// A short, stable label for metrics and logs.
     pub fn kind(&self) -> &'static str {
@@ -194,6 +235,8 @@ impl MooncakeError {
             Self::VenvMissing { .. } => "venv_missing",
             Self::Python { .. } => "python",
             Self::Setup { .. } => "setup",
+            Self::DummySetup { .. } => "dummy_setup",
+            Self::SharedMemorySpent { .. } => "shared_memory_spent",
             Self::Unreachable { .. } => "unreachable",
             Self::MetadataSilent { .. } => "metadata_silent",
             Self::Register { .. } => "register",
@@ -207,6 +250,7 @@ impl MooncakeError {
             Self::MasterExited { .. } => "master_exited",
             Self::MasterNotReady { .. } => "master_not_ready",
             Self::MasterStop { .. } => "master_stop",
+            Self::RealClientStart { .. } => "real_client_start",
             Self::MasterLog { .. } => "master_log",
         }
     }
@@ -216,7 +260,10 @@ impl MooncakeError {
     /// else is [`PYTHON_CALL_FAILED`].
     pub fn pool_error(&self) -> PoolError {
         match self {
-            Self::Register { code, .. } | Self::Setup { code, .. } | Self::Close { code } => {
+            Self::Register { code, .. }
+            | Self::Setup { code, .. }
+            | Self::DummySetup { code, .. }
+            | Self::Close { code } => {
                 PoolError::Backend {
                     code: i32::try_from(*code).unwrap_or(PYTHON_CALL_FAILED),
                 }
@@ -224,6 +271,18 @@ impl MooncakeError {
             Self::Closed | Self::Unreachable { .. } | Self::MetadataSilent { .. } => {
                 PoolError::Unavailable
             }
+            Self::SharedMemorySpent {
+                asked,
+                used,
+                total,
+                suggested,
+            } => PoolError::TransferMemory {
+                asked: *asked,
+                used: *used,
+                total: *total,
+                key: "mooncake.shared_memory_bytes",
+                suggested: *suggested,
+            },
             _ => PoolError::Backend {
                 code: PYTHON_CALL_FAILED,
             },

@@ -276,7 +276,7 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
 /// in the child and then executes the master (same PID), so a process killed with SIGKILL
 /// leaves no master behind. Without `setpriv` the master runs plain, and a warning says
 /// so once. `stderr` makes the master's stderr for each attempt.
-fn spawn_master(
+pub(super) fn spawn_master(
     binary: &Path,
     args: &[String],
     stderr: &dyn Fn() -> Result<Stdio, MooncakeError>,

@@ -72,7 +72,10 @@ mod master;
 mod pool;
 mod python;
 mod reach;
+#[cfg(any(feature = "replay", feature = "internals"))]
+mod real_client;
 mod settings;
+mod shared;
 mod staging;
 
 pub use error::MooncakeError;
@@ -85,4 +88,6 @@ pub use pool::MooncakePool;
 pub use python::ensure_interpreter;
 #[cfg(any(feature = "replay", feature = "internals"))]
 pub use python::MooncakeInstall;
+#[cfg(any(feature = "replay", feature = "internals"))]
+pub use real_client::{MooncakeRealClient, RealClientSettings};
 pub use settings::MooncakeSettings;

@@ -36,6 +36,7 @@ use super::counters::Counters;
 use super::error::{exists_result, get_result, put_result, INVALID_PARAMS};
 use super::staging::{plan_rounds, staging_len_for, FallbackStaging, Regions, Slot};
 use super::{MooncakeError, MooncakeSettings};
+use crate::gpu::StagingPool;
 use crate::pool::PoolError;
 
 /// Most threads one probe fans out to; larger probes get larger chunks.
@@ -73,6 +74,11 @@ impl MooncakePool {
             staging: Mutex::new(None),
             counters: Counters::default(),
         }
+    }
+
+    /// The store client.
+    pub(super) fn client(&self) -> &StoreClient {
+        &self.client
     }
 
     /// The settings the client started with.
@@ -235,7 +241,15 @@ impl MooncakePool {
                 tracing::warn!(error = %err, "could not unregister the old fallback buffer");
             }
         }
-        let mut staging = FallbackStaging::new(needed);
+        let mut staging = match self.client.lend(needed) {
+            None => FallbackStaging::new(needed),
+            Some(lease) => {
+                let lease = lease.map_err(|err| err.pool_error())?;
+                let memory = StagingPool::lent_host(needed, Box::new(lease))
+                    .map_err(|_| PoolError::Backend { code: INVALID_PARAMS })?;
+                FallbackStaging::lent(needed, memory)
+            }
+        };
         self.client
             .register("register_buffer", staging.addr(), needed)
             .map_err(|err| match err {

@@ -37,6 +37,15 @@ pub struct MooncakeSettings {
     pub device_name: String,
     /// The master's RPC address, `HOST:PORT`.
     pub master_address: String,
+    /// The node-local `mooncake_client` (the "real client", which holds the segment) to
+    /// attach to as a dummy client over shared memory, `HOST:PORT` of its RPC port; empty
+    /// runs a client of its own that contributes `global_segment_size_bytes` and moves data
+    /// over `protocol`. In the dummy layout the segment fields are the real client's business.
+    pub real_client_address: String,
+    /// Bytes of shared memory a dummy client maps for the real client (`setup_dummy`'s
+    /// memory pool): every staging pool and the fallback buffer live in it. Unused without
+    /// `real_client_address`.
+    pub shared_memory_bytes: u64,
     /// The virtual environment holding the `mooncake-transfer-engine-non-cuda` wheel; its
     /// site-packages is added to the embedded interpreter (`scripts/setup-mooncake` makes
     /// `.venv`). A relative path is taken from the working directory.
@@ -83,6 +92,8 @@ impl Default for MooncakeSettings {
             protocol: "tcp".into(),
             device_name: String::new(),
             master_address: "127.0.0.1:50051".into(),
+            real_client_address: String::new(),
+            shared_memory_bytes: 1 << 30,
             venv_dir: PathBuf::from(".venv"),
             tcp_bind_address: "127.0.0.1".into(),
             log_level: "WARNING".into(),
@@ -101,8 +112,9 @@ impl Default for MooncakeSettings {
 
 impl MooncakeSettings {
     /// The client of `config`: the `[mooncake]` section (an empty `metadata_server` becomes
-    /// `http://HOST:8080/metadata` of `master_address`), `planner.probe_chunk` as the probe
-    /// chunk; the call limits and the fallback buffer keep their defaults.
+    /// `http://HOST:8080/metadata` of `master_address`; a `shared_memory_bytes` of 0 fits
+    /// one rank's staging pools), `planner.probe_chunk` as the probe chunk; the call limits
+    /// and the fallback buffer keep their defaults.
     pub fn from_config(config: &Config) -> Self {
         let mooncake = &config.mooncake;
         Self {
@@ -113,6 +125,8 @@ impl MooncakeSettings {
             protocol: mooncake.protocol.clone(),
             device_name: mooncake.device_name.clone(),
             master_address: mooncake.master_address.clone(),
+            real_client_address: mooncake.real_client_address.clone(),
+            shared_memory_bytes: mooncake.effective_shared_memory_bytes(config),
             venv_dir: mooncake.venv_dir.clone(),
             tcp_bind_address: mooncake.tcp_bind_address.clone(),
             log_level: mooncake.log_level.clone(),

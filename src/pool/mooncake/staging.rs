@@ -19,6 +19,8 @@
 
 use parking_lot::RwLock;
 
+use crate::gpu::StagingPool;
+
 /// Alignment of staged items inside the fallback buffer.
 const STAGING_ALIGN: usize = 64;
 /// Alignment of the fallback buffer itself.
@@ -74,23 +76,53 @@ impl Regions {
     }
 }
 
-/// A registered heap buffer that unregistered caller buffers are copied through. Its
+/// A registered buffer that unregistered caller buffers are copied through: heap memory,
+/// or a dummy client's shared memory (`shared.rs`), where Mooncake moves data only. Its
 /// usable part starts on a page boundary: transfers into a buffer at a 16-byte offset
 /// (plain `malloc`) measured about 40% slower than into a page-aligned one.
 pub(crate) struct FallbackStaging {
-    bytes: Box<[u8]>,
-    /// Offset of the first page boundary in `bytes`.
+    memory: FallbackMemory,
+    /// Offset of the first page boundary in the memory.
     start: usize,
     /// Usable bytes from `start`.
     len: usize,
 }
 
+/// Where a fallback buffer's bytes live.
+enum FallbackMemory {
+    Heap(Box<[u8]>),
+    /// A one-slot staging pool over leased shared memory.
+    Lent(StagingPool),
+}
+
 impl FallbackStaging {
-    /// A zeroed buffer of `len` usable, page-aligned bytes (not yet registered).
+    /// A zeroed heap buffer of `len` usable, page-aligned bytes (not yet registered).
     pub(crate) fn new(len: usize) -> Self {
-        let bytes = vec![0u8; len + PAGE_BYTES].into_boxed_slice();
+        Self::over(len, FallbackMemory::Heap(vec![0u8; len + PAGE_BYTES].into_boxed_slice()))
+    }
+
+    /// A buffer of all of `memory`, `len` bytes of a dummy client's shared memory (not yet
+    /// registered). It starts where the lease does: a dummy client registers only whole
+    /// leases, which Mooncake's pool hands out page-aligned.
+    pub(crate) fn lent(len: usize, memory: StagingPool) -> Self {
+        Self {
+            memory: FallbackMemory::Lent(memory),
+            start: 0,
+            len,
+        }
+    }
+
+    fn over(len: usize, mut memory: FallbackMemory) -> Self {
+        let bytes = Self::bytes(&mut memory);
         let start = bytes.as_ptr().align_offset(PAGE_BYTES).min(PAGE_BYTES);
-        Self { bytes, start, len }
+        Self { memory, start, len }
+    }
+
+    fn bytes(memory: &mut FallbackMemory) -> &mut [u8] {
+        match memory {
+            FallbackMemory::Heap(bytes) => bytes,
+            FallbackMemory::Lent(pool) => pool.bytes_mut(),
+        }
     }
 
     /// Its usable size.
@@ -100,13 +132,14 @@ impl FallbackStaging {
 
     /// Its page-aligned start address, for `register_buffer` and the calls.
     pub(crate) fn addr(&mut self) -> usize {
-        self.bytes[self.start..].as_mut_ptr().addr()
+        let start = self.start;
+        Self::bytes(&mut self.memory)[start..].as_mut_ptr().addr()
     }
 
     /// The staged range `[offset, offset + len)` of the usable part.
     pub(crate) fn range_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
         let from = self.start + offset;
-        &mut self.bytes[from..from + len]
+        &mut Self::bytes(&mut self.memory)[from..from + len]
     }
 }
 

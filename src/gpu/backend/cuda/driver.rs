@@ -152,6 +152,26 @@ pub(crate) unsafe fn host_free(ptr: *mut u8) -> Result<(), DriverError> {
     unsafe { sys::cuMemFreeHost(ptr.cast::<c_void>()) }.result()
 }
 
+/// `cuMemHostRegister(ptr, bytes, 0)`: page-locks host memory that something else
+/// allocated, so DMA may read and write it like [`host_alloc`]'s.
+///
+/// # Safety
+/// The owning context is current on this thread, and `ptr..ptr + bytes` stays mapped until
+/// [`host_unregister`].
+pub(crate) unsafe fn host_register(ptr: *mut u8, bytes: usize) -> Result<(), DriverError> {
+    // SAFETY: the range is mapped host memory (caller); flags 0 is a valid value.
+    unsafe { sys::cuMemHostRegister_v2(ptr.cast::<c_void>(), bytes, 0) }.result()
+}
+
+/// `cuMemHostUnregister`: ends a [`host_register`].
+///
+/// # Safety
+/// `ptr` was registered with [`host_register`], once, and no copy still uses it.
+pub(crate) unsafe fn host_unregister(ptr: *mut u8) -> Result<(), DriverError> {
+    // SAFETY: single unregister of a live registration with no copies left (caller).
+    unsafe { sys::cuMemHostUnregister(ptr.cast::<c_void>()) }.result()
+}
+
 /// `cuStreamCreate(CU_STREAM_NON_BLOCKING)`: a stream that never waits for stream 0.
 ///
 /// # Safety

@@ -1,5 +1,7 @@
 //! Owned CUDA memory: [`DeviceRegion`] (one group's page memory, `cuMemAlloc`) and
-//! [`PinnedBuffer`] (page-locked staging memory, `cuMemHostAlloc` with flags 0).
+//! [`PinnedBuffer`] (page-locked staging memory, `cuMemHostAlloc` with flags 0) and
+//! [`HostRegistration`] (host memory allocated elsewhere, page-locked with
+//! `cuMemHostRegister` for as long as the registration lives).
 //!
 //! Workflow: `CudaDevice::open` allocates one region per page pool (`num_pages *
 //! page_bytes`, zeroed like host pages); `Device::staging_pool` allocates one pinned buffer
@@ -196,6 +198,57 @@ impl Drop for PinnedBuffer {
 impl fmt::Debug for PinnedBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PinnedBuffer")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Host memory that something else allocated, page-locked for this context's copies while
+/// the value lives (`cuMemHostRegister`); the owner of the memory must outlive it.
+pub(crate) struct HostRegistration {
+    context: Arc<Context>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the registration only names an address range; it may end on any thread once its
+// context is made current, which `Drop` does.
+unsafe impl Send for HostRegistration {}
+// SAFETY: `&HostRegistration` gives no access to the memory.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Page-locks `ptr..ptr + len` for the copies of `context`.
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from `cuMemHostRegister` (the range is not mapped host memory,
+    /// or the host cannot lock that much).
+    pub(crate) fn register(context: Arc<Context>, ptr: *mut u8, len: usize) -> Result<Self, GpuError> {
+        context.make_current()?;
+        // SAFETY: the context is current on this thread (line above); the caller keeps the
+        // range mapped for longer than the registration lives.
+        unsafe { driver::host_register(ptr, len) }.map_err(GpuError::driver("cuMemHostRegister"))?;
+        Ok(Self { context, ptr, len })
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if self.context.make_current().is_err() {
+            return;
+        }
+        // SAFETY: registered once in `register`, ended once, here; no copy uses the range,
+        // since an in-flight copy owns the staging pool and finishes before releasing it
+        // (`gpu::I3`).
+        if let Err(error) = unsafe { driver::host_unregister(self.ptr) } {
+            tracing::warn!(bytes = self.len, %error, "unregistering lent staging memory failed");
+        }
+    }
+}
+
+impl fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostRegistration")
             .field("len", &self.len)
             .finish_non_exhaustive()
     }

@@ -14,7 +14,8 @@
 //!  CudaDevice (this file)      one DeviceRegion per page pool, an engine stream
 //!  checked.rs                  checked submissions: page copies, 2D copies, checksum kernel
 //!  context.rs                  primary context retain, current on each entry (`cuda::context::X2`)
-//!  memory.rs                   DeviceRegion (cuMemAlloc), PinnedBuffer (cuMemHostAlloc 0)
+//!  memory.rs                   DeviceRegion (cuMemAlloc), PinnedBuffer (cuMemHostAlloc 0),
+//!                              HostRegistration (cuMemHostRegister 0)
 //!  kernel.rs                   the page checksum kernel and its scratch
 //!  queue.rs                    CudaStream, CudaEvent, PendingCopy
 //!      v
@@ -57,7 +58,7 @@ use std::sync::Arc;
 pub(crate) use checked::HostCopy;
 pub(crate) use context::{probe, Context};
 pub(crate) use kernel::ChecksumScratch;
-pub(crate) use memory::PinnedBuffer;
+pub(crate) use memory::{HostRegistration, PinnedBuffer};
 pub(crate) use queue::{CudaEvent, CudaStream, PendingCopy};
 
 use self::kernel::ChecksumKernel;
@@ -165,6 +166,14 @@ impl CudaDevice {
     /// [`GpuError::Driver`] from `cuMemHostAlloc`.
     pub(crate) fn pinned(&self, len: usize) -> Result<PinnedBuffer, GpuError> {
         PinnedBuffer::zeroed(Arc::clone(&self.context), len)
+    }
+
+    /// Page-locks `len` bytes at `ptr`, allocated elsewhere, for this device's copies.
+    ///
+    /// # Errors
+    /// [`GpuError::Driver`] from `cuMemHostRegister`.
+    pub(crate) fn register_host(&self, ptr: *mut u8, len: usize) -> Result<HostRegistration, GpuError> {
+        HostRegistration::register(Arc::clone(&self.context), ptr, len)
     }
 
     /// A new non-blocking stream.

@@ -1,0 +1,261 @@
+//! Mooncake's one-node layout on a real `mooncake_master` and a real node-local
+//! `mooncake_client` (the "real client"): this process's clients are dummy clients over
+//! shared memory (`mooncake.real_client_address`). Nothing is mocked.
+//!
+//! Covered:
+//! - `kv-connector replay --pool mooncake --real-client` on a slice of the shared trace:
+//!   zero mismatched pages and the embedded pool's reuse, every staging pool in the dummy
+//!   clients' shared memory;
+//! - a dummy client's pool calls: buffers outside its shared memory round-trip through the
+//!   fallback buffer it leases there; a staging pool larger than what is left is refused
+//!   naming `mooncake.shared_memory_bytes` and a size that fits; leased memory stays usable
+//!   after the client is closed; a real-client address where nothing listens is refused
+//!   naming `mooncake.real_client_address`.
+//!
+//! The tests need `.venv` from `scripts/setup-mooncake` (skipped without it, failed with
+//! `KV_CONNECTOR_REQUIRE_MOONCAKE=1`, `common::mooncake`).
+#![cfg(all(feature = "mooncake", feature = "cli"))]
+
+mod common;
+
+use std::collections::HashMap;
+
+use clap::Parser;
+use common::mooncake::{install, start_master, venv_dir};
+use kv_connector::cli::{replay as replay_cli, Cli, Command};
+use kv_connector::config::MIB;
+use kv_connector::gpu::StagingPool;
+use kv_connector::pool::mooncake::{
+    MooncakeError, MooncakeMaster, MooncakePool, MooncakeRealClient, MooncakeSettings,
+    RealClientSettings,
+};
+use kv_connector::pool::{Pool, PoolError};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/mooncake_synthetic_trace.jsonl"
+);
+
+/// The trace slice of `mooncake_replay.rs`: 150 requests holding the trace's first reuse,
+/// pages scaled to 832 bytes, a pool that never evicts.
+const TRACE_SLICE: &[&str] = &[
+    "--trace",
+    TRACE,
+    "--limit",
+    "150",
+    "--model",
+    "llama-3.1-8b",
+    "--instances",
+    "2",
+    "--kv-bytes-scale",
+    "0.0002",
+    "--pool-capacity",
+    "512GiB",
+    "--set",
+    "loaders.staging_bytes_per_loader=8MiB",
+    "--set",
+    "saver.staging_bytes=8MiB",
+];
+
+/// Runs `kv-connector replay --quiet --json` with `flags`; its JSON report.
+fn replay(flags: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let venv = format!("mooncake.venv_dir={}", venv_dir().display());
+    let mut command_line = vec![
+        "kv-connector",
+        "replay",
+        "--quiet",
+        "--json",
+        "--set",
+        &venv,
+    ];
+    command_line.extend_from_slice(flags);
+    let Command::Replay(args) = Cli::try_parse_from(command_line)?.command else {
+        return Err("not the replay subcommand".into());
+    };
+    let mut out = Vec::new();
+    replay_cli::run(
+        &args,
+        HashMap::<String, String>::new(),
+        &mut out,
+        &mut Vec::new(),
+    )?;
+    Ok(serde_json::from_slice(&out)?)
+}
+
+fn field(report: &serde_json::Value, name: &str) -> Result<u64, String> {
+    report[name]
+        .as_u64()
+        .ok_or_else(|| format!("no {name} in {report}"))
+}
+
+/// Every instance a dummy client of one real client: every loaded page verifies, and the
+/// replay reuses what the embedded pool does (neither evicts).
+#[test]
+fn a_replay_through_the_real_client_matches_the_embedded_pool() -> TestResult {
+    if install().is_none() {
+        return Ok(());
+    }
+    let memory = replay(&[TRACE_SLICE, &["--pool", "memory"]].concat())?;
+    let dummy = replay(&[TRACE_SLICE, &["--pool", "mooncake", "--real-client"]].concat())?;
+    assert_eq!(dummy["setup"]["pool"], "mooncake");
+    for report in [&memory, &dummy] {
+        assert_eq!(field(report, "mismatched_pages")?, 0, "{report}");
+        assert_eq!(field(report, "completed")?, field(report, "requests")?);
+        assert_eq!(field(report, "loads_failed")?, 0, "{report}");
+        assert_eq!(field(report, "saves_failed")?, 0, "{report}");
+    }
+    let oracle = field(&memory, "oracle_reusable_tokens")?;
+    let (reused_memory, reused_dummy) = (
+        field(&memory, "reused_tokens")?,
+        field(&dummy, "reused_tokens")?,
+    );
+    assert!(field(&dummy, "verified_pages")? > 0, "{dummy}");
+    assert!(
+        reused_dummy.abs_diff(reused_memory) * 100 <= oracle * 3,
+        "through the real client {reused_dummy}, embedded {reused_memory} of oracle {oracle}"
+    );
+    Ok(())
+}
+
+/// A dummy client of a real client holding 64 MiB, with `shared_memory_bytes` of shared
+/// memory; the real client and the master live as long as the returned guard.
+fn dummy_pool(
+    name: &str,
+    shared_memory_bytes: u64,
+) -> Result<Option<(MooncakePool, Processes)>, Box<dyn std::error::Error>> {
+    let Some(install) = install() else {
+        return Ok(None);
+    };
+    let master = start_master(&install, name)?;
+    let real_client =
+        MooncakeRealClient::start(&master, &RealClientSettings::new(&install, 64 * MIB))?;
+    let settings = MooncakeSettings {
+        venv_dir: install.venv_dir.clone(),
+        real_client_address: real_client.address(),
+        shared_memory_bytes,
+        local_buffer_size_bytes: 4 * MIB,
+        fallback_staging_bytes: 1 << 20,
+        ..master.client_settings(MooncakeSettings::default())
+    };
+    let pool = MooncakePool::connect(settings)?;
+    Ok(Some((
+        pool,
+        Processes {
+            real_client,
+            _master: master,
+        },
+    )))
+}
+
+/// The processes behind a dummy client: the real client stops before the master.
+struct Processes {
+    real_client: MooncakeRealClient,
+    _master: MooncakeMaster,
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.real_client.stop();
+    }
+}
+
+#[test]
+fn a_dummy_client_stages_other_buffers_in_its_shared_memory_and_refuses_what_does_not_fit(
+) -> TestResult {
+    let Some((pool, _processes)) = dummy_pool("dummy-calls", 64 * MIB)? else {
+        return Ok(());
+    };
+    let values: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i + 1; 100_000]).collect();
+    let keys = ["dummy/a", "dummy/b", "dummy/c", "dummy/d"];
+    let slices: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+    let put = pool.put(&keys, &slices);
+    assert!(put.iter().all(Result::is_ok), "{put:?}");
+    let mut read = vec![vec![0u8; 100_000]; 4];
+    let mut buffers: Vec<&mut [u8]> = read.iter_mut().map(Vec::as_mut_slice).collect();
+    let got = pool.get_into(&keys, &mut buffers);
+    assert!(got.iter().all(|answer| answer == &Ok(100_000)), "{got:?}");
+    assert_eq!(
+        read, values,
+        "the bytes came back through the shared memory"
+    );
+
+    let too_much = usize::try_from(64 * MIB)?;
+    let refused = match pool.lend_staging(too_much) {
+        Some(Err(err)) => err,
+        other => {
+            return Err(format!(
+                "a lease beyond the shared memory: {:?}",
+                other.map(|r| r.is_ok())
+            )
+            .into())
+        }
+    };
+    assert!(
+        matches!(refused, PoolError::TransferMemory { .. }),
+        "{refused:?}"
+    );
+    let message = refused.to_string();
+    assert!(
+        message
+            .contains("raise mooncake.shared_memory_bytes, e.g. mooncake.shared_memory_bytes = "),
+        "{message}"
+    );
+    Ok(())
+}
+
+/// A staging pool in leased shared memory outlives the client's close: the close leaves
+/// the mapping to the last lease.
+#[test]
+fn leased_shared_memory_stays_usable_after_the_client_closes() -> TestResult {
+    let Some((pool, _processes)) = dummy_pool("dummy-lease", 64 * MIB)? else {
+        return Ok(());
+    };
+    let lease = pool
+        .lend_staging(usize::try_from(4 * MIB)?)
+        .ok_or("a dummy client lends its shared memory")??;
+    let mut staging = StagingPool::lent_host(usize::try_from(4 * MIB)?, lease)?;
+    staging.slot_mut(0)?[..8].copy_from_slice(b"pageone!");
+    pool.close()?;
+    staging.slot_mut(0)?[8..16].copy_from_slice(b"pagetwo!");
+    assert_eq!(&staging.slot(0)?[..16], b"pageone!pagetwo!");
+    assert!(
+        pool.get_into(&["any"], &mut [&mut [0u8; 8][..]])[0].is_err(),
+        "closed"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_real_client_address_where_nothing_listens_is_refused_naming_the_setting() -> TestResult {
+    let Some(install) = install() else {
+        return Ok(());
+    };
+    let master = start_master(&install, "dummy-unreachable")?;
+    let (_listener, free) = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let address = listener.local_addr()?.to_string();
+        drop(listener);
+        ((), address)
+    };
+    let settings = MooncakeSettings {
+        venv_dir: install.venv_dir.clone(),
+        real_client_address: free.clone(),
+        ..master.client_settings(MooncakeSettings::default())
+    };
+    let refused = MooncakePool::connect(settings)
+        .err()
+        .ok_or("nothing listens there")?;
+    assert!(
+        matches!(refused, MooncakeError::Unreachable { .. }),
+        "{refused:?}"
+    );
+    let message = refused.to_string();
+    assert!(
+        message.contains(&format!("mooncake.real_client_address = {free:?}")),
+        "{message}"
+    );
+    assert!(message.contains("the node's mooncake_client"), "{message}");
+    Ok(())
+}
