@@ -721,6 +721,25 @@ mod tests {
     }
 
     #[test]
+    fn a_real_client_address_must_be_host_port_and_shared_memory_fit_a_buffer() {
+        for bad in ["127.0.0.1", ":50052", "127.0.0.1:0", "localhost:x"] {
+            let err = refusal(|c| c.mooncake.real_client_address = bad.to_owned());
+            assert_out_of_range(
+                &err,
+                "mooncake.real_client_address",
+                &format!("{bad:?}"),
+                "\"127.0.0.1:50052\"",
+            );
+        }
+        let err = refusal(|c| c.mooncake.shared_memory_bytes = MIB);
+        assert_out_of_range(&err, "mooncake.shared_memory_bytes", "1048576", "1073741824");
+        let mut config = Config::default();
+        config.mooncake.real_client_address = "127.0.0.1:50052".to_owned();
+        config.mooncake.shared_memory_bytes = 64 * MIB;
+        assert!(config.validate().is_ok(), "HOST:PORT and the smallest size are accepted");
+    }
+
+    #[test]
     fn gil_switch_intervals_outside_the_range_are_refused() {
         for bad in [1, 99, 5001] {
             let err = refusal(|c| c.mooncake.gil_switch_interval_us = bad);

@@ -93,7 +93,9 @@ impl Default for MooncakeSettings {
             device_name: String::new(),
             master_address: "127.0.0.1:50051".into(),
             real_client_address: String::new(),
-            shared_memory_bytes: 1 << 30,
+            // What the default staging settings take: two loaders' and the saver's 256 MiB
+            // each, plus the spare (`MooncakeConfig::effective_shared_memory_bytes`).
+            shared_memory_bytes: (3 * 256 + 64) << 20,
             venv_dir: PathBuf::from(".venv"),
             tcp_bind_address: "127.0.0.1".into(),
             log_level: "WARNING".into(),
@@ -186,6 +188,20 @@ mod tests {
             MooncakeSettings::from_config(&Config::default()),
             MooncakeSettings::default()
         );
+    }
+
+    #[test]
+    fn shared_memory_fits_one_ranks_staging_unless_set() {
+        let mut config = Config::default();
+        config.mooncake.real_client_address = "127.0.0.1:50052".into();
+        config.loaders.load_threads = 4;
+        config.loaders.staging_bytes_per_loader = 64 << 20;
+        config.saver.staging_bytes = 128 << 20;
+        let settings = MooncakeSettings::from_config(&config);
+        assert_eq!(settings.real_client_address, "127.0.0.1:50052");
+        assert_eq!(settings.shared_memory_bytes, (4 * 64 + 128 + 64) << 20);
+        config.mooncake.shared_memory_bytes = 3 << 30;
+        assert_eq!(MooncakeSettings::from_config(&config).shared_memory_bytes, 3 << 30);
     }
 
     #[test]
