@@ -28,7 +28,6 @@ import argparse
 import ctypes
 import json
 import mmap
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,37 +42,6 @@ import api_support  # noqa: E402
 OBJECT_BYTES = 1152 << 10
 PER_CALL = 227
 BUFFER_BYTES = OBJECT_BYTES * PER_CALL
-
-
-def start_real_client(master, objects: int, threads: int, log: Path) -> tuple[subprocess.Popen, int]:
-    """A `mooncake_client` holding a segment for every object twice; (process, port)."""
-    master_binary = api_support.mooncake_master_binary()
-    if master_binary is None:
-        raise RuntimeError("the mooncake wheel is not installed in this interpreter")
-    binary = master_binary.with_name("mooncake_client")
-    (port,) = api_support.free_ports(1)
-    segment_mb = (2 * objects * OBJECT_BYTES) >> 20
-    args = [
-        str(binary),
-        "--host=127.0.0.1",
-        f"--port={port}",
-        f"--metadata_server=http://127.0.0.1:{master.metadata}/metadata",
-        f"--master_server_address=127.0.0.1:{master.rpc}",
-        f"--global_segment_size={segment_mb} MB",
-        "--local_buffer_size=64MB",
-        f"--threads={threads}",
-    ]
-    with open(log, "ab") as sink:
-        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if api_support.listening(port):
-            return process, port
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"mooncake_client did not start; see {log}")
 
 
 class Dummy:
@@ -156,7 +124,8 @@ def main() -> None:
     master = api_support.start_master(logs / "master.log")
     client = None
     try:
-        client, port = start_real_client(master, args.objects, args.client_threads, logs / "client.log")
+        segment_bytes = 2 * args.objects * OBJECT_BYTES  # every object twice
+        client, port = api_support.start_real_client(master, segment_bytes, args.client_threads, logs / "client.log")
         dummy = Dummy(port, 2 + args.concurrent)
         first = [f"dummy-{i}" for i in range(args.objects)]
         second = [f"dummy-again-{i}" for i in range(args.objects)]

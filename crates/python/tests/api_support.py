@@ -237,6 +237,35 @@ def start_master(log: Path) -> Master:
     pytest.fail(f"mooncake_master did not start; see {log}")
 
 
+def start_real_client(master: Master, segment_bytes: int, threads: int, log: Path) -> tuple[subprocess.Popen, int]:
+    """A node-local `mooncake_client` (the "real client" of Mooncake's one-node layout)
+    holding `segment_bytes` for `master`, on a free loopback port; (process, port). Stop
+    it with `stop_master`."""
+    binary = mooncake_master_binary()
+    if binary is None:
+        skip_or_fail("the mooncake wheel is not installed in this interpreter")
+    (port,) = free_ports(1)
+    args = [
+        str(binary.with_name("mooncake_client")),
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--metadata_server=http://127.0.0.1:{master.metadata}/metadata",
+        f"--master_server_address=127.0.0.1:{master.rpc}",
+        f"--global_segment_size={segment_bytes}",
+        "--local_buffer_size=16777216",
+        f"--threads={threads}",
+    ]
+    with open(log, "ab") as sink:
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process.poll() is None:
+        if listening(port):
+            return process, port
+        time.sleep(0.05)
+    stop_master(process)
+    raise RuntimeError(f"mooncake_client did not start; see {log}")
+
+
 def stop_master(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.kill()

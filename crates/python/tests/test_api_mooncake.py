@@ -9,7 +9,18 @@ import pytest
 import torch
 
 import kv_connector as kvc
-from api_support import T, caches, layout, mooncake_master, needs_mooncake, prompt, serve  # noqa: F401 (fixture)
+from api_support import (  # noqa: F401 (fixture)
+    T,
+    caches,
+    layout,
+    mooncake_master,
+    needs_mooncake,
+    prompt,
+    serve,
+    start_master,
+    start_real_client,
+    stop_master,
+)
 
 pytestmark = needs_mooncake
 
@@ -34,6 +45,35 @@ def test_save_then_load_through_mooncake_is_byte_identical(mooncake_master):  # 
         loads = b.stats()["loads"]
         assert (loads["loads_done"], loads["pages_loaded"]) == (1, 14)
     assert a.closed and b.closed
+
+
+def test_through_the_nodes_real_client_pages_load_byte_identical(tmp_path):
+    """Mooncake's one-node layout: both connectors are dummy clients of one node-local
+    `mooncake_client`, their staging pools in the shared memory it maps. A master of its
+    own: the real client's segment stays mounted there after the client is killed."""
+    master = start_master(tmp_path / "master.log")
+    process, port = start_real_client(master, 64 << 20, 2, tmp_path / "real_client.log")
+    try:
+        config = master.config()
+        config["mooncake"]["real_client_address"] = f"127.0.0.1:{port}"
+        lay = layout()
+        kv_a, kv_b = caches(), caches()
+        a = kvc.Connector(layout=lay, kv_caches=kv_a, config=config, model_key="dummy")
+        b = kvc.Connector(layout=lay, kv_caches=kv_b, config=config, model_key="dummy")
+        with a, b:
+            tokens = prompt(8 * T + 3, start=7000)
+            serve(a, kv_a, 1, tokens, pages=list(range(9)))
+            a.settle_saves()
+            saves = a.stats()["saves"]
+            assert saves["saves_done"] > 0 and saves["saves_failed"] == 0, saves
+            served = serve(b, kv_b, 2, tokens, pages=list(range(20, 29)))
+            assert served.offer == 8 * T and served.filled
+            for block in range(8):
+                assert torch.equal(kv_b[0][20 + block], kv_a[0][block]), block
+            assert b.stats()["loads"]["loads_failed"] == 0
+    finally:
+        stop_master(process)
+        stop_master(master.process)
 
 
 def test_a_namespace_keeps_deployments_apart_on_one_master(mooncake_master):  # noqa: F811 (fixture)
