@@ -2,7 +2,8 @@
 how fast loads and saves move pages into and out of torch-allocated KV tensors.
 
   python crates/python/bench/bench_connector.py [--device cuda|cpu] [--json FILE]
-      [--mooncake MASTER METADATA [--mooncake-only] [--gil-busy N] [--mooncake-set KEY=INT]]
+      [--mooncake MASTER METADATA [--mooncake-only] [--gil-busy N] [--mooncake-set KEY=INT]
+       [--real-client THREADS]]
 
 1. Bandwidth: the gpt-oss-120b layout (1.125 MiB pages), KV tensors allocated by torch on
    the device. Instance A computes one long prompt (pages filled with random bytes on the
@@ -32,13 +33,18 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
 import kv_connector as kvc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import api_support  # the tests' Mooncake process starters
 
 LAYOUT = "gpt-oss-120b"
 MIB = 1 << 20
@@ -352,6 +358,19 @@ def hook_cost(device: str, steps: int, waiting: int) -> dict:
     }
 
 
+def start_real_client(args) -> tuple:
+    """The node-local `mooncake_client` of `--real-client`, holding four prompts' pages
+    (as each TCP client's segment does); (process, port)."""
+    rpc = int(args.mooncake[0].rsplit(":", 1)[1])
+    metadata = int(args.mooncake[1].split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    layout = kvc.Layout.preset(LAYOUT)
+    blocks = args.prompt_tokens // layout.tokens_per_block
+    stored = sum(blocks * layout.page_bytes(g["id"]) for g in layout.groups)
+    log = Path(tempfile.mkdtemp(prefix="bench-real-client-")) / "client.log"
+    return api_support.start_real_client(api_support.Master(rpc, metadata, None), stored * 4,
+                                         args.real_client, log)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -368,6 +387,10 @@ def main() -> int:
     parser.add_argument("--gil-busy", type=int, default=0, metavar="N",
                         help="measure the Mooncake bandwidth (both arms) while N Python "
                              "threads spin; compare with a run without")
+    parser.add_argument("--real-client", type=int, default=0, metavar="THREADS",
+                        help="with --mooncake, Mooncake's one-node layout: start a node-local "
+                             "mooncake_client with THREADS threads and make the connectors "
+                             "dummy clients of it (Mooncake's own arm stays on TCP)")
     parser.add_argument("--mooncake-only", action="store_true",
                         help="with --mooncake, measure only the Mooncake bandwidth")
     args = parser.parse_args()
@@ -376,13 +399,21 @@ def main() -> int:
         figures["bandwidth"] = bandwidth(args.device, args.prompt_tokens, None,
                                          args.saver_staging_mib)
     if args.mooncake:
-        settings = {k: int(v) for k, v in (item.split("=", 1) for item in args.mooncake_set)}
-        # Busy or not for the whole measurement: a second run in this process would write
-        # segment memory that the first one wrote already, which is faster.
-        with busy_gil(args.gil_busy):
-            figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake,
-                                                      args.saver_staging_mib, settings)
+        settings: dict = {k: int(v) for k, v in (item.split("=", 1) for item in args.mooncake_set)}
+        real_client = start_real_client(args) if args.real_client else None
+        if real_client:
+            settings["real_client_address"] = f"127.0.0.1:{real_client[1]}"
+        try:
+            # Busy or not for the whole measurement: a second run in this process would write
+            # segment memory that the first one wrote already, which is faster.
+            with busy_gil(args.gil_busy):
+                figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake,
+                                                          args.saver_staging_mib, settings)
+        finally:
+            if real_client:
+                api_support.stop_master(real_client[0])
         figures["bandwidth_mooncake"]["gil_busy_threads"] = args.gil_busy
+        figures["bandwidth_mooncake"]["real_client_threads"] = args.real_client
     if not args.mooncake_only:
         figures["hooks"] = hook_cost(args.device, args.steps, 64)
     text = json.dumps(figures, indent=2)
