@@ -359,15 +359,15 @@ def hook_cost(device: str, steps: int, waiting: int) -> dict:
 
 
 def start_real_client(args) -> tuple:
-    """The node-local `mooncake_client` of `--real-client`, holding four prompts' pages
-    (as each TCP client's segment does); (process, port)."""
+    """The node-local `mooncake_client` of `--real-client`, holding eight prompts' pages
+    (the two TCP clients' segments together); (process, port)."""
     rpc = int(args.mooncake[0].rsplit(":", 1)[1])
     metadata = int(args.mooncake[1].split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
     layout = kvc.Layout.preset(LAYOUT)
     blocks = args.prompt_tokens // layout.tokens_per_block
     stored = sum(blocks * layout.page_bytes(g["id"]) for g in layout.groups)
     log = Path(tempfile.mkdtemp(prefix="bench-real-client-")) / "client.log"
-    return api_support.start_real_client(api_support.Master(rpc, metadata, None), stored * 4,
+    return api_support.start_real_client(api_support.Master(rpc, metadata, None), stored * 8,
                                          args.real_client, log)
 
 
