@@ -24,7 +24,7 @@
 //! | --- | --- |
 //! | `core` | pure, synchronous logic: hash chain (R1, R2), pool keys (R3, R4), layout (R6, R7), object header (R5), pool eviction model, pool health (R30) |
 //! | `pool` | the pool trait (exists / put / get / touch, batched, per-key results), the embedded memory pool, and the guarded pool that gives every call its deadline and the pool its health state (R30) |
-//! | `gpu` | device page pools, staging pools, copy streams and events; the host-memory backend (the only module allowed `unsafe`) |
+//! | `gpu` | device page pools, staging pools, copy streams and events; the host-memory backend (the only module allowed `unsafe`, but for the one `unsafe impl` of `gpu::LentHostMemory` in `pool::mooncake`: the promise behind memory a dummy client lends) |
 //! | `transfer` | the synchronous load, save and lookup procedures (pool <-> staging or lent objects <-> device pages) that the actors run |
 //! | `config` | the typed configuration tree: defaults < TOML < environment < command line |
 //! | `connector` | the engine-facing hooks (`EngineConnector`) and the `NoConnector` baseline |

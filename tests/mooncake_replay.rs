@@ -13,6 +13,9 @@
 //!   loader's and saver's staging pool is registered with the client while the connector
 //!   runs and unregistered when it stops.
 //!
+//! - Mooncake's one-node layout (`dummy.rs`): the replay with `--real-client`, and a dummy
+//!   client's calls, leases and refusals.
+//!
 //! The tests need `.venv` from `scripts/setup-mooncake`. `scripts/test` runs it first and
 //! builds the tests with `KV_CONNECTOR_REQUIRE_MOONCAKE=1`, so a missing install fails
 //! them; without that variable they skip, and the binary says so on one line
@@ -20,6 +23,8 @@
 #![cfg(all(feature = "mooncake", feature = "cli"))]
 
 mod common;
+#[path = "mooncake_replay/dummy.rs"]
+mod dummy;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -11,7 +11,7 @@
 //!  actors (loaders, saver), the pool, the engine simulator
 //!      | see only the re-exports below: Device, StagingPool, CopyStream, InFlight, ...
 //!      v
-//!  top: the front           device.rs (+ device/), staging.rs, stream.rs, event.rs,
+//!  top: the front           device.rs (+ device/), staging.rs, lent.rs, stream.rs, event.rs,
 //!                           checked.rs, checked_issue.rs, borrowed.rs, select.rs
 //!      | owns memory, streams and events; frees them on Drop; validates every address;
 //!      | dispatches over closed enums of backends (no trait objects, no downcasts);
@@ -46,7 +46,9 @@
 //! slots, pinned on CUDA), so a copy stream can DMA them without the pool knowing about
 //! devices. The pool uses `host_memory`; nothing here uses the pool.
 //!
-//! Only this module may contain `unsafe` (the crate root denies it elsewhere). Host-pinned
+//! Only this module may contain `unsafe` (the crate root denies it elsewhere), but for the
+//! `unsafe impl` of [`LentHostMemory`] by a lender: its promise that memory it maps stays
+//! mapped (`lent.rs`; Mooncake's dummy client is the one lender). Host-pinned
 //! staging memory ([`StagingPool`]) and device page memory (inside [`Device`]) are distinct
 //! types: staging is CPU-readable through slices, pages only through explicit copies.
 //!

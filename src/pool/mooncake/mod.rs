@@ -13,7 +13,15 @@
 //!  get_into ─────► batch_get_into (<= 1024 keys/call) ─────────────► replica lookup
 //!                        │  registered buffer: direct
 //!                        └─ other buffer: copied through the fallback staging buffer
+//!  lend_staging ─► a dummy client's shared memory (alloc_from_mem_pool), for staging
 //! ```
+//!
+//! Two layouts. By default each process runs a client of its own that contributes a
+//! segment and moves data over TCP (or RDMA). With `real_client_address` the process is a
+//! dummy client (`setup_dummy`) of the node's `mooncake_client`, which holds the segment;
+//! data then moves only through the shared memory they map together, so every staging
+//! pool and the fallback buffer are leased from it (`shared.rs`; `MooncakeRealClient`
+//! starts one for tests and `replay --real-client`).
 //!
 //! # Workflow
 //!
@@ -40,8 +48,10 @@
 //! - `mooncake::I2`. At most `max_keys_per_call` keys per put or get call (`pool.rs`).
 //! - `mooncake::I3`. One result per key in key order, even when a call raises or the master is
 //!   gone.
-//! - `mooncake::I4`. No `unsafe`: pointers cross to Python as integers and Rust never dereferences
-//!   them.
+//! - `mooncake::I4`. Pointers cross to Python as integers and this module never dereferences
+//!   them. Its one `unsafe` item is the lender's promise behind a dummy client's shared
+//!   memory (`shared.rs`, an `unsafe impl` of `gpu::LentHostMemory`); `gpu::lent` turns the
+//!   lease into bytes.
 //!
 //! # Failure behaviour
 //!

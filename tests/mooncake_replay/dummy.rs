@@ -12,17 +12,8 @@
 //!   after the client is closed; a real-client address where nothing listens is refused
 //!   naming `mooncake.real_client_address`.
 //!
-//! The tests need `.venv` from `scripts/setup-mooncake` (skipped without it, failed with
-//! `KV_CONNECTOR_REQUIRE_MOONCAKE=1`, `common::mooncake`).
-#![cfg(all(feature = "mooncake", feature = "cli"))]
+//! A module of `mooncake_replay.rs` (one test binary less to link), sharing its replay rig.
 
-mod common;
-
-use std::collections::HashMap;
-
-use clap::Parser;
-use common::mooncake::{install, start_master, venv_dir};
-use kv_connector::cli::{replay as replay_cli, Cli, Command};
 use kv_connector::config::MIB;
 use kv_connector::gpu::StagingPool;
 use kv_connector::pool::mooncake::{
@@ -31,64 +22,8 @@ use kv_connector::pool::mooncake::{
 };
 use kv_connector::pool::{Pool, PoolError};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-const TRACE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/mooncake_synthetic_trace.jsonl"
-);
-
-/// The trace slice of `mooncake_replay.rs`: 150 requests holding the trace's first reuse,
-/// pages scaled to 832 bytes, a pool that never evicts.
-const TRACE_SLICE: &[&str] = &[
-    "--trace",
-    TRACE,
-    "--limit",
-    "150",
-    "--model",
-    "llama-3.1-8b",
-    "--instances",
-    "2",
-    "--kv-bytes-scale",
-    "0.0002",
-    "--pool-capacity",
-    "512GiB",
-    "--set",
-    "loaders.staging_bytes_per_loader=8MiB",
-    "--set",
-    "saver.staging_bytes=8MiB",
-];
-
-/// Runs `kv-connector replay --quiet --json` with `flags`; its JSON report.
-fn replay(flags: &[&str]) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let venv = format!("mooncake.venv_dir={}", venv_dir().display());
-    let mut command_line = vec![
-        "kv-connector",
-        "replay",
-        "--quiet",
-        "--json",
-        "--set",
-        &venv,
-    ];
-    command_line.extend_from_slice(flags);
-    let Command::Replay(args) = Cli::try_parse_from(command_line)?.command else {
-        return Err("not the replay subcommand".into());
-    };
-    let mut out = Vec::new();
-    replay_cli::run(
-        &args,
-        HashMap::<String, String>::new(),
-        &mut out,
-        &mut Vec::new(),
-    )?;
-    Ok(serde_json::from_slice(&out)?)
-}
-
-fn field(report: &serde_json::Value, name: &str) -> Result<u64, String> {
-    report[name]
-        .as_u64()
-        .ok_or_else(|| format!("no {name} in {report}"))
-}
+use crate::common::mooncake::{install, start_master};
+use crate::{field, replay, TestResult, TRACE, TRACE_SLICE};
 
 /// Every instance a dummy client of one real client: every loaded page verifies, and the
 /// replay reuses what the embedded pool does (neither evicts).
@@ -97,8 +32,9 @@ fn a_replay_through_the_real_client_matches_the_embedded_pool() -> TestResult {
     if install().is_none() {
         return Ok(());
     }
-    let memory = replay(&[TRACE_SLICE, &["--pool", "memory"]].concat())?;
-    let dummy = replay(&[TRACE_SLICE, &["--pool", "mooncake", "--real-client"]].concat())?;
+    let (memory, _) = replay(&[&["--trace", TRACE, "--pool", "memory"], TRACE_SLICE].concat())?;
+    let flags = ["--trace", TRACE, "--pool", "mooncake", "--real-client"];
+    let (dummy, _) = replay(&[&flags, TRACE_SLICE].concat())?;
     assert_eq!(dummy["setup"]["pool"], "mooncake");
     for report in [&memory, &dummy] {
         assert_eq!(field(report, "mismatched_pages")?, 0, "{report}");
