@@ -208,11 +208,7 @@ fn start_real_client(
     capacity: u64,
 ) -> Result<MooncakeRealClient, ReplayError> {
     let install = MooncakeInstall::discover(&config.mooncake.venv_dir).map_err(mooncake_error)?;
-    let log_file = std::env::temp_dir().join(format!(
-        "kv-connector-replay-real-client-{}-{}.log",
-        std::process::id(),
-        MASTER_LOGS.fetch_add(1, Ordering::Relaxed)
-    ));
+    let log_file = temp_log("real-client");
     let settings = RealClientSettings {
         log_file: Some(log_file),
         ..RealClientSettings::new(&install, capacity)
@@ -220,14 +216,19 @@ fn start_real_client(
     MooncakeRealClient::start(master, &settings).map_err(mooncake_error)
 }
 
+/// A fresh log file of a process `kind` in the temporary directory.
+fn temp_log(kind: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "kv-connector-replay-{kind}-{}-{}.log",
+        std::process::id(),
+        MASTER_LOGS.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
 /// A master on free loopback ports with the configuration's eviction and lease settings.
 fn start_master(config: &Config) -> Result<MooncakeMaster, ReplayError> {
     let install = MooncakeInstall::discover(&config.mooncake.venv_dir).map_err(mooncake_error)?;
-    let log_file = std::env::temp_dir().join(format!(
-        "kv-connector-replay-master-{}-{}.log",
-        std::process::id(),
-        MASTER_LOGS.fetch_add(1, Ordering::Relaxed)
-    ));
+    let log_file = temp_log("master");
     let settings = MasterSettings {
         eviction_high_watermark_ratio: config.pool.eviction_high_watermark_ratio,
         eviction_ratio: config.pool.eviction_ratio,

@@ -241,18 +241,7 @@ fn master_args(settings: &MasterSettings, ports: MasterPorts) -> Vec<String> {
 
 /// Spawns a master on `ports` and waits until every port listens.
 fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, MooncakeError> {
-    let stderr = || match &settings.log_file {
-        Some(path) => std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map(Stdio::from)
-            .map_err(|source| MooncakeError::MasterLog {
-                path: path.clone(),
-                source,
-            }),
-        None => Ok(Stdio::null()),
-    };
+    let stderr = || log_sink(settings.log_file.as_deref());
     let spawn_error = |source| MooncakeError::MasterSpawn {
         binary: settings.binary.clone(),
         source,
@@ -268,6 +257,22 @@ fn spawn_ready(settings: &MasterSettings, ports: MasterPorts) -> Result<Child, M
             let _ = child.wait();
             Err(err)
         }
+    }
+}
+
+/// Where a spawned process's stderr goes: appended to `log_file`, or discarded.
+pub(super) fn log_sink(log_file: Option<&Path>) -> Result<Stdio, MooncakeError> {
+    match log_file {
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map(Stdio::from)
+            .map_err(|source| MooncakeError::MasterLog {
+                path: path.to_path_buf(),
+                source,
+            }),
+        None => Ok(Stdio::null()),
     }
 }
 

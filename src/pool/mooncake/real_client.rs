@@ -20,10 +20,10 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use super::master::spawn_master;
+use super::master::{log_sink, spawn_master};
 use super::{MooncakeError, MooncakeInstall, MooncakeMaster};
 
 /// How often readiness is polled.
@@ -89,18 +89,7 @@ impl MooncakeRealClient {
             format!("--threads={}", settings.threads.max(1)),
             "--logtostderr=true".to_owned(),
         ];
-        let stderr = || match &settings.log_file {
-            Some(path) => std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map(Stdio::from)
-                .map_err(|source| MooncakeError::MasterLog {
-                    path: path.clone(),
-                    source,
-                }),
-            None => Ok(Stdio::null()),
-        };
+        let stderr = || log_sink(settings.log_file.as_deref());
         let spawn_error = |source| MooncakeError::MasterSpawn {
             binary: settings.binary.clone(),
             source,
