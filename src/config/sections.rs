@@ -193,7 +193,8 @@ pub struct MooncakeConfig {
     /// Bytes of shared memory a dummy client maps with the real client
     /// (`real_client_address`); the loaders' and the saver's staging pools and a 16 MiB
     /// fallback buffer are taken from it. 0 (the default) sizes it for one rank: the staging
-    /// settings plus 64 MiB. Unused without `real_client_address`.
+    /// settings plus 64 MiB (64 MiB for a connector without devices). Unused without
+    /// `real_client_address`.
     pub shared_memory_bytes: u64,
     /// Transport between clients: `tcp` (one machine, or no RDMA NICs) or `rdma`.
     pub protocol: String,

@@ -209,7 +209,7 @@ pub fn from_config(
             let policy = policy_of(config);
             Ok(py.detach(|| memory_pool(policy, device, object_lens))?)
         }
-        PoolBackend::Mooncake => mooncake(py, config),
+        PoolBackend::Mooncake => mooncake(py, config, device.is_none()),
     }
 }
 
@@ -275,13 +275,18 @@ pub fn check_host_memory(config: &Config, given: Option<&PyMemoryPool>) -> PyRes
         })
 }
 
-/// A Mooncake client of this connector's own, in the host interpreter. Connecting checks
-/// that the master answers and may take seconds, so the GIL is released meanwhile (the
-/// client takes it back for its Python calls).
+/// A Mooncake client of this connector's own, in the host interpreter (`lookup_only`: a
+/// connector without devices, whose dummy client needs no shared memory for staging).
+/// Connecting checks that the master answers and may take seconds, so the GIL is released
+/// meanwhile (the client takes it back for its Python calls).
 #[cfg(feature = "mooncake")]
-fn mooncake(py: Python<'_>, config: &Config) -> PyResult<Arc<dyn Pool>> {
+fn mooncake(py: Python<'_>, config: &Config, lookup_only: bool) -> PyResult<Arc<dyn Pool>> {
     use kv_connector::{MooncakePool, MooncakeSettings};
-    let settings = MooncakeSettings::from_config(config);
+    let settings = if lookup_only {
+        MooncakeSettings::lookup_only_from_config(config)
+    } else {
+        MooncakeSettings::from_config(config)
+    };
     let pool = py
         .detach(|| MooncakePool::connect(settings))
         .map_err(|error| errors::mooncake(&error))?;
@@ -289,7 +294,7 @@ fn mooncake(py: Python<'_>, config: &Config) -> PyResult<Arc<dyn Pool>> {
 }
 
 #[cfg(not(feature = "mooncake"))]
-fn mooncake(_py: Python<'_>, _config: &Config) -> PyResult<Arc<dyn Pool>> {
+fn mooncake(_py: Python<'_>, _config: &Config, _lookup_only: bool) -> PyResult<Arc<dyn Pool>> {
     Err(errors::raise::<errors::ConfigError>(
         "mooncake_not_built",
         "pool.backend = \"mooncake\" needs a kv_connector build with the mooncake feature; \

@@ -143,6 +143,20 @@ impl MooncakeSettings {
         }
     }
 
+    /// [`from_config`](Self::from_config) for a connector without loaders or a saver (a
+    /// lookup-only scheduler side): a dummy client's shared memory then holds only the
+    /// fallback buffer, unless `mooncake.shared_memory_bytes` sets it.
+    pub fn lookup_only_from_config(config: &Config) -> Self {
+        let shared_memory_bytes = match config.mooncake.shared_memory_bytes {
+            0 => crate::config::MOONCAKE_SHARED_MEMORY_SPARE_BYTES,
+            set => set,
+        };
+        Self {
+            shared_memory_bytes,
+            ..Self::from_config(config)
+        }
+    }
+
     /// `MC_STORE_CLIENT_SETUP_RETRIES`: as many `setup` attempts as fit in
     /// `connect_timeout_ms` when each waits out a connect and a request deadline of
     /// `rpc_timeout_ms` (a master that accepts and never answers), at least 1 and at most
@@ -200,8 +214,17 @@ mod tests {
         let settings = MooncakeSettings::from_config(&config);
         assert_eq!(settings.real_client_address, "127.0.0.1:50052");
         assert_eq!(settings.shared_memory_bytes, (4 * 64 + 128 + 64) << 20);
+        assert_eq!(
+            MooncakeSettings::lookup_only_from_config(&config).shared_memory_bytes,
+            64 << 20,
+            "no staging: the fallback buffer and the spare"
+        );
         config.mooncake.shared_memory_bytes = 3 << 30;
         assert_eq!(MooncakeSettings::from_config(&config).shared_memory_bytes, 3 << 30);
+        assert_eq!(
+            MooncakeSettings::lookup_only_from_config(&config).shared_memory_bytes,
+            3 << 30
+        );
     }
 
     #[test]
