@@ -79,7 +79,7 @@ impl SharedMemory {
         Ok(SharedLease {
             addr,
             len,
-            _store: store,
+            store,
             _alive: Arc::clone(&self.alive),
         })
     }
@@ -90,9 +90,21 @@ pub(crate) struct SharedLease {
     addr: usize,
     len: usize,
     /// Keeps the store object, and so its mapping, alive (`mooncake::shared::S1`).
-    _store: Py<PyAny>,
+    store: Py<PyAny>,
     /// Counts this lease in [`SharedMemory::leased`].
     _alive: Arc<()>,
+}
+
+impl Drop for SharedLease {
+    /// Lets go of the store object with the GIL held, so that a last reference destroys the
+    /// client here and now (while its real client still runs) instead of at whichever
+    /// later moment some thread takes the GIL.
+    fn drop(&mut self) {
+        Python::attach(|py| {
+            let store = std::mem::replace(&mut self.store, py.None());
+            drop(store);
+        });
+    }
 }
 
 #[expect(
