@@ -69,6 +69,10 @@
 //! for it. Against a frozen one each `unregister_buffer` waits about 3 s (its metadata
 //! update) with the GIL released, so the connector unregisters its staging pools at once.
 //!
+//! A dummy client whose real client has stopped closes in about two seconds, GIL held; the
+//! last shared-memory lease destroys it under the GIL at once (`shared.rs`), so that wait
+//! falls on the thread that lets go of the staging, never later on another.
+//!
 //! [`PoolError::Unavailable`]: crate::pool::PoolError::Unavailable
 
 mod client;
