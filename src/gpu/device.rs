@@ -263,16 +263,9 @@ impl Device {
     ) -> Result<StagingPool, GpuError> {
         self.ensure_usable()?;
         let geometry = StagingGeometry::new(slot_bytes, slots)?;
-        let bytes = geometry.total_bytes();
-        let refused = GpuError::HostAllocFailed {
-            what: "staging pool in lent memory",
-            bytes,
-        };
-        if lease.len() < bytes {
-            return Err(refused);
-        }
         #[cfg_attr(not(feature = "cuda"), expect(unused_mut, reason = "registered only on CUDA"))]
-        let mut memory = LentBuffer::new(lease).ok_or(refused)?;
+        let mut memory =
+            LentBuffer::take(lease, geometry.total_bytes(), "staging pool in lent memory")?;
         #[cfg(feature = "cuda")]
         if let Backend::Cuda(cuda) = &self.shared.backend {
             self.poison_if_sticky(memory.register_with(cuda))?;

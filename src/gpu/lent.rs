@@ -69,6 +69,23 @@ impl LentBuffer {
         })
     }
 
+    /// Takes `lease` for `bytes` bytes of `what` ([`new`](Self::new)).
+    ///
+    /// # Errors
+    /// [`GpuError::HostAllocFailed`](super::GpuError) naming `what` when the lease is
+    /// smaller than `bytes` or has no address.
+    pub(crate) fn take(
+        lease: Box<dyn LentHostMemory>,
+        bytes: usize,
+        what: &'static str,
+    ) -> Result<Self, super::GpuError> {
+        let refused = super::GpuError::HostAllocFailed { what, bytes };
+        if lease.len() < bytes {
+            return Err(refused);
+        }
+        Self::new(lease).ok_or(refused)
+    }
+
     /// Page-locks the bytes for `cuda`'s copies, once.
     ///
     /// # Errors

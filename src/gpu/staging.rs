@@ -92,14 +92,7 @@ impl StagingPool {
     /// [`GpuError::EmptyStagingPool`] for 0 bytes.
     pub fn lent_host(bytes: usize, lease: Box<dyn LentHostMemory>) -> Result<Self, GpuError> {
         let geometry = StagingGeometry::new(bytes, 1)?;
-        let refused = GpuError::HostAllocFailed {
-            what: "buffer in lent memory",
-            bytes,
-        };
-        if lease.len() < bytes {
-            return Err(refused);
-        }
-        let memory = LentBuffer::new(lease).ok_or(refused)?;
+        let memory = LentBuffer::take(lease, bytes, "buffer in lent memory")?;
         Ok(Self::new_lent(geometry, memory))
     }
 

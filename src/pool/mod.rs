@@ -146,7 +146,8 @@ pub trait Pool: Send + Sync {
     ///
     /// # Errors
     ///
-    /// The backend's refusal, for example [`PoolError::NoSpace`] when its memory is spent.
+    /// The backend's refusal, for example [`PoolError::TransferMemory`] when its memory is
+    /// spent.
     fn lend_staging(&self, bytes: usize) -> Option<Result<Box<dyn LentHostMemory>, PoolError>> {
         let _ = bytes;
         None

@@ -107,11 +107,15 @@ impl StoreClient {
         let Some(store) = guard.as_ref() else {
             return Some(Err(MooncakeError::Closed));
         };
-        let store = Python::attach(|py| store.clone_ref(py));
-        Some(shared.lease(len, store, |len| {
+        Some(shared.lease(len, |len| {
             Python::attach(|py| {
-                store_alloc(py, guard.as_ref(), len).map_err(python_error("alloc_from_mem_pool"))
+                let addr: usize = store
+                    .bind(py)
+                    .call_method1("alloc_from_mem_pool", (len,))?
+                    .extract()?;
+                Ok((addr != 0).then(|| (addr, store.clone_ref(py))))
             })
+            .map_err(python_error("alloc_from_mem_pool"))
         }))
     }
 
@@ -302,14 +306,6 @@ fn setup_dummy(store: &Bound<'_, PyAny>, settings: &MooncakeSettings) -> Result<
             real_client_address: settings.real_client_address.clone(),
             shared_memory_bytes: settings.shared_memory_bytes,
         })
-    }
-}
-
-/// `alloc_from_mem_pool(len)`: an address in the dummy's shared memory, 0 when none is left.
-fn store_alloc(py: Python<'_>, store: Option<&Py<PyAny>>, len: usize) -> PyResult<usize> {
-    match store {
-        Some(store) => store.bind(py).call_method1("alloc_from_mem_pool", (len,))?.extract(),
-        None => Ok(0),
     }
 }
 

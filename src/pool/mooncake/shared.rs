@@ -50,13 +50,13 @@ impl SharedMemory {
         Arc::strong_count(&self.alive) > 1
     }
 
-    /// Takes `len` bytes with `alloc`, which asks Mooncake's pool for an address (0 when it
-    /// has none left), and wraps them in a lease that keeps `store` alive.
+    /// Takes `len` bytes with `alloc`, which asks Mooncake's pool for them and answers
+    /// their address with a reference to the store object, or `None` when the pool has
+    /// none left; the lease keeps that store alive.
     pub(crate) fn lease(
         &self,
         len: usize,
-        store: Py<PyAny>,
-        alloc: impl FnOnce(usize) -> Result<usize, MooncakeError>,
+        alloc: impl FnOnce(usize) -> Result<Option<(usize, Py<PyAny>)>, MooncakeError>,
     ) -> Result<SharedLease, MooncakeError> {
         let asked = u64::try_from(len).unwrap_or(u64::MAX);
         let mut used = self.used.lock();
@@ -71,10 +71,9 @@ impl SharedMemory {
         if len == 0 || used.saturating_add(asked) > self.total {
             return Err(spent());
         }
-        let addr = alloc(len)?;
-        if addr == 0 {
+        let Some((addr, store)) = alloc(len)? else {
             return Err(spent());
-        }
+        };
         *used = used.saturating_add(asked);
         Ok(SharedLease {
             addr,
