@@ -39,6 +39,7 @@ mod report;
 mod reservations;
 mod saves;
 mod shutdown;
+mod windows;
 
 #[cfg(feature = "internals")]
 pub use progress::{Progress, ProgressWaiter};

@@ -242,6 +242,26 @@ impl PyConnector {
         })
     }
 
+    /// `window_save_blocks` for every chunk at once: each save point of the prompt (a
+    /// window checkpoint, and the prompt end while the window is not saved), ascending,
+    /// with per layout group the blocks a chunk passing it saves. A chunk
+    /// `[computed_before, computed_after)` saves a subset of the union over the points `p`
+    /// with `computed_before < p <= computed_after`, which adds only sink blocks the chunk
+    /// has not computed yet. A scheduler that reads window blocks' ids asks once a
+    /// request instead of once a chunk.
+    fn window_save_schedule(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = arg::request_id)] request_id: u64,
+        #[pyo3(from_py_with = arg::prompt_len)] prompt_len: usize,
+    ) -> Vec<(usize, Vec<Vec<usize>>)> {
+        self.with_nowait(py, |state| {
+            state
+                .handle
+                .window_save_schedule(RequestId(request_id), prompt_len)
+        })
+    }
+
     /// The engine trims or gives up tokens `[start, end)` of a reservation.
     fn release(
         &self,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kv_connector as kvc
-from api_support import SMALL_STAGING, T, caches, layout, prompt, serve, wait_until
+from api_support import LAYOUT, SMALL_STAGING, T, caches, layout, prompt, serve, wait_until
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -149,3 +149,31 @@ def test_statistics_close_after_many_requests():
         assert loads["loads_started"] == loads["loads_done"] + loads["loads_failed"] + loads["stale_completions"]
         assert final["saves"]["published_past_chunk_end"] == 0
     assert a.stats()["loads"]["loads_done"] + b.stats()["loads"]["loads_done"] == 3
+
+
+def test_the_window_save_schedule_lists_what_every_chunk_saves():
+    """R17/R28 point by point: each checkpoint and the prompt end, and for any chunk the
+    blocks window_save_blocks gives lie in the union of the points it passes, which adds
+    only sink blocks the chunk has not computed."""
+    sinks = {**LAYOUT["groups"][1], "window_tokens": 40, "sink_tokens": 20}  # sinks: blocks 0-1
+    lay = kvc.Layout.from_dict({**LAYOUT, "groups": [LAYOUT["groups"][0], sinks]})
+    config = {**SMALL_STAGING, "saver": {**SMALL_STAGING["saver"], "window_checkpoint_tokens": 2 * T}}
+    pool = kvc.MemoryPool(capacity_bytes=64 << 20)
+    with kvc.Connector(layout=lay, kv_caches=caches(2), pool=pool, config=config, model_key="m") as conn:
+        length = 10 * T + 5
+        assert conn.window_save_schedule(1, length) == [], "an unknown request saves nothing"
+        conn.lookup(1, prompt(length))
+        wait_until(lambda: conn.reserve(1, 0, 1), conn, "the lookup")
+        schedule = conn.window_save_schedule(1, length)
+        assert [point for point, _ in schedule] == [32, 64, 96, 128, 160, length]
+        assert all(blocks[0] == [] for _, blocks in schedule), "a full group saves no window"
+        assert schedule[1][1][1] == [0, 1, 2, 3], "checkpoint 64: window [24, 64) and the sinks"
+        for before in range(0, length, 7):
+            for after in range(before + 1, length + 4, 5):
+                saved = set(conn.window_save_blocks(1, length, before, after)[1])
+                listed = {b for point, blocks in schedule if before < point <= after for b in blocks[1]}
+                assert saved <= listed, (before, after)
+                assert listed - saved <= {0, 1}, (before, after)
+                if not listed:
+                    assert not saved
+        conn.request_finished(1)

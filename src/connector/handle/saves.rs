@@ -168,7 +168,7 @@ impl ConnectorHandle {
     /// The save step of a request's chunk `computed`, given what came from the pool or the
     /// local match and whether its window was saved before (`hashed_blocks` left 0: it is
     /// the group's to set, R37).
-    fn save_step(
+    pub(super) fn save_step(
         &self,
         reused_until: usize,
         window_saved: bool,
@@ -187,40 +187,6 @@ impl ConnectorHandle {
             checkpoint_tokens: self.checkpoint_tokens,
             resave_min_tokens: self.resave_min_tokens,
         }
-    }
-
-    /// The blocks of each window group that `on_step` would save for `request`'s chunk
-    /// `computed` of a `prompt_len`-token prompt (R17, R28), per layout group: empty for a
-    /// full group, and for a request whose saves are off (unknown, or disputed, R32). An
-    /// engine that must copy window blocks aside before handing them over (vLLM's bounce
-    /// pages) copies exactly these. Reads only: `on_step` plans the step itself.
-    pub fn window_blocks_to_save(
-        &self,
-        request: crate::core::ids::RequestId,
-        prompt_len: usize,
-        computed: std::ops::Range<usize>,
-    ) -> Vec<Vec<usize>> {
-        let mut planned = vec![Vec::new(); self.groups.len()];
-        let Some(state) = self.requests.get(&request) else {
-            return planned;
-        };
-        let (false, Some((_, hashes))) = (state.disputed, &state.lookup) else {
-            return planned;
-        };
-        let mut step = self.save_step(state.reused_until, state.window_saved, prompt_len, computed);
-        let mut ranges = Vec::new();
-        for (position, group) in self.groups.iter().enumerate() {
-            let Some(keys) = self.keys.group(position) else {
-                continue;
-            };
-            if group.attention.kind != GroupKind::Window {
-                continue;
-            }
-            step.hashed_blocks = hashes.names(keys.naming).len();
-            block_ranges_to_save(group.attention, &step, SaveCap::ChunkEnd, &mut ranges);
-            planned[position] = ranges.iter().flat_map(|(blocks, _)| blocks.clone()).collect();
-        }
-        planned
     }
 
     /// Hands one step's saves to the courier: one message per rank however many requests

@@ -29,6 +29,10 @@ use std::ops::Range;
 use crate::core::layout::{Attention, GroupKind};
 use crate::core::save_order::SavePriority;
 
+mod schedule;
+
+pub use schedule::window_save_schedule;
+
 /// One request's step, as far as saves are concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaveStep {
@@ -111,13 +115,24 @@ pub fn block_ranges_to_save(
     cap: SaveCap,
     ranges: &mut Vec<(Range<usize>, SavePriority)>,
 ) {
-    ranges.clear();
-    let t = step.tokens_per_block.max(1);
     let cap_tokens = match cap {
         SaveCap::ChunkEnd => step.computed_after,
         #[cfg(test)]
         SaveCap::PromptEnd => step.prompt_len,
     };
+    ranges_up_to(attention, step, cap_tokens, ranges);
+}
+
+/// [`block_ranges_to_save`] with the cap in tokens: no planned block ends past
+/// `cap_tokens`.
+fn ranges_up_to(
+    attention: Attention,
+    step: &SaveStep,
+    cap_tokens: usize,
+    ranges: &mut Vec<(Range<usize>, SavePriority)>,
+) {
+    ranges.clear();
+    let t = step.tokens_per_block.max(1);
     let prompt_blocks = (step.prompt_len / t).min(step.hashed_blocks);
     let reused_blocks = step.reused_until.div_ceil(t);
     // Every range is kept only when it holds a block; `floor` is the lowest block it may

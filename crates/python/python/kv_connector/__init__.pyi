@@ -188,6 +188,11 @@ class Connector:
     ) -> list[list[int]]:
         """Per layout group, the window blocks on_step would save for this chunk (R17, R28);
         empty for full groups."""
+    def window_save_schedule(self, request_id: int, prompt_len: int) -> list[tuple[int, list[list[int]]]]:
+        """window_save_blocks for every chunk at once: each save point (a checkpoint, the
+        prompt end while the window is unsaved), ascending, with per layout group the blocks
+        a chunk passing it saves. A chunk saves a subset of the union over the points p with
+        computed_before < p <= computed_after; the union adds only sink blocks not computed yet."""
     def release(self, request_id: int, reservation_id: int, start: int, end: int) -> None:
         """The engine trims or gives up tokens [start, end) of a reservation."""
     def on_step(self, requests: Sequence[StepRequest]) -> None:

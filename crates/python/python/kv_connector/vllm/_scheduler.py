@@ -16,7 +16,8 @@ its finished lookup (`KvcMetadata.records`) for every rank to adopt.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._engine import ChunkPlan, Ended, Engine, KvcMetadata, LoadPlan, lookup
@@ -37,6 +38,10 @@ class _Req:
     loaded: bool = False
     # Its lookup went to the workers (ranks in their own processes).
     sent: bool = False
+    # The runtime's window save points, ascending, and per point the window blocks (per
+    # layout group) a chunk passing it saves; asked at the request's first chunk.
+    window_points: list[int] | None = None
+    window_blocks: list[list[list[int]]] = field(default_factory=list)
 
 
 def keyable(request) -> bool:
@@ -195,18 +200,25 @@ class SchedulerSide:
     def _window_ids(self, req_id: str, r: _Req, before: int, after: int) -> tuple[dict[int, int], ...]:
         """Per vLLM group, the ids of the window blocks the runtime saves for this chunk
         (its tail, its checkpoints), read from vLLM's table as it is now: a window block
-        vLLM already dropped reads as its null block, never as a block it reused."""
+        vLLM already dropped reads as its null block, never as a block it reused. The
+        blocks come from the request's save schedule, asked once: the points the chunk
+        passes list every block it saves (and perhaps sink blocks it has not computed,
+        which the worker leaves alone)."""
         groups = self._window_groups()
         if after <= before or not groups:
             return ()
-        saved = self.engine.conn.window_save_blocks(r.rid, r.prompt_len, before, after)
-        if not any(saved):
+        if r.window_points is None:
+            schedule = self.engine.conn.window_save_schedule(r.rid, r.prompt_len)
+            r.window_points = [point for point, _ in schedule]
+            r.window_blocks = [blocks for _, blocks in schedule]
+        passed = r.window_blocks[bisect_right(r.window_points, before) : bisect_right(r.window_points, after)]
+        if not passed:
             return ()  # most chunks: no checkpoint in them, not the prompt's last
         blocks = self.kv_cache_manager.get_blocks(req_id).blocks
         ids: list[dict[int, int]] = [{} for _ in blocks]
         for g, position in groups:
             group = blocks[g]
-            ids[g] = {b: group[b].block_id for b in saved[position] if b < len(group)}
+            ids[g] = {b: group[b].block_id for saved in passed for b in saved[position] if b < len(group)}
         return tuple(ids)
 
     def _window_groups(self) -> list[tuple[int, int]]:
