@@ -56,30 +56,28 @@ impl ConnectorHandle {
     }
 
     /// The save step of each window group this connector saves (its layout position), for
-    /// `request`'s chunk `computed`; none for a request whose saves are off.
+    /// `request`'s chunk `computed`; none for a request whose saves are off (unknown, not
+    /// looked up yet, or disputed).
     fn window_steps(
         &self,
         request: RequestId,
         prompt_len: usize,
         computed: Range<usize>,
-    ) -> impl Iterator<Item = (usize, SaveStep)> + '_ {
-        let hashes = self
-            .requests
-            .get(&request)
-            .filter(|state| !state.disputed)
-            .and_then(|state| Some((state, &state.lookup.as_ref()?.1)));
-        let step = hashes.map(|(state, hashes)| {
-            (self.save_step(state.reused_until, state.window_saved, prompt_len, computed), hashes)
-        });
-        step.into_iter().flat_map(move |(step, hashes)| {
-            self.groups.iter().enumerate().filter_map(move |(position, group)| {
+    ) -> Vec<(usize, SaveStep)> {
+        let Some(state) = self.requests.get(&request).filter(|state| !state.disputed) else {
+            return Vec::new();
+        };
+        let Some((_, hashes)) = &state.lookup else {
+            return Vec::new();
+        };
+        let step = self.save_step(state.reused_until, state.window_saved, prompt_len, computed);
+        let windows = self.groups.iter().enumerate().filter(|(_, group)| group.attention.kind == GroupKind::Window);
+        windows
+            .filter_map(|(position, _)| {
                 let keys = self.keys.group(position)?;
-                (group.attention.kind == GroupKind::Window).then(|| SaveStep {
-                    hashed_blocks: hashes.names(keys.naming).len(),
-                    ..step
-                })
-                .map(|step| (position, step))
+                let hashed_blocks = hashes.names(keys.naming).len();
+                Some((position, SaveStep { hashed_blocks, ..step }))
             })
-        })
+            .collect()
     }
 }
