@@ -145,7 +145,12 @@ fn an_unwritable_report_dir_is_refused_before_the_replay() -> TestResult {
 /// The report without the wall-clock fields, which differ between any two runs.
 fn simulated_fields(mut report: serde_json::Value) -> serde_json::Value {
     if let Some(object) = report.as_object_mut() {
-        for field in ["wall_seconds", "connector_step_us", "connector_step_cpu_us"] {
+        for field in [
+            "wall_seconds",
+            "wall_waits",
+            "connector_step_us",
+            "connector_step_cpu_us",
+        ] {
             object.remove(field);
         }
         if let Some(lookups) = object.get_mut("lookups").and_then(|l| l.as_object_mut()) {

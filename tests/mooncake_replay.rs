@@ -166,11 +166,15 @@ fn trace_replay_on_mooncake_matches_the_embedded_pool_with_zero_mismatches() -> 
     println!(
         "trace slice: oracle {oracle} tokens; reused embedded {reused_memory} ({:.1} % of \
          oracle, replay {:.2} s, test {memory_wall:.2} s), mooncake {reused_mooncake} \
-         ({:.1} %, replay {:.2} s, test {mooncake_wall:.2} s incl. master start and close)",
+         ({:.1} %, replay {:.2} s of which {:.2} s waiting for saves to settle, test \
+         {mooncake_wall:.2} s incl. master start and close)",
         percent(reused_memory, oracle),
         memory["wall_seconds"].as_f64().unwrap_or(0.0),
         percent(reused_mooncake, oracle),
         mooncake["wall_seconds"].as_f64().unwrap_or(0.0),
+        mooncake["wall_waits"]["saves_settling_s"]
+            .as_f64()
+            .unwrap_or(0.0),
     );
     assert!(reused_memory > 0 && field(&mooncake, "verified_pages")? > 0);
     assert!(

@@ -867,6 +867,7 @@ fn identical_runs_give_identical_reports() -> TestResult {
     let (mut second, _) = run_scripted(&params, script)?;
     for report in [&mut first, &mut second] {
         report.wall_seconds = 0.0;
+        report.wall_waits = kv_connector::replay::report::WallWaits::default();
         report.connector_step_us = LatencySummary::default();
         report.connector_step_cpu_us = LatencySummary::default();
     }
@@ -932,9 +933,18 @@ fn cli_json_has_every_field() -> TestResult {
         "connector_step_us",
         "connector_step_cpu_us",
         "wall_seconds",
+        "wall_waits",
     ] {
         assert!(json.get(field).is_some(), "missing {field}");
     }
+    // What the replay waited on is a part of its wall time, never more.
+    let waits: Vec<f64> = ["saves_settling_s", "lookups_s", "stalled_s"]
+        .iter()
+        .map(|field| json["wall_waits"][field].as_f64().unwrap_or(-1.0))
+        .collect();
+    assert!(waits.iter().all(|&wait| wait >= 0.0), "{waits:?}");
+    let wall = json["wall_seconds"].as_f64().unwrap_or(0.0);
+    assert!(waits.iter().sum::<f64>() <= wall, "{waits:?} of {wall} s");
     for field in ["full", "rewound", "recovered", "window_miss", "full_miss"] {
         assert!(
             json["lookups"].get(field).is_some(),

@@ -41,7 +41,7 @@
 //! - `replay::driver::D1`. The simulated clock never moves backwards, and never jumps while an idle
 //!   instance waits on its connector.
 //! - `replay::driver::D2`. For a deterministic connector, the same workload and parameters give the
-//!   same report (but `wall_seconds` and `connector_step_us`).
+//!   same report (but `wall_seconds`, `wall_waits` and `connector_step_us`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -488,9 +488,11 @@ impl<'w> Driver<'w> {
             if since.elapsed() > self.params.stall_timeout {
                 return Err(self.stalled(waiting_on[0], since.elapsed()));
             }
+            let waited = Instant::now();
             for index in waiting_on {
                 self.engines[index].wait_for_progress(self.params.wait_timeout);
             }
+            self.totals.stalled += waited.elapsed();
         }
     }
 
@@ -577,9 +579,11 @@ impl<'w> Driver<'w> {
             .iter()
             .any(|engine| engine.is_idle(self.now) && engine.wants_lookup());
         if lookups_due {
+            let started = Instant::now();
             for engine in &mut self.engines {
                 engine.settle_saves();
             }
+            self.totals.settling += started.elapsed();
         }
         for index in 0..self.engines.len() {
             if !self.engines[index].is_idle(self.now) {
@@ -639,6 +643,7 @@ impl<'w> Driver<'w> {
     /// Settles and drains saves so held pages are released (workflow step 3); what is
     /// still held after the stall timeout is reported as `held_at_end`.
     fn drain_saves(&mut self) {
+        let settling = Instant::now();
         for engine in &mut self.engines {
             engine.settle_saves();
         }
@@ -650,6 +655,7 @@ impl<'w> Driver<'w> {
                 held |= engine.held_requests() > 0;
             }
             if !held || started.elapsed() > self.params.stall_timeout {
+                self.totals.settling += settling.elapsed();
                 return;
             }
             for engine in &mut self.engines {

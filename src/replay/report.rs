@@ -39,7 +39,7 @@
 //! `computed`: {`requests`, `tokens_proposed`, `tokens_accepted`}}, `draft_kv_in_layout`}), `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
-//! `wall_seconds`, `stopped_by` (only in a partial report: `sigint` or `sigterm`), `node`
+//! `wall_seconds`, `wall_waits` {`saves_settling_s`, `lookups_s`, `stalled_s`}, `stopped_by` (only in a partial report: `sigint` or `sigterm`), `node`
 //! (only with `--node`: `I/N`, the share this process replayed),
 //! `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
 //! `window_fallback`, `window_first`, `window_checkpoint_tokens`,
@@ -89,6 +89,22 @@ pub struct SimSummary {
     pub ttft_max_s: f64,
     /// Engine steps over all instances.
     pub steps: u64,
+}
+
+/// Wall-clock seconds the replay spent waiting on its connectors, in three kinds. The
+/// replay keeps one schedule on any pool: before a step that looks requests up it waits
+/// until every save has settled, so that each lookup sees every earlier save; engines wait
+/// for their lookups' answers (up to the lookup wait); and when only connectors can move
+/// things on (a load past its modeled end, pages that saves hold), the replay waits for
+/// them. On a pool slower than the embedded one these say what its wall time went to.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WallWaits {
+    /// Waiting for every save to settle before lookups, and for the last saves at the end.
+    pub saves_settling_s: f64,
+    /// Engines waiting for their lookups' answers.
+    pub lookups_s: f64,
+    /// The replay stalled with only connectors able to move it on.
+    pub stalled_s: f64,
 }
 
 /// One group's page sizes.
@@ -310,6 +326,8 @@ pub struct ReplayReport {
     pub connector_step_cpu_us: LatencySummary,
     /// Wall-clock seconds of the whole replay.
     pub wall_seconds: f64,
+    /// What part of `wall_seconds` went to waiting on connectors.
+    pub wall_waits: WallWaits,
     /// How the replay was set up.
     pub setup: SetupSummary,
     /// The signal that stopped the replay before every request completed (`sigint`,
@@ -674,6 +692,12 @@ impl ReplayReport {
             self.connector_step_cpu_us.max
         )?;
         writeln!(out, "  replay              {:>14.3} s", self.wall_seconds)?;
+        let waits = &self.wall_waits;
+        writeln!(
+            out,
+            "  ... waiting on      saves settling {:.3} s, lookups {:.3} s, stalled {:.3} s",
+            waits.saves_settling_s, waits.lookups_s, waits.stalled_s
+        )?;
         Ok(())
     }
 }

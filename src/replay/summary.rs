@@ -9,7 +9,7 @@ use super::driver::ReplayParams;
 use super::engine::{EngineCounters, EngineSummary};
 use super::report::{
     percentile, share, DrafterReport, PageBytes, ReplayReport, SetupSummary, SimSummary,
-    WindowLoadBytes,
+    WallWaits, WindowLoadBytes,
 };
 use super::setup::Deployment;
 use super::workload::Oracle;
@@ -28,6 +28,10 @@ pub(super) struct RunTotals {
     pub ttft_us: Vec<SimMicros>,
     /// The last answer token of any request.
     pub last_finish_us: SimMicros,
+    /// Real time the driver waited for saves to settle.
+    pub settling: Duration,
+    /// Real time the driver stalled on connectors.
+    pub stalled: Duration,
 }
 
 /// Merges per-step latencies of every engine.
@@ -57,6 +61,7 @@ fn add_counters(sum: &mut EngineCounters, other: &EngineCounters) {
     sum.pages_released_in_flight += other.pages_released_in_flight;
     sum.computed_tokens += other.computed_tokens;
     sum.steps += other.steps;
+    sum.lookup_wait += other.lookup_wait;
     sum.window_loads += other.window_loads;
     sum.window_bytes_loaded += other.window_bytes_loaded;
     sum.window_bytes_per_load_max = sum
@@ -223,6 +228,11 @@ pub(super) fn summarize(
         connector_step_us: latency.summary(),
         connector_step_cpu_us: cpu_latency.summary(),
         wall_seconds: wall.as_secs_f64(),
+        wall_waits: WallWaits {
+            saves_settling_s: totals.settling.as_secs_f64(),
+            lookups_s: counters.lookup_wait.as_secs_f64(),
+            stalled_s: totals.stalled.as_secs_f64(),
+        },
         setup: setup_summary(
             params,
             deployment,

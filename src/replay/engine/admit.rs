@@ -177,7 +177,8 @@ impl Engine {
     ///   while waiting are not charged to the step's connector time (a real engine asks once
     ///   per step); a lookup still pending after the wait is asked again at the next step.
     fn await_lookups(&mut self, started: &[(RequestId, usize, ReservationId)]) {
-        let deadline = Instant::now() + self.lookup_wait;
+        let started_at = Instant::now();
+        let deadline = started_at + self.lookup_wait;
         for &(request, local_tokens, reservation) in started {
             while matches!(
                 self.connector
@@ -188,6 +189,7 @@ impl Engine {
                 self.connector.wait_for_progress(LOOKUP_POLL);
             }
         }
+        self.counters.lookup_wait += started_at.elapsed();
     }
 
     /// The local match a waiting request is admitted with: the one its lookup got, or,

@@ -85,6 +85,8 @@ pub struct EngineCounters {
     pub computed_tokens: u64,
     /// Steps that called `on_step`.
     pub steps: u64,
+    /// Real time spent waiting for lookups' answers.
+    pub lookup_wait: std::time::Duration,
     /// Filled loads that moved window-group pages (R15).
     pub window_loads: u64,
     /// Window-group bytes per rank those loads moved, at full page size.
