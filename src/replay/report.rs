@@ -99,12 +99,16 @@ pub struct SimSummary {
 /// them. On a pool slower than the embedded one these say what its wall time went to.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct WallWaits {
-    /// Waiting for every save to settle before lookups, and for the last saves at the end.
-    pub saves_settling_s: f64,
-    /// Engines waiting for their lookups' answers.
-    pub lookups_s: f64,
-    /// The replay stalled with only connectors able to move it on.
-    pub stalled_s: f64,
+    /// Seconds waiting for every save to settle before lookups, and for the last saves
+    /// at the end.
+    #[serde(rename = "saves_settling_s")]
+    pub saves_settling: f64,
+    /// Seconds engines waited for their lookups' answers.
+    #[serde(rename = "lookups_s")]
+    pub lookups: f64,
+    /// Seconds the replay stalled with only connectors able to move it on.
+    #[serde(rename = "stalled_s")]
+    pub stalled: f64,
 }
 
 /// One group's page sizes.
@@ -696,7 +700,7 @@ impl ReplayReport {
         writeln!(
             out,
             "  ... waiting on      saves settling {:.3} s, lookups {:.3} s, stalled {:.3} s",
-            waits.saves_settling_s, waits.lookups_s, waits.stalled_s
+            waits.saves_settling, waits.lookups, waits.stalled
         )?;
         Ok(())
     }

@@ -229,9 +229,9 @@ pub(super) fn summarize(
         connector_step_cpu_us: cpu_latency.summary(),
         wall_seconds: wall.as_secs_f64(),
         wall_waits: WallWaits {
-            saves_settling_s: totals.settling.as_secs_f64(),
-            lookups_s: counters.lookup_wait.as_secs_f64(),
-            stalled_s: totals.stalled.as_secs_f64(),
+            saves_settling: totals.settling.as_secs_f64(),
+            lookups: counters.lookup_wait.as_secs_f64(),
+            stalled: totals.stalled.as_secs_f64(),
         },
         setup: setup_summary(
             params,
