@@ -112,9 +112,37 @@ mod tests {
         assert!(window_save_schedule(Attention::FULL, &request(false)).is_empty());
     }
 
+    /// Sinks reaching past a checkpoint (49 sink tokens, blocks 0-6, a checkpoint every
+    /// 16 tokens): a chunk that ends past them saves every sink block, though the last
+    /// point it passes lies inside them, so each point lists them all.
+    #[test]
+    #[expect(clippy::single_range_in_vec_init, reason = "a point's ranges, one of them")]
+    fn sink_blocks_past_a_point_are_listed_at_it() {
+        let request = SaveStep {
+            tokens_per_block: 8,
+            prompt_len: 56,
+            hashed_blocks: 7,
+            last_chunk: false,
+            rewind_tokens: 0,
+            checkpoint_tokens: NonZeroUsize::new(16),
+            ..request(true)
+        };
+        let schedule = window_save_schedule(Attention::window(50, 49), &request);
+        assert_eq!(schedule.first(), Some(&(16, vec![0..7])));
+        let chunk = SaveStep {
+            computed_before: 0,
+            computed_after: 56,
+            ..request
+        };
+        let mut ranges = Vec::new();
+        block_ranges_to_save(Attention::window(50, 49), &chunk, SaveCap::ChunkEnd, &mut ranges);
+        assert_eq!(covered(ranges.iter().map(|(blocks, _)| blocks)), (0..7).collect());
+    }
+
     proptest! {
         #![proptest_config(proptest::test_runner::Config {
             rng_seed: proptest::test_runner::RngSeed::Fixed(0x5a7e_91a4),
+            failure_persistence: None,
             ..proptest::test_runner::Config::default()
         })]
         /// `save_plan::S4` for any chunk of any request.
