@@ -938,7 +938,7 @@ fn cli_json_has_every_field() -> TestResult {
         assert!(json.get(field).is_some(), "missing {field}");
     }
     // What the replay waited on is a part of its wall time, never more.
-    let waits: Vec<f64> = ["saves_settling_s", "lookups_s", "stalled_s"]
+    let waits: Vec<f64> = ["saves_settling_s", "lookups_s", "stalled_s", "start_stop_s"]
         .iter()
         .map(|field| json["wall_waits"][field].as_f64().unwrap_or(-1.0))
         .collect();

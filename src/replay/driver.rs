@@ -293,6 +293,7 @@ fn run(
         rewind_tokens,
         runtime.saver.window_checkpoint_tokens,
     );
+    let starting = started.elapsed();
     let mut driver = Driver::new(params, workload, deployment, engines, oracle);
     driver.timeline = timeline;
     progress.start(u64::try_from(workload.len()).unwrap_or(u64::MAX));
@@ -305,11 +306,13 @@ fn run(
         deployment,
         oracle,
         now,
-        totals,
+        mut totals,
         ..
     } = driver;
     // Finishing an engine stops its connector, so the pool closes after the last one.
+    let stopping = Instant::now();
     let summaries: Vec<_> = engines.into_iter().map(Engine::finish).collect();
+    totals.start_stop = starting + stopping.elapsed();
     let report = summarize(
         params,
         &deployment,

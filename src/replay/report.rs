@@ -39,7 +39,7 @@
 //! `computed`: {`requests`, `tokens_proposed`, `tokens_accepted`}}, `draft_kv_in_layout`}), `sim` {`duration_s`,
 //! `throughput_rps`, `ttft_p50_s`, `ttft_p99_s`, `ttft_max_s`, `steps`},
 //! `connector_step_us` {`count`, `p50`, `p99`, `max`}, `connector_step_cpu_us` (same keys),
-//! `wall_seconds`, `wall_waits` {`saves_settling_s`, `lookups_s`, `stalled_s`}, `stopped_by` (only in a partial report: `sigint` or `sigterm`), `node`
+//! `wall_seconds`, `wall_waits` {`saves_settling_s`, `lookups_s`, `stalled_s`, `start_stop_s`}, `stopped_by` (only in a partial report: `sigint` or `sigterm`), `node`
 //! (only with `--node`: `I/N`, the share this process replayed),
 //! `setup` {..., `local_prefix_cache`, `swa_rewind_tokens`,
 //! `window_fallback`, `window_first`, `window_checkpoint_tokens`,
@@ -91,12 +91,13 @@ pub struct SimSummary {
     pub steps: u64,
 }
 
-/// Wall-clock seconds the replay spent waiting on its connectors, in three kinds. The
-/// replay keeps one schedule on any pool: before a step that looks requests up it waits
-/// until every save has settled, so that each lookup sees every earlier save; engines wait
-/// for their lookups' answers (up to the lookup wait); and when only connectors can move
-/// things on (a load past its modeled end, pages that saves hold), the replay waits for
-/// them. On a pool slower than the embedded one these say what its wall time went to.
+/// Where the replay's wall-clock seconds went besides stepping: waiting on its connectors,
+/// in three kinds, and starting and stopping them. The replay keeps one schedule on any
+/// pool: before a step that looks requests up it waits until every save has settled, so
+/// that each lookup sees every earlier save; engines wait for their lookups' answers (up
+/// to the lookup wait); and when only connectors can move things on (a load past its
+/// modeled end, pages that saves hold), the replay waits for them. On a pool slower than
+/// the embedded one these say what its wall time went to.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct WallWaits {
     /// Seconds waiting for every save to settle before lookups, and for the last saves
@@ -109,6 +110,10 @@ pub struct WallWaits {
     /// Seconds the replay stalled with only connectors able to move it on.
     #[serde(rename = "stalled_s")]
     pub stalled: f64,
+    /// Seconds spent starting the pool's clients and the connectors, and stopping the
+    /// connectors: not waiting, but a part of `wall_seconds` that a pool's clients set.
+    #[serde(rename = "start_stop_s")]
+    pub start_stop: f64,
 }
 
 /// One group's page sizes.
@@ -330,7 +335,8 @@ pub struct ReplayReport {
     pub connector_step_cpu_us: LatencySummary,
     /// Wall-clock seconds of the whole replay.
     pub wall_seconds: f64,
-    /// What part of `wall_seconds` went to waiting on connectors.
+    /// What parts of `wall_seconds` went to waiting on connectors, and to starting and
+    /// stopping them.
     pub wall_waits: WallWaits,
     /// How the replay was set up.
     pub setup: SetupSummary,
@@ -702,6 +708,7 @@ impl ReplayReport {
             "  ... waiting on      saves settling {:.3} s, lookups {:.3} s, stalled {:.3} s",
             waits.saves_settling, waits.lookups, waits.stalled
         )?;
+        writeln!(out, "  ... start and stop  {:>14.3} s", waits.start_stop)?;
         Ok(())
     }
 }

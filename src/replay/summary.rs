@@ -32,6 +32,8 @@ pub(super) struct RunTotals {
     pub settling: Duration,
     /// Real time the driver stalled on connectors.
     pub stalled: Duration,
+    /// Real time spent building the deployment and its engines, and stopping the engines.
+    pub start_stop: Duration,
 }
 
 /// Merges per-step latencies of every engine.
@@ -232,6 +234,7 @@ pub(super) fn summarize(
             saves_settling: totals.settling.as_secs_f64(),
             lookups: counters.lookup_wait.as_secs_f64(),
             stalled: totals.stalled.as_secs_f64(),
+            start_stop: totals.start_stop.as_secs_f64(),
         },
         setup: setup_summary(
             params,
