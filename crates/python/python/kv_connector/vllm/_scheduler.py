@@ -213,7 +213,7 @@ class SchedulerSide:
             r.window_blocks = [blocks for _, blocks in schedule]
         passed = r.window_blocks[bisect_right(r.window_points, before) : bisect_right(r.window_points, after)]
         if not passed:
-            return ()  # most chunks: no checkpoint in them, not the prompt's last
+            return ()  # the chunk passes no checkpoint and is not the prompt's last
         blocks = self.kv_cache_manager.get_blocks(req_id).blocks
         ids: list[dict[int, int]] = [{} for _ in blocks]
         for g, position in groups:
