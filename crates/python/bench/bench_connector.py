@@ -13,8 +13,10 @@ how fast loads and saves move pages into and out of torch-allocated KV tensors.
    them finished; three prompts are saved in a row (the first into the memory the pool
    reserved at start, the later ones evicting) and each is timed. With `--mooncake` the
    same again through a Mooncake master (objects in the saving client's segment, loads
-   through the loaders' registered staging). The same run measures a raw pinned host <-> device copy of the same bytes
-   with torch, the ceiling the connector's share is given against, and, with `--mooncake`,
+   through the loaders' registered staging; B's two loaders each load one of the earlier
+   prompts before the timed load, so its staging has been written, as an engine's has).
+   The same run measures a raw pinned host <-> device copy of the same bytes with torch,
+   the ceiling the connector's share is given against, and, with `--mooncake`,
    Mooncake's own client moving the same bytes the same way (`mooncake_own`): one client
    `batch_put_from`s objects of the connector's object size, as many per call as a save
    batch holds, from registered memory into its own segment, never written before (as
@@ -186,8 +188,18 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
         result["saves_failed"] = counters["saves_failed"]
         with kvc.Connector(layout=layout, kv_caches=b_kv, pool=pool, config=config,
                            model_key="bench") as b:
+            if mooncake:
+                # B's loaders first load the two earlier prompts, one each (loads go to
+                # the loaders in turn), as an engine's loaders have loaded before: the
+                # timed load is not charged for the first touch of its staging memory,
+                # which Mooncake's own get (into a buffer written before) does not pay.
+                for rid, shift in ((3, 7), (4, 11)):
+                    load_prompt(b, layout, rid, [t + shift * prompt_tokens for t in tokens], table)
+                    b.request_finished(rid)
+            loaded_before = b.stats()["loads"]["bytes_loaded"]
             extra, filled, elapsed = load_prompt(b, layout, 2, tokens, table)
             stats = b.stats()["loads"]
+            stats["bytes_loaded"] -= loaded_before
     result["load_filled"] = filled
     result["offered_tokens"] = extra
     result["load_bytes"] = stats["bytes_loaded"]

@@ -1,7 +1,8 @@
 """Benchmark (not a test): Mooncake's own client in the one-node layout Mooncake
 recommends, a node-local `mooncake_client` (the "real client", holding the segment) with
-the engine as a "dummy" client over shared memory. The connector does not offer this
-layout yet; this measures what it could get from it.
+the engine as a "dummy" client over shared memory (the connector's
+`mooncake.real_client_address`): what the layout itself gives, the bound on a connector in
+it.
 
   python crates/python/bench/bench_mooncake_dummy.py [--objects N] [--client-threads N]
       [--concurrent N]
