@@ -50,6 +50,7 @@ class Writer:
             raise RuntimeError("register_buffer refused the writer's buffer")
         self.probe_ms: list[float] = []
         self.put_ms: list[float] = []
+        self.stored = 0
 
     def call(self, keys: list[str]) -> None:
         started = time.perf_counter()
@@ -62,6 +63,7 @@ class Writer:
             raise RuntimeError(f"batch_put_from failed: {results[:4]}")
         self.probe_ms.append((probed - started) * 1e3)
         self.put_ms.append((done - probed) * 1e3)
+        self.stored += len(keys)
 
     def run(self) -> None:
         for first in range(PER_CALL, len(self.keys), PER_CALL):
@@ -76,6 +78,7 @@ def rate(writers: list[Writer]) -> dict:
         writer.call(writer.keys[:PER_CALL])  # warm-up, not timed
         writer.probe_ms.clear()
         writer.put_ms.clear()
+        writer.stored = 0
     workers = [threading.Thread(target=writer.run) for writer in writers]
     started = time.perf_counter()
     for worker in workers:
@@ -83,7 +86,7 @@ def rate(writers: list[Writer]) -> dict:
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - started
-    timed = sum(len(writer.put_ms) for writer in writers) * PER_CALL
+    timed = sum(writer.stored for writer in writers)
     if timed != threads * (objects - PER_CALL):
         raise RuntimeError("a writer thread stopped early; see its traceback above")
     return {
