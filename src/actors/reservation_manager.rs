@@ -1,7 +1,6 @@
-//! The reservation manager actor: keeps the reservation ledger, routes each load to the
-//! loaders of every rank (a large load in parts, one per loader: `core::load_parts`),
-//! joins the parts' reports, and tells the engine which reservations are filled or failed
-//! (R23-R26).
+//! The reservation manager actor: keeps the reservation ledger, routes each load to a
+//! loader of every rank, joins the ranks' reports, and tells the engine which
+//! reservations are filled or failed (R23-R26).
 //!
 //! Decisions live in [`crate::core::ledger::Ledger`]; this shell translates messages.
 //! Mailbox: `reservations.mailbox_capacity`; the handle's messages arrive through the
@@ -41,7 +40,6 @@ use super::supervisor::{catch, Panicked};
 use crate::core::hash::BlockHash;
 use crate::core::ids::{RequestId, ReservationId};
 use crate::core::keys::KeySpace;
-use crate::core::load_parts::{load_parts, LOAD_PART_MIN_PAGES};
 use crate::core::ledger::{
     CompletionDisposition, Ledger, LoadFailure, LoadResult, LoadTicket, ReservedPage,
 };
@@ -54,12 +52,11 @@ use crate::pool::{ActorFault, ActorFaults};
 use crate::stats::LoadStats;
 use crate::transfer::{LoadGrant, PageRef};
 
-/// A load waiting for its parts.
+/// A load waiting for its ranks.
 #[derive(Debug)]
 struct PendingLoad {
     request: RequestId,
-    /// Parts sent to loaders and not answered yet (`core::load_parts`).
-    parts_left: usize,
+    ranks_left: usize,
     result: LoadResult,
     pages: u64,
     bytes: u64,
@@ -79,8 +76,7 @@ pub struct ReservationManager {
     /// `None` once a panic retired the manager (module docs).
     ledger: Option<Ledger>,
     keys: Arc<KeySpace>,
-    /// Loaders per rank; each rank's part of a load is shared among its loaders
-    /// (`core::load_parts`), starting round robin.
+    /// Loaders per rank; a load goes round robin to one loader of every rank.
     loaders: Vec<Vec<Addr<Loader>>>,
     /// The rank of `loaders[0]` (a connector may serve ranks from any rank on).
     first_rank: u32,
@@ -127,7 +123,7 @@ impl ReservationManager {
         let answered: Vec<_> = self
             .pending
             .iter()
-            .filter(|(_, pending)| pending.parts_left == 0)
+            .filter(|(_, pending)| pending.ranks_left == 0)
             .map(|(&key, _)| key)
             .collect();
         for (reservation, ticket) in answered {
@@ -272,8 +268,8 @@ impl ReservationManager {
         }
     }
 
-    /// Records one reservation and sends its load to the loaders of every rank. The load
-    /// is pending before any loader has it, so a panic while sending leaves it to be failed
+    /// Records one reservation and sends its load to a loader of every rank. The load is
+    /// pending before any loader has it, so a panic while sending leaves it to be failed
     /// when its loaders answer (R29).
     fn start_load(&mut self, ctx: &mut Context<Self>, load: StartLoad) {
         let (request, reservation) = (load.request, load.reservation);
@@ -305,12 +301,9 @@ impl ReservationManager {
         self.dispatch(ctx, request, (reservation, ticket), &order);
     }
 
-    /// Sends a recorded load to the loaders of every rank: each rank's pages in parts, one
-    /// part per loader while every part keeps [`LOAD_PART_MIN_PAGES`] pages
-    /// (`core::load_parts`), the first part to the next loader round robin. The load is
-    /// pending before any loader has a part, so a panic while sending leaves it to be
-    /// failed when its loaders answer (R29); a part no loader took fails the load, and a
-    /// load no loader took is finished (failed) at once.
+    /// Sends a recorded load to one loader of every rank. The load is pending before any
+    /// loader has it, so a panic while sending leaves it to be failed when its loaders
+    /// answer (R29); one no loader took is finished (failed) at once.
     fn dispatch(
         &mut self,
         ctx: &mut Context<Self>,
@@ -327,7 +320,7 @@ impl ReservationManager {
             key,
             PendingLoad {
                 request,
-                parts_left: 0,
+                ranks_left: 0,
                 result,
                 pages: 0,
                 bytes: 0,
@@ -335,11 +328,24 @@ impl ReservationManager {
             },
         );
         self.next_loader = self.next_loader.wrapping_add(1);
-        for rank in (self.first_rank..).take(self.loaders.len()) {
-            let (sent, refused) = self.send_rank_parts(rank, key.1, load);
+        for (rank, loaders) in (self.first_rank..).zip(&self.loaders) {
+            let sent = loaders
+                .get(self.next_loader % loaders.len().max(1))
+                .is_some_and(|loader| {
+                    let (items, blocks) = self.items_for_rank(rank, load.pages);
+                    let message = LoadBlocks {
+                        ticket: key.1,
+                        items,
+                        blocks,
+                        grant: Arc::clone(load.grant),
+                        started_at: load.started_at,
+                    };
+                    loader.try_send(message).is_ok()
+                });
             if let Some(pending) = self.pending.get_mut(&key) {
-                pending.parts_left += sent;
-                if refused {
+                if sent {
+                    pending.ranks_left += 1;
+                } else {
                     pending.result = LoadResult::Failed(LoadFailure::LoaderGone);
                 }
             }
@@ -347,47 +353,13 @@ impl ReservationManager {
         if self
             .pending
             .get(&key)
-            .is_some_and(|pending| pending.parts_left == 0)
+            .is_some_and(|pending| pending.ranks_left == 0)
         {
             self.finish(ctx, key.0, key.1);
         }
     }
 
-    /// Sends `rank`'s parts of a load to its loaders; returns how many parts a loader
-    /// took and whether any part was refused (no loader, or a full mailbox).
-    fn send_rank_parts(
-        &self,
-        rank: u32,
-        ticket: LoadTicket,
-        load: &PlannedLoad<'_>,
-    ) -> (usize, bool) {
-        let loaders = &self.loaders[(rank - self.first_rank) as usize];
-        if loaders.is_empty() {
-            return (0, true);
-        }
-        let (mut items, mut blocks) = self.items_for_rank(rank, load.pages);
-        let parts = load_parts(items.len(), loaders.len(), LOAD_PART_MIN_PAGES);
-        let (mut sent, mut refused) = (0, false);
-        // From the last part back, so each part is split off the end without a copy.
-        for (index, part) in parts.iter().enumerate().rev() {
-            let message = LoadBlocks {
-                ticket,
-                items: items.split_off(part.start),
-                blocks: blocks.split_off(part.start),
-                grant: Arc::clone(load.grant),
-                started_at: load.started_at,
-            };
-            let loader = &loaders[self.next_loader.wrapping_add(index) % loaders.len()];
-            if loader.try_send(message).is_ok() {
-                sent += 1;
-            } else {
-                refused = true;
-            }
-        }
-        (sent, refused)
-    }
-
-    /// Completes a load all of whose parts answered: through the ledger (accepted or stale,
+    /// Completes a load all of whose ranks answered: through the ledger (accepted or stale,
     /// R26), or failed once retired. It stays pending until reported (M1).
     fn finish(&mut self, ctx: &mut Context<Self>, reservation: ReservationId, ticket: LoadTicket) {
         let key = (reservation, ticket);
@@ -443,13 +415,13 @@ impl Handler<RankLoadFinished> for ReservationManager {
         let Some(pending) = self.pending.get_mut(&key) else {
             return;
         };
-        pending.parts_left = pending.parts_left.saturating_sub(1);
+        pending.ranks_left = pending.ranks_left.saturating_sub(1);
         pending.pages += message.pages;
         pending.bytes += message.bytes;
         if let LoadResult::Failed(_) = message.result {
             pending.result = message.result;
         }
-        if pending.parts_left == 0 {
+        if pending.ranks_left == 0 {
             self.stats.load_time.record(message.started_at.elapsed());
             if let Err(panicked) = catch(|| self.finish(ctx, key.0, key.1)) {
                 self.retire(ctx, &panicked);

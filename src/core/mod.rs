@@ -13,7 +13,6 @@ pub mod ids;
 pub mod keys;
 pub mod layout;
 pub mod ledger;
-pub mod load_parts;
 pub mod lookup_record;
 pub mod object;
 pub mod page_names;

@@ -24,8 +24,7 @@ use crate::transfer::LoadGrant;
 ///   `try_send`. A full mailbox (or outbox) makes the handle report every load of the
 ///   message failed, and the engine computes those prefixes (R25).
 /// - Guarantee: the loads are handled in the order of [`StartLoads::loads`]; each
-///   reservation enters the ledger and every rank's pages go to its loaders as
-///   `LoadBlocks`, one per part (`core::load_parts`);
+///   reservation enters the ledger and one `LoadBlocks` goes to a loader of every rank;
 ///   exactly one `FinishedLoad` reaches the engine inbox per reservation, unless it is
 ///   released or replaced first (R26).
 /// - Reply: none (`()`).
@@ -108,12 +107,11 @@ pub struct ReleaseReservation {
     pub end: u64,
 }
 
-/// A loader finished its part of a load (one rank's pages, or a part of them:
-/// `core::load_parts`).
+/// One rank's loader finished its part of a load.
 ///
 /// - Sender: a loader, with `send().await` from a task spawned on its own Arbiter.
-/// - Guarantee: when every part has reported, the reservation is finished: filled only if
-///   every part filled (R24), failed otherwise (R25); stale tickets are ignored (R26).
+/// - Guarantee: when every rank has reported, the reservation is finished: filled only if
+///   every rank filled (R24), failed otherwise (R25); stale tickets are ignored (R26).
 /// - Reply: none.
 /// - Receiver gone: the loader logs it; the connector is shutting down.
 #[derive(Message, Debug)]
@@ -121,11 +119,11 @@ pub struct ReleaseReservation {
 pub struct RankLoadFinished {
     /// The ledger ticket of the load.
     pub ticket: LoadTicket,
-    /// This part's result.
+    /// This rank's result.
     pub result: LoadResult,
-    /// Pages this part placed.
+    /// Pages this rank placed.
     pub pages: u64,
-    /// Payload bytes this part placed.
+    /// Payload bytes this rank placed.
     pub bytes: u64,
     /// Time from the manager taking the load (`StartLoads`) to this report.
     pub started_at: Instant,

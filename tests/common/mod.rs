@@ -299,10 +299,6 @@ pub struct TestPool {
     pub gets_started: AtomicUsize,
     pub hold_puts: AtomicBool,
     pub gets_evicted: AtomicBool,
-    /// Gets of this one key answer it evicted (a page of one loader's part).
-    pub evicted_key: parking_lot::Mutex<Option<String>>,
-    /// The keys of every get, a list per call, in call order.
-    pub get_log: parking_lot::Mutex<Vec<Vec<String>>>,
     /// Puts of keys containing this text fail (a shard that never saved).
     pub refuse_puts_containing: parking_lot::Mutex<Option<String>>,
     /// Every key given to `put`, in call order (the saver's put order).
@@ -321,8 +317,6 @@ impl TestPool {
             gets_started: AtomicUsize::new(0),
             hold_puts: AtomicBool::new(false),
             gets_evicted: AtomicBool::new(false),
-            evicted_key: parking_lot::Mutex::new(None),
-            get_log: parking_lot::Mutex::new(Vec::new()),
             refuse_puts_containing: parking_lot::Mutex::new(None),
             put_log: parking_lot::Mutex::new(Vec::new()),
             gate: flume::bounded(16),
@@ -386,21 +380,10 @@ impl Pool for TestPool {
         if self.hold_gets.load(Ordering::SeqCst) {
             self.wait_for_release("a held get");
         }
-        self.get_log
-            .lock()
-            .push(keys.iter().map(|key| (*key).to_owned()).collect());
         if self.gets_evicted.load(Ordering::SeqCst) {
             return keys.iter().map(|_| Err(PoolError::NotFound)).collect();
         }
-        let mut got = self.inner.get_into(keys, buffers);
-        if let Some(evicted) = self.evicted_key.lock().as_deref() {
-            for (key, result) in keys.iter().zip(&mut got) {
-                if *key == evicted {
-                    *result = Err(PoolError::NotFound);
-                }
-            }
-        }
-        got
+        self.inner.get_into(keys, buffers)
     }
 
     fn touch(&self, keys: &[&str]) -> Vec<Result<bool, PoolError>> {

@@ -2,7 +2,7 @@
 how fast loads and saves move pages into and out of torch-allocated KV tensors.
 
   python crates/python/bench/bench_connector.py [--device cuda|cpu] [--json FILE]
-      [--load-threads N] [--mooncake MASTER METADATA [--mooncake-only] [--gil-busy N] [--mooncake-set KEY=INT]
+      [--mooncake MASTER METADATA [--mooncake-only] [--gil-busy N] [--mooncake-set KEY=INT]
        [--real-client THREADS]]
 
 1. Bandwidth: the gpt-oss-120b layout (1.125 MiB pages), KV tensors allocated by torch on
@@ -13,9 +13,8 @@ how fast loads and saves move pages into and out of torch-allocated KV tensors.
    them finished; three prompts are saved in a row (the first into the memory the pool
    reserved at start, the later ones evicting) and each is timed. With `--mooncake` the
    same again through a Mooncake master (objects in the saving client's segment, loads
-   through the loaders' registered staging; B loads both earlier prompts before the timed
-   load, so its loaders' staging has been written, as an engine's has). A large load is
-   shared among the `--load-threads` loaders (default 2, the connector's default).
+   through the loaders' registered staging; B's two loaders each load one of the earlier
+   prompts before the timed load, so its staging has been written, as an engine's has).
    The same run measures a raw pinned host <-> device copy of the same bytes with torch,
    the ceiling the connector's share is given against, and, with `--mooncake`,
    Mooncake's own client moving the same bytes the same way (`mooncake_own`): one client
@@ -25,8 +24,8 @@ how fast loads and saves move pages into and out of torch-allocated KV tensors.
    `batch_get_into`s them into registered memory (as B's loads do); run first, before this
    process has written any segment memory. The connector's rates are also given as a share
    of those, and `put_written_before_gbps` is the same put into segment memory written once;
-   `get_two_threads_gbps` is the same gets from two threads, one call in two each, as two
-   loaders share a load.
+   `get_two_threads_gbps` is the same gets from two threads, one call in two each (what
+   two loaders reading at once could reach).
 2. Hook cost: an engine step with 64 waiting requests (each asked `reserve` every step),
    a few running ones computing chunks (saves), and the polling hooks; the time spent
    inside the connector's hooks per step, p50 / p99 / max over the steps.
@@ -124,8 +123,7 @@ def load_prompt(conn, layout, rid: int, tokens: list[int], table: list[int]) -> 
 
 
 def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
-              saver_staging_mib: int = 256, mooncake_settings: dict | None = None,
-              load_threads: int = 2) -> dict:
+              saver_staging_mib: int = 256, mooncake_settings: dict | None = None) -> dict:
     layout = kvc.Layout.preset(LAYOUT)
     t = layout.tokens_per_block
     blocks = prompt_tokens // t
@@ -133,7 +131,7 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
     page_bytes = [layout.page_bytes(g["id"]) for g in layout.groups]
     stored = sum(blocks * b for b in page_bytes)
     config: dict = {
-        "loaders": {"staging_bytes_per_loader": 256 * MIB, "load_threads": load_threads},
+        "loaders": {"staging_bytes_per_loader": 256 * MIB},
         "saver": {"staging_bytes": saver_staging_mib * MIB, "queue_capacity_pages": 4 * pages},
     }
     # A memory pool holds about one prompt: the first save fills it, later ones evict, as
@@ -161,7 +159,7 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
     sync(device)
     table = list(range(blocks + 1))
     result: dict = {"layout": LAYOUT, "prompt_tokens": prompt_tokens, "device": device,
-                    "saver_staging_mib": saver_staging_mib, "load_threads": load_threads,
+                    "saver_staging_mib": saver_staging_mib,
                     "pool": "mooncake" if mooncake else "memory", "page_bytes": page_bytes,
                     "save_gbps_each": []}
     own = None
@@ -193,8 +191,8 @@ def bandwidth(device: str, prompt_tokens: int, mooncake: list[str] | None,
         with kvc.Connector(layout=layout, kv_caches=b_kv, pool=pool, config=config,
                            model_key="bench") as b:
             if mooncake:
-                # B's loaders first load the two earlier prompts (each shared among the
-                # loaders), as an engine's loaders have loaded before: the
+                # B's loaders first load the two earlier prompts, one each (loads go to
+                # the loaders in turn), as an engine's loaders have loaded before: the
                 # timed load is not charged for the first touch of its staging memory,
                 # which Mooncake's own get (into a buffer written before) does not pay.
                 for rid, shift in ((3, 7), (4, 11)):
@@ -289,8 +287,8 @@ def mooncake_own(mooncake: list[str], object_bytes: int, total_objects: int,
     result = {"object_bytes": object_bytes, "objects": total_objects, "per_call": per_call}
     result["put_gbps"] = timed(holder, "batch_put_from", src, 0)
     result["get_gbps"] = timed(reader, "batch_get_into", dst, 0)
-    # The same gets from two threads, each into its own registered buffer, as the
-    # connector's two loaders share a large load.
+    # The same gets from two threads, each into its own registered buffer: what two
+    # loaders reading at once could reach.
     second = registered(reader, per_call * object_bytes)
     result["get_two_threads_gbps"] = two_threads_get(reader, calls, (dst, second), object_bytes)
     holder.batch_remove([f"own-0-{i}" for i in range(total_objects)], True)
@@ -420,8 +418,6 @@ def main() -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--saver-staging-mib", type=int, default=256,
                         help="saver.staging_bytes in MiB: the most bytes one save batch moves")
-    parser.add_argument("--load-threads", type=int, default=2,
-                        help="loaders.load_threads: a large load is shared among them")
     parser.add_argument("--mooncake", nargs=2, metavar=("MASTER", "METADATA"),
                         help="also measure the bandwidth through the Mooncake master at "
                              "MASTER (host:port) with metadata server METADATA (an URL)")
@@ -440,7 +436,7 @@ def main() -> int:
     figures: dict = {"features": kvc.FEATURES}
     if not args.mooncake_only:
         figures["bandwidth"] = bandwidth(args.device, args.prompt_tokens, None,
-                                         args.saver_staging_mib, load_threads=args.load_threads)
+                                         args.saver_staging_mib)
     if args.mooncake:
         settings: dict = {k: int(v) for k, v in (item.split("=", 1) for item in args.mooncake_set)}
         real_client = start_real_client(args) if args.real_client else None
@@ -451,8 +447,7 @@ def main() -> int:
             # segment memory that the first one wrote already, which is faster.
             with busy_gil(args.gil_busy):
                 figures["bandwidth_mooncake"] = bandwidth(args.device, args.prompt_tokens, args.mooncake,
-                                                          args.saver_staging_mib, settings,
-                                                          args.load_threads)
+                                                          args.saver_staging_mib, settings)
         finally:
             if real_client:
                 api_support.stop_master(real_client[0])
