@@ -138,7 +138,7 @@ fn defaults_are_the_documented_ones() -> TestResult {
     assert_eq!(config.pool.capacity_bytes, 8 * GIB);
     assert!((config.pool.eviction_high_watermark_ratio - 0.95).abs() < f64::EPSILON);
     assert!((config.pool.eviction_ratio - 0.05).abs() < f64::EPSILON);
-    assert_eq!(config.pool.kv_lease_ttl_ms, 5000);
+    assert_eq!(config.pool.kv_lease_ttl_ms, 2000);
     assert_eq!(config.planner.probe_chunk, 4096);
     assert!(config.planner.window_fallback);
     assert_eq!(config.loaders.load_threads, 2);

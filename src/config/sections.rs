@@ -117,7 +117,11 @@ pub struct PoolConfig {
     /// that passes are rare, small enough that hot prefixes survive.
     pub eviction_ratio: f64,
     /// A probe or get leases the object for this long so it is not evicted between the
-    /// lookup and the load (R14). Mooncake's default is 5000 ms.
+    /// lookup and the load (R14). Shorter than Mooncake's default (5000 ms): a full pool
+    /// evicts only objects whose lease has expired, so every probed object outlives the
+    /// saves that come after it for the whole lease, and under pressure the fresh saves go
+    /// first. A load that starts later than this after its lookup may find an object
+    /// evicted; it then fails and the engine computes the prefix (R25).
     pub kv_lease_ttl_ms: u64,
     /// Deadline of each existence probe (a lookup's probes, the saver's skip-present check,
     /// the background health probes): a lookup waits for its probes, so a pool that does
@@ -148,7 +152,7 @@ impl Default for PoolConfig {
             capacity_bytes: 8 * GIB,
             eviction_high_watermark_ratio: 0.95,
             eviction_ratio: 0.05,
-            kv_lease_ttl_ms: 5000,
+            kv_lease_ttl_ms: 2000,
             probe_timeout_ms: 250,
             calls_in_flight: 16,
             unreachable_after_failures: 3,

@@ -318,7 +318,7 @@ impl Config {
             "0.95",
         )?;
         ratio(self.pool.eviction_ratio, "pool.eviction_ratio", "0.05")?;
-        positive(self.pool.kv_lease_ttl_ms, "pool.kv_lease_ttl_ms", "5000")?;
+        positive(self.pool.kv_lease_ttl_ms, "pool.kv_lease_ttl_ms", "2000")?;
         check_mooncake(&self.mooncake)?;
         let runtime = RuntimeConfig::check(self)?;
         let metrics_addr = self.stats.metrics_addr.trim();

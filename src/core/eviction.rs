@@ -14,7 +14,8 @@
 //!   `default_kv_lease_ttl = 5000` ms (the constants [`MOONCAKE_EVICTION_HIGH_WATERMARK_RATIO`],
 //!   [`MOONCAKE_EVICTION_RATIO`], [`MOONCAKE_KV_LEASE_TTL_MS`]), as in the `types.h` of the
 //!   releases the wheel ships; newer sources moved to 0.90 and 10 s. Both ratios are checked
-//!   to lie in `[0, 1]` at start. `config/default.toml` uses the same values.
+//!   to lie in `[0, 1]` at start. `config/default.toml` uses the same ratios and a shorter
+//!   lease (2000 ms, `pool.kv_lease_ttl_ms`).
 //! - Leases: an existence check or a replica lookup (a get) sets the object's lease timeout to
 //!   `max(lease_timeout, now + ttl)`. A put grants no lease: a new object's lease timeout is
 //!   the clock's epoch. An object whose lease has not expired is never evicted.

@@ -58,13 +58,14 @@ pub struct MasterSettings {
 }
 
 impl MasterSettings {
-    /// The binary of `install`, with the config tree's eviction defaults (0.95, 0.05, 5 s).
+    /// The binary of `install`, with the `[pool]` section's eviction defaults.
     pub fn new(install: &MooncakeInstall) -> Self {
+        let pool = crate::config::PoolConfig::default();
         Self {
             binary: install.master_binary.clone(),
-            eviction_high_watermark_ratio: 0.95,
-            eviction_ratio: 0.05,
-            kv_lease_ttl_ms: 5_000,
+            eviction_high_watermark_ratio: pool.eviction_high_watermark_ratio,
+            eviction_ratio: pool.eviction_ratio,
+            kv_lease_ttl_ms: pool.kv_lease_ttl_ms,
             log_file: None,
             ready_timeout_ms: 15_000,
         }
