@@ -442,7 +442,7 @@ mod tests {
             (
                 "pool.kv_lease_ttl_ms",
                 |c| c.pool.kv_lease_ttl_ms = 0,
-                "5000",
+                "2000",
             ),
             ("planner.probe_chunk", |c| c.planner.probe_chunk = 0, "4096"),
             (
