@@ -249,9 +249,6 @@ def mooncake_own(mooncake: list[str], object_bytes: int, total_objects: int,
     client that holds no segment, `per_call` objects a call, from and into registered
     memory. A second round of puts after removing the first measures segment memory that
     has been written before."""
-    import ctypes
-    import mmap
-
     from mooncake.store import MooncakeDistributedStore
 
     master, metadata = mooncake
@@ -262,62 +259,50 @@ def mooncake_own(mooncake: list[str], object_bytes: int, total_objects: int,
     buffers = []
 
     def registered(store, nbytes: int) -> int:
-        memory = mmap.mmap(-1, nbytes)
-        memory.write(bytes(range(256)) * (nbytes // 256))
+        memory, address = api_support.registered_buffer(store, nbytes)
         buffers.append(memory)
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(memory))
-        assert store.register_buffer(addr, nbytes) == 0
-        return addr
+        return address
 
     src = registered(holder, per_call * object_bytes)
     dst = registered(reader, per_call * object_bytes)
     calls = [range(first, min(first + per_call, total_objects))
              for first in range(0, total_objects, per_call)]
 
-    def timed(store, name: str, base: int, round_: int) -> float:
-        start = time.perf_counter()
-        for call in calls:
+    def run_calls(store, name: str, base: int, round_: int, share: list) -> None:
+        for call in share:
             keys = [f"own-{round_}-{i}" for i in call]
             addrs = [base + j * object_bytes for j in range(len(keys))]
             answers = getattr(store, name)(keys, addrs, [object_bytes] * len(keys))
             expected = 0 if name == "batch_put_from" else object_bytes
             assert all(a == expected for a in answers), (name, answers[:4])
+
+    def timed(store, name: str, base: int, round_: int) -> float:
+        start = time.perf_counter()
+        run_calls(store, name, base, round_, calls)
+        return total_objects * object_bytes / (time.perf_counter() - start) / 1e9
+
+    def timed_two_threads(store, bases: tuple) -> float:
+        """The round-0 gets from two threads, one call in two each, into its own buffer."""
+        threads = [threading.Thread(target=run_calls, args=(store, "batch_get_into", bases[k], 0, calls[k::2]))
+                   for k in range(2)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         return total_objects * object_bytes / (time.perf_counter() - start) / 1e9
 
     result = {"object_bytes": object_bytes, "objects": total_objects, "per_call": per_call}
     result["put_gbps"] = timed(holder, "batch_put_from", src, 0)
     result["get_gbps"] = timed(reader, "batch_get_into", dst, 0)
-    # The same gets from two threads, each into its own registered buffer: what two
-    # loaders reading at once could reach.
-    second = registered(reader, per_call * object_bytes)
-    result["get_two_threads_gbps"] = two_threads_get(reader, calls, (dst, second), object_bytes)
+    # The same gets from two threads: what two loaders reading at once could reach.
+    result["get_two_threads_gbps"] = timed_two_threads(reader, (dst, registered(reader, per_call * object_bytes)))
     holder.batch_remove([f"own-0-{i}" for i in range(total_objects)], True)
     result["put_written_before_gbps"] = timed(holder, "batch_put_from", src, 1)
     holder.batch_remove([f"own-1-{i}" for i in range(total_objects)], True)
     reader.close()
     holder.close()
     return result
-
-
-def two_threads_get(reader, calls: list, bases: tuple, object_bytes: int) -> float:
-    """GB/s of `calls` of round-0 objects got by two threads, one call in two each."""
-    import threading
-
-    def run(share: list, base: int) -> None:
-        for call in share:
-            keys = [f"own-0-{i}" for i in call]
-            addrs = [base + j * object_bytes for j in range(len(keys))]
-            answers = reader.batch_get_into(keys, addrs, [object_bytes] * len(keys))
-            assert all(a == object_bytes for a in answers), answers[:4]
-
-    threads = [threading.Thread(target=run, args=(calls[k::2], bases[k])) for k in range(2)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    total = sum(len(call) for call in calls) * object_bytes
-    return total / (time.perf_counter() - start) / 1e9
 
 
 def hook_cost(device: str, steps: int, waiting: int) -> dict:

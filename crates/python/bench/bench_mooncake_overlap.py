@@ -26,7 +26,6 @@ JSON object per round.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import mmap
 import sys
@@ -69,11 +68,9 @@ class Bench:
         self.pages = np.ones(PER_CALL * OBJECT_BYTES, dtype=np.uint8)
 
     def registered(self, store, nbytes: int) -> tuple[int, np.ndarray]:
-        memory = mmap.mmap(-1, nbytes)
-        memory.write(b"\1" * nbytes)  # written before, as a loader's staging is
+        # Written before, as a loader's staging is.
+        memory, address = api_support.registered_buffer(store, nbytes)
         self.memory.append(memory)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
-        assert store.register_buffer(address, nbytes) == 0
         return address, np.frombuffer(memory, dtype=np.uint8)
 
     def get(self, first: int, count: int, offset: int) -> None:

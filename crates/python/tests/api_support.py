@@ -4,7 +4,9 @@ caches with recognisable contents, a minimal serving loop over the hooks, and a 
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import mmap
 import os
 import socket
 import subprocess
@@ -264,6 +266,17 @@ def start_real_client(master: Master, segment_bytes: int, threads: int, log: Pat
         time.sleep(0.05)
     stop_master(process)
     raise RuntimeError(f"mooncake_client did not start; see {log}")
+
+
+def registered_buffer(store, nbytes: int) -> tuple[mmap.mmap, int]:
+    """`nbytes` of anonymous memory, written once (resident, as a buffer in use is) and
+    registered with the Mooncake client `store`: (memory, address). Keep the memory alive
+    while the client may use the address."""
+    memory = mmap.mmap(-1, nbytes)
+    memory.write(bytes(range(256)) * (nbytes // 256) + bytes(nbytes % 256))
+    address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    assert store.register_buffer(address, nbytes) == 0
+    return memory, address
 
 
 def stop_master(process: subprocess.Popen) -> None:
