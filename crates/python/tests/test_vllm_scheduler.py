@@ -272,6 +272,37 @@ def test_a_last_chunk_of_the_whole_budget_bounces_only_the_saved_window():
     assert stats_b["lookups"]["full"] == 1 and stats_b["lookups"]["window_miss"] == 0
 
 
+def test_window_blocks_of_earlier_steps_are_bounced_only_as_the_scheduler_read_them():
+    """A window group drops blocks in place (vLLM's null block) and hands them to other
+    requests, so the worker's kept table may name a block vLLM reused. The worker bounces
+    a block the step added (or any block of a new request's whole table) from the step's
+    table, and a block of an earlier step only by the id the scheduler read this step."""
+    from kv_connector.vllm._engine import ChunkPlan
+
+    spec, model, model_dir, extra = make("gpt-oss", "kept-table")
+    a = vs.VllmInstance(spec, model, model_dir, extra=extra)
+    worker = a.worker._worker
+    gi = next(i for i in range(len(worker.plan.groups)) if worker.pages.bounced(i))
+    g = worker.plan.groups[gi].vllm_index
+    bounced: list[int] = []
+    worker.pages.to_bounce = lambda _group, block, _page: bounced.append(block)
+
+    def step_table(ids):
+        return tuple(ids if i == g else [] for i in range(worker.plan.num_vllm_groups))
+
+    kept = [10, 11, 12, 13, 14, 15]  # blocks 0-3 from earlier steps, 4-5 added now
+    # The scheduler read block 2 as dropped (vLLM's null block) and 3 as still held.
+    ids = {2: 0, 3: 13}
+    later = ChunkPlan("r", 1, 96, 64, 96, step_table([14, 15]), False, ())
+    worker._bounce_window(gi, later, ids, [2, 3, 4, 5], kept, g)
+    assert bounced == [13, 14, 15], "a block of an earlier step bounced by the kept table's id"
+    bounced.clear()
+    new = ChunkPlan("r2", 2, 96, 0, 96, step_table(kept), True, ())
+    worker._bounce_window(gi, new, {}, [2, 3, 4, 5], kept, g)
+    assert bounced == [12, 13, 14, 15], "a new request's window blocks are its step table's"
+    a.close()
+
+
 def test_default_bounce_pages_hold_two_long_prompts_windows():
     """Sized from the model: two prompts of max_model_len tokens, each with its checkpoint
     windows (R28) and its tail (R17) bounced at once."""

@@ -101,8 +101,9 @@ class ChunkPlan:
     output gives them: the whole table when `replace` (a new or resumed request), else the
     blocks added this step (None: none). The worker keeps each request's table; it reads
     the full-attention groups' from it. `window_ids`: per group, the window blocks the
-    runtime saves for this chunk and their ids now (window groups drop blocks in place, so
-    a kept table would name blocks vLLM reused)."""
+    runtime saves for this chunk that precede the step's own, and their ids now (window
+    groups drop blocks in place, so a kept table would name blocks vLLM reused); the step's
+    own blocks are current in `table`."""
 
     req_id: str
     rid: int

@@ -163,7 +163,7 @@ class SchedulerSide:
                 prompt_len=r.prompt_len,
                 start=r.answer_at,
                 end=r.answer_at + num_external_tokens,
-                block_ids=tuple(list(ids) for ids in blocks.get_block_ids()),
+                block_ids=blocks.get_block_ids(),  # fresh lists, ours to keep
                 refused=num_external_tokens != offered,
             )
         )
@@ -191,19 +191,22 @@ class SchedulerSide:
                 continue  # not ours, or decoding: only prompt tokens are saved
             drafts = len(so.scheduled_spec_decode_tokens.get(req_id, ()))
             after = before + so.num_scheduled_tokens[req_id] - drafts
-            windows = self._window_ids(req_id, r, before, after)
+            windows = () if replace else self._window_ids(req_id, r, before, after, table)
             meta.chunks.append(ChunkPlan(req_id, r.rid, r.prompt_len, before, after, table, replace, windows))
         if self.remote:
             self._send_records(meta)
         return meta
 
-    def _window_ids(self, req_id: str, r: _Req, before: int, after: int) -> tuple[dict[int, int], ...]:
+    def _window_ids(self, req_id: str, r: _Req, before: int, after: int, added) -> tuple[dict[int, int], ...]:
         """Per vLLM group, the ids of the window blocks the runtime saves for this chunk
-        (its tail, its checkpoints), read from vLLM's table as it is now: a window block
-        vLLM already dropped reads as its null block, never as a block it reused. The
-        blocks come from the request's save schedule, asked once: the points the chunk
-        passes list every block it saves (and perhaps sink blocks it has not computed,
-        which the worker leaves alone)."""
+        (its tail, its checkpoints) that precede the blocks vLLM `added` this step, read
+        from vLLM's table as it is now: a window block vLLM already dropped reads as its
+        null block, never as a block it reused. The worker takes the added blocks' ids
+        from the step's table (current by construction), so a new or resumed request,
+        whose whole table is the step's, needs none of these. The blocks come from the
+        request's save schedule, asked once: the points the chunk passes list every block
+        it saves (and perhaps sink blocks it has not computed, which the worker leaves
+        alone)."""
         groups = self._window_groups()
         if after <= before or not groups:
             return ()
@@ -218,7 +221,8 @@ class SchedulerSide:
         ids: list[dict[int, int]] = [{} for _ in blocks]
         for g, position in groups:
             group = blocks[g]
-            ids[g] = {b: group[b].block_id for saved in passed for b in saved[position] if b < len(group)}
+            kept = len(group) - (len(added[g]) if added is not None else 0)
+            ids[g] = {b: group[b].block_id for saved in passed for b in saved[position] if b < kept}
         return tuple(ids)
 
     def _window_groups(self) -> list[tuple[int, int]]:

@@ -184,7 +184,7 @@ class WorkerSide:
                     tables.append(self._table(table[g.vllm_index]))
                 else:
                     ids = c.window_ids[g.vllm_index] if c.window_ids else {}
-                    tables.append(self._bounce_window(gi, c, ids, saved[gi], len(table[g.vllm_index])))
+                    tables.append(self._bounce_window(gi, c, ids, saved[gi], table[g.vllm_index], g.vllm_index))
             steps.append(self._step(c.rid, c.prompt_len, c.before, c.after, tables))
         if not steps:
             return
@@ -192,14 +192,24 @@ class WorkerSide:
             torch.cuda.current_stream(self.pages.device).synchronize()
         self.conn.on_step(steps)
 
-    def _bounce_window(self, gi: int, c, ids: dict[int, int], blocks: list[int], length: int) -> list[int]:
+    def _bounce_window(
+        self, gi: int, c, ids: dict[int, int], blocks: list[int], vllm: list[int], group: int
+    ) -> list[int]:
         """Copies the window blocks the runtime saves this step (`blocks`), those vLLM still
-        holds (`ids`, read by the scheduler this step), into bounce pages; a pool that runs
-        dry publishes none of them."""
+        holds, into bounce pages; a pool that runs dry publishes none of them. `vllm` is
+        the group's table after this step: the blocks vLLM added this step are current in
+        it, the ones before them vLLM may have dropped and reused since, so theirs come
+        from `ids` (read by the scheduler this step)."""
+        length = len(vllm)
+        # Where the step's own blocks start: a new or resumed request's step table is its
+        # whole table.
+        fresh = 0 if c.replace else length - (len(c.table[group]) if c.table is not None else 0)
         table = [-1] * length
         for block in blocks:
-            vllm_block = ids.get(block, NULL_BLOCK)
-            if block >= length or vllm_block == NULL_BLOCK:
+            if block >= length:
+                continue
+            vllm_block = vllm[block] if block >= fresh else ids.get(block, NULL_BLOCK)
+            if vllm_block == NULL_BLOCK:
                 continue  # dropped by vLLM, or not among the scheduler's: not saved
             page = self.pages.take(gi)
             if page is None:  # the window is not published; a later lookup rewinds or misses
