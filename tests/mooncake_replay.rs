@@ -177,9 +177,17 @@ fn trace_replay_on_mooncake_matches_the_embedded_pool_with_zero_mismatches() -> 
             .unwrap_or(0.0),
     );
     assert!(reused_memory > 0 && field(&mooncake, "verified_pages")? > 0);
+    let saves = serde_json::Value::Object(
+        SAVE_FIELDS
+            .iter()
+            .map(|&name| (name.to_owned(), mooncake[name].clone()))
+            .collect(),
+    );
     assert!(
         reused_mooncake.abs_diff(reused_memory) * 100 <= oracle * 3,
-        "mooncake reused {reused_mooncake}, embedded {reused_memory} of oracle {oracle}"
+        "mooncake reused {reused_mooncake}, embedded {reused_memory} of oracle {oracle}; \
+         mooncake's saves and pool health: {saves}; its lookups: {}",
+        mooncake["lookups"]
     );
     assert_eq!(
         field(&mooncake, "pages_saved")? + field(&mooncake, "saves_skipped_present")?,
@@ -188,6 +196,20 @@ fn trace_replay_on_mooncake_matches_the_embedded_pool_with_zero_mismatches() -> 
     );
     Ok(())
 }
+
+/// The report's fields that tell why a replay reused less than another: what became of
+/// its saves, and the pool's health.
+const SAVE_FIELDS: [&str; 9] = [
+    "saves_enqueued",
+    "saves_done",
+    "saves_failed",
+    "saves_no_space",
+    "saves_retried",
+    "saves_dropped",
+    "saves_outage",
+    "saves_skipped_present",
+    "pool_health",
+];
 
 #[expect(clippy::cast_precision_loss, reason = "token counts far below 2^52")]
 fn percent(part: u64, whole: u64) -> f64 {
