@@ -186,13 +186,16 @@ fn trace_replay_on_mooncake_matches_the_embedded_pool_with_zero_mismatches() -> 
     assert!(
         reused_mooncake.abs_diff(reused_memory) * 100 <= oracle * 3,
         "mooncake reused {reused_mooncake}, embedded {reused_memory} of oracle {oracle}; \
-         mooncake's saves and pool health: {saves}; its lookups: {}",
-        mooncake["lookups"]
+         mooncake's saves and pool health: {saves}; its lookups: {}; where its replay waited: {}",
+        mooncake["lookups"],
+        mooncake["wall_waits"]
     );
     assert_eq!(
         field(&mooncake, "pages_saved")? + field(&mooncake, "saves_skipped_present")?,
         field(&memory, "pages_saved")? + field(&memory, "saves_skipped_present")?,
-        "both backends are offered the same pages"
+        "both backends are offered the same pages; mooncake's saves and pool health: {saves}; \
+         where its replay waited: {}",
+        mooncake["wall_waits"]
     );
     Ok(())
 }
