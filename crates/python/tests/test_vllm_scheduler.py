@@ -277,7 +277,7 @@ def test_window_blocks_of_earlier_steps_are_bounced_only_as_the_scheduler_read_t
     requests, so the worker's kept table may name a block vLLM reused. The worker bounces
     a block the step added (or any block of a new request's whole table) from the step's
     table, and a block of an earlier step only by the id the scheduler read this step."""
-    from kv_connector.vllm._engine import ChunkPlan
+    from kv_connector.vllm._engine import ChunkPlan, step_blocks_start
 
     spec, model, model_dir, extra = make("gpt-oss", "kept-table")
     a = vs.VllmInstance(spec, model, model_dir, extra=extra)
@@ -294,11 +294,11 @@ def test_window_blocks_of_earlier_steps_are_bounced_only_as_the_scheduler_read_t
     # The scheduler read block 2 as dropped (vLLM's null block) and 3 as still held.
     ids = {2: 0, 3: 13}
     later = ChunkPlan("r", 1, 96, 64, 96, step_table([14, 15]), False, ())
-    worker._bounce_window(gi, later, ids, [2, 3, 4, 5], kept, g)
+    worker._bounce_window(gi, later, ids, [2, 3, 4, 5], kept, step_blocks_start(later.table, False, g, len(kept)))
     assert bounced == [13, 14, 15], "a block of an earlier step bounced by the kept table's id"
     bounced.clear()
     new = ChunkPlan("r2", 2, 96, 0, 96, step_table(kept), True, ())
-    worker._bounce_window(gi, new, {}, [2, 3, 4, 5], kept, g)
+    worker._bounce_window(gi, new, {}, [2, 3, 4, 5], kept, step_blocks_start(new.table, True, g, len(kept)))
     assert bounced == [12, 13, 14, 15], "a new request's window blocks are its step table's"
     a.close()
 

@@ -115,6 +115,16 @@ class ChunkPlan:
     window_ids: tuple[dict[int, int], ...] = ()
 
 
+def step_blocks_start(table: tuple[list[int], ...] | None, replace: bool, group: int, length: int) -> int:
+    """Where the blocks of a step's `table` (`ChunkPlan.table`) start in vLLM group
+    `group`'s block table of `length` blocks after the step: blocks from there on are the
+    step's own, current in `table`; those before it a window group may have dropped since.
+    A new or resumed request's step table is its whole table."""
+    if replace:
+        return 0
+    return length - (len(table[group]) if table is not None else 0)
+
+
 @dataclass(frozen=True)
 class Ended:
     """A request vLLM finished (or aborted); `loading`: its load may still run."""

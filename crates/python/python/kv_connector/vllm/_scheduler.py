@@ -20,7 +20,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._engine import ChunkPlan, Ended, Engine, KvcMetadata, LoadPlan, lookup
+from ._engine import ChunkPlan, Ended, Engine, KvcMetadata, LoadPlan, lookup, step_blocks_start
 from ._layout import UnsupportedVllmSetup
 from ._ranks import lookup_connector, separate_processes
 
@@ -221,7 +221,7 @@ class SchedulerSide:
         ids: list[dict[int, int]] = [{} for _ in blocks]
         for g, position in groups:
             group = blocks[g]
-            kept = len(group) - (len(added[g]) if added is not None else 0)
+            kept = step_blocks_start(added, False, g, len(group))
             ids[g] = {b: group[b].block_id for saved in passed for b in saved[position] if b < kept}
         return tuple(ids)
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from ._engine import Ended, LoadPlan
+from ._engine import Ended, LoadPlan, step_blocks_start
 
 NULL_BLOCK = 0  # vLLM's null block: a window group's dropped block
 WAIT_SLICE_S = 0.05
@@ -184,7 +184,9 @@ class WorkerSide:
                     tables.append(self._table(table[g.vllm_index]))
                 else:
                     ids = c.window_ids[g.vllm_index] if c.window_ids else {}
-                    tables.append(self._bounce_window(gi, c, ids, saved[gi], table[g.vllm_index], g.vllm_index))
+                    vllm = table[g.vllm_index]
+                    fresh = step_blocks_start(c.table, c.replace, g.vllm_index, len(vllm))
+                    tables.append(self._bounce_window(gi, c, ids, saved[gi], vllm, fresh))
             steps.append(self._step(c.rid, c.prompt_len, c.before, c.after, tables))
         if not steps:
             return
@@ -193,17 +195,14 @@ class WorkerSide:
         self.conn.on_step(steps)
 
     def _bounce_window(
-        self, gi: int, c, ids: dict[int, int], blocks: list[int], vllm: list[int], group: int
+        self, gi: int, c, ids: dict[int, int], blocks: list[int], vllm: list[int], fresh: int
     ) -> list[int]:
         """Copies the window blocks the runtime saves this step (`blocks`), those vLLM still
         holds, into bounce pages; a pool that runs dry publishes none of them. `vllm` is
-        the group's table after this step: the blocks vLLM added this step are current in
-        it, the ones before them vLLM may have dropped and reused since, so theirs come
-        from `ids` (read by the scheduler this step)."""
+        the group's table after this step: the blocks vLLM added this step (from `fresh`
+        on) are current in it, the ones before them vLLM may have dropped and reused since,
+        so theirs come from `ids` (read by the scheduler this step)."""
         length = len(vllm)
-        # Where the step's own blocks start: a new or resumed request's step table is its
-        # whole table.
-        fresh = 0 if c.replace else length - (len(c.table[group]) if c.table is not None else 0)
         table = [-1] * length
         for block in blocks:
             if block >= length:
